@@ -56,7 +56,8 @@ class Checkpoint {
   // Errors name the tensor and file at fault:
   //   NotFound         missing config.json, missing weights file or shard, missing tensor
   //   InvalidArgument  bad config, wrong shape ("expected [64, 32000], found [64, 31999]"), wrong
-  //                    dtype ("expected BF16 (config torch_dtype), found F32"), unknown architecture
+  //                    dtype ("expected BF16 (config torch_dtype), found F32"), unknown
+  //                    architecture
   //   DataLoss         truncated file
   // Unexpected extra tensors are ignored (logged at debug level).
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Load(const std::string& model_dir);

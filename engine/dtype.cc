@@ -63,10 +63,10 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&bits, &f, sizeof bits);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (incl. rounding up) -> inf
-  if (abs < 0x38800000u) {                          // result is subnormal or zero
-    if (abs < 0x33000000u) return sign;             // below half the smallest subnormal
+  if (abs < 0x38800000u) {                        // result is subnormal or zero
+    if (abs < 0x33000000u) return sign;           // below half the smallest subnormal
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exp;  // 14 + (113 - exp) - 1 ... aligns to 2^-24 units

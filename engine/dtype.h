@@ -1,4 +1,5 @@
-// Element types of checkpoint tensors, KV cache and activations, and exact conversions between them.
+// Element types of checkpoint tensors, KV cache and activations, and exact conversions between
+// them.
 //
 // bf16 -> f32 and f16 -> f32 are exact. f32 -> bf16 and f32 -> f16 round to nearest even, as
 // torch's `Tensor.to(torch.bfloat16)` / `.to(torch.float16)` do.
@@ -20,7 +21,8 @@ constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 // The safetensors spelling: "F32", "F16", "BF16".
 std::string_view DTypeName(DType t);
 
-// Parses a safetensors dtype string; nullopt for types moebatch does not compute with (I64, F64...).
+// Parses a safetensors dtype string; nullopt for types moebatch does not compute with (I64,
+// F64...).
 std::optional<DType> DTypeFromSafetensors(std::string_view name);
 
 // Parses a user-facing spelling: "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16"

@@ -1,11 +1,11 @@
 // Memory-mapped safetensors checkpoints: one `model.safetensors`, or the shards listed in
 // `model.safetensors.index.json` (the Hugging Face layout written by `save_pretrained`).
 //
-// Format (https://huggingface.co/docs/safetensors): 8-byte little-endian header length N, N bytes of
-// JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data
-// (offsets relative to the end of the header). Files are mapped read-only with mmap(2); no tensor is
-// copied or read before use. TensorInfo::data points into the mapping and lives as long as the
-// owning SafetensorsFile / TensorStore. All methods are const and thread-safe after Open.
+// Format (https://huggingface.co/docs/safetensors): 8-byte little-endian header length N, N bytes
+// of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the
+// data (offsets relative to the end of the header). Files are mapped read-only with mmap(2); no
+// tensor is copied or read before use. TensorInfo::data points into the mapping and lives as long
+// as the owning SafetensorsFile / TensorStore. All methods are const and thread-safe after Open.
 #pragma once
 
 #include <cstddef>
@@ -35,13 +35,14 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Maps `path` and validates the header. Errors (all name the file; tensor errors name the tensor):
+  // Maps `path` and validates the header. Errors (all name the file; tensor errors name the
+  // tensor):
   //   NotFound          the file does not exist
   //   DataLoss          shorter than 8 bytes, header length beyond the file, or a tensor whose
   //                     data_offsets end past the end of the file (truncated download)
   //   InvalidArgument   header is not valid JSON / not an object; a tensor entry without dtype,
-  //                     shape or data_offsets; offsets not [begin <= end]; byte size != numel * size
-  //                     of its dtype; unknown dtype string
+  //                     shape or data_offsets; offsets not [begin <= end]; byte size != numel *
+  //                     size of its dtype; unknown dtype string
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -64,9 +65,10 @@ class TensorStore {
  public:
   // Opens `<dir>/model.safetensors.index.json` when present (its "weight_map" names a shard per
   // tensor; every shard is opened, and every tensor the map names must be in its shard), else
-  // `<dir>/model.safetensors`. Errors: NotFound when neither exists or a shard named by the index is
-  // missing (the message names the shard and a tensor mapped to it); InvalidArgument for a malformed
-  // index; the SafetensorsFile::Open errors; InvalidArgument when two shards hold the same tensor.
+  // `<dir>/model.safetensors`. Errors: NotFound when neither exists or a shard named by the index
+  // is missing (the message names the shard and a tensor mapped to it); InvalidArgument for a
+  // malformed index; the SafetensorsFile::Open errors; InvalidArgument when two shards hold the
+  // same tensor.
   static absl::StatusOr<std::unique_ptr<TensorStore>> Open(const std::string& model_dir);
 
   // nullptr when absent.
