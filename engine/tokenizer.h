@@ -12,10 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+#include "engine/sentencepiece_model.h"
 
 namespace moebatch {
 
@@ -26,9 +23,9 @@ struct ChatMessage {
 
 class Tokenizer {
  public:
-  // Loads a sentencepiece model file. `bos_id`/`eos_id` come from config.json and must be inside the
-  // vocabulary. Errors: NotFound (no such file: "missing tokenizer: <path>"), InvalidArgument (not a
-  // sentencepiece model, or ids out of range).
+  // Loads a sentencepiece model file. `bos_id`/`eos_id` come from config.json and must be inside
+  // the vocabulary. Errors: NotFound (no such file: "missing tokenizer: <path>"), InvalidArgument
+  // (not a sentencepiece model, a directory, or ids out of range), PermissionDenied (unreadable).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& model_path,
                                                          int32_t bos_id, int32_t eos_id);
   ~Tokenizer();
@@ -37,17 +34,32 @@ class Tokenizer {
   // This is what transformers' LlamaTokenizer (legacy mode, the Mixtral default) gives.
   std::vector<int32_t> Encode(std::string_view text, bool add_bos) const;
 
-  // The Mixtral-Instruct format, token by token, as mistral-common's v1 tokenizer and the hub chat
-  // template build it:
+  // The Mixtral-Instruct format, token by token, as mistral-common's v1 instruct tokenizer
+  // (MistralTokenizer.v1(), checked against mistral-common 1.13.1) builds it:
   //   <s>[INST] {user_1} [/INST]{assistant_1}</s>[INST] {user_2} [/INST]
-  // where <s>/</s> are the BOS/EOS ids (never text) and each bracketed span is encoded on its own.
-  // A leading system message is prepended to the first user message followed by "\n\n". Roles must
-  // alternate user/assistant starting with user and end with user. Errors: InvalidArgument naming
-  // the message ("messages[2].role: expected 'user', found 'assistant'").
+  // where <s>/</s> are the BOS/EOS ids (never text), each "[INST] {user} [/INST]" is one
+  // sentencepiece encoding (it starts with the dummy-prefix piece "▁[") and each assistant content
+  // is another (it starts with "▁"; no text space follows [/INST]).
+  // System message: allowed only as messages[0]; its content is prepended to the FIRST user
+  // message as "{system}\n\n{user_1}"; an empty system content adds nothing (mistral-common skips
+  // it). Then roles alternate user/assistant, starting and ending with user; assistant content must
+  // not be empty (mistral-common rejects it too). Layouts mistral-common quietly repairs
+  // (consecutive same-role messages merged, later system messages merged, a leading assistant
+  // given an empty user turn) are rejected here.
+  // Hub chat template: the "v1" template (system message first; the layout above written as text
+  // "<s> [INST] {user} [/INST] {assistant}</s> [INST] ...") gives the same ids through
+  // transformers 4.57's LlamaTokenizerFast built from this model, but the slow
+  // LlamaTokenizer(legacy=True) turns each " [INST]" after <s>/</s> into an extra "▁" (28705) +
+  // "▁[", and for an empty system content the template still adds "\n\n"; we follow
+  // mistral-common. The original (Dec 2023) hub template rejected system messages.
+  // Errors: InvalidArgument naming the message ("messages[2].role: expected 'user', found
+  // 'assistant'"; "messages[0]: missing ..." for an empty list; content that is not UTF-8).
   absl::StatusOr<std::vector<int32_t>> EncodeChat(const std::vector<ChatMessage>& messages) const;
 
-  // sentencepiece's own decode of `ids` (byte-fallback pieces joined into UTF-8; the leading space
-  // of the first piece dropped; BOS/EOS/control ids produce no text).
+  // sentencepiece's own decode of `ids` (byte-fallback pieces joined into UTF-8, each byte that
+  // forms no character becoming U+FFFD; the leading space of the first non-control piece dropped;
+  // BOS/EOS/control ids produce no text; <unk> gives " ⁇ "). Ids outside [0, vocab_size()) decode
+  // as <unk>.
   std::string Decode(const std::vector<int32_t>& ids) const;
 
   int32_t vocab_size() const;
@@ -55,8 +67,10 @@ class Tokenizer {
   int32_t eos_id() const { return eos_id_; }
 
  private:
+  friend class StreamingDetokenizer;  // reads sp_ and unk_surface_
   Tokenizer();
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<SentencePieceModel> sp_;
+  std::string unk_surface_;  // Decode({unk id})
   int32_t bos_id_ = 1;
   int32_t eos_id_ = 2;
 };
@@ -64,13 +78,16 @@ class Tokenizer {
 // Turns a stream of generated ids into text deltas whose concatenation always equals
 // tokenizer.Decode(all ids so far) once Finish() is called: a delta is released only when it is
 // complete UTF-8 (a multi-byte character split over byte-fallback pieces is held back until its
-// last byte arrives), and the leading-space rule of Decode is respected.
+// last byte arrives, at most 3 ids), and the leading-space rule of Decode is respected. Each Add()
+// decodes only the ids not yet released (plus one stand-in piece), so its cost does not grow with
+// the sequence; tokenizer.cc explains the method.
 class StreamingDetokenizer {
  public:
   explicit StreamingDetokenizer(const Tokenizer& tokenizer);  // borrows; must outlive this
   // Appends one id; returns the text that became final (may be empty).
   std::string Add(int32_t id);
-  // Returns whatever is still held back (an incomplete UTF-8 tail decodes as sentencepiece does).
+  // Returns whatever is still held back (an incomplete UTF-8 tail decodes as sentencepiece does:
+  // U+FFFD per byte). Call once, after the last Add().
   std::string Finish();
   // All text released so far.
   const std::string& text() const { return text_; }
@@ -80,8 +97,9 @@ class StreamingDetokenizer {
   const Tokenizer& tokenizer_;
   std::vector<int32_t> ids_;
   std::string text_;
-  size_t prefix_offset_ = 0;  // ids before this index are decoded into text_ for good
-  size_t read_offset_ = 0;
+  size_t read_offset_ = 0;  // ids_[0, read_offset_) are decoded into text_ for good
+  bool started_ = false;    // ids_[0, read_offset_) holds a non-control id (whose leading space
+                            // Decode dropped; later pieces keep theirs)
 };
 
 }  // namespace moebatch

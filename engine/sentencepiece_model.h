@@ -1,0 +1,44 @@
+// A thin wrapper around sentencepiece::SentencePieceProcessor with only standard-library types in
+// its interface.
+//
+// Why it exists: sentencepiece_processor.h (0.1.97) declares its own class absl::string_view, and
+// Debian's Abseil has another (absl::debian3::string_view); a translation unit that sees both
+// cannot name either. sentencepiece_model.cc is the only file that includes the sentencepiece
+// header, and it includes no Abseil header, so each library is called with the types it was built
+// with. Thread-safety: const methods may be called concurrently (sentencepiece's are const).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace moebatch {
+
+class SentencePieceModel {
+ public:
+  // Parses a serialized sentencepiece ModelProto (the bytes of a tokenizer.model file). On failure
+  // returns nullptr and sets *error to sentencepiece's reason.
+  static std::unique_ptr<SentencePieceModel> FromSerialized(const std::string& bytes,
+                                                            std::string* error);
+  ~SentencePieceModel();
+
+  int32_t GetPieceSize() const;
+  int32_t unk_id() const;
+  bool IsByte(int32_t id) const;
+  bool IsControl(int32_t id) const;
+  const std::string& IdToPiece(int32_t id) const;
+  std::vector<int32_t> Encode(std::string_view text) const;  // ids, no BOS
+  std::string DecodeIds(const std::vector<int32_t>& ids) const;
+
+ private:
+  SentencePieceModel();
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+}  // namespace moebatch
