@@ -1,0 +1,253 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAborted:
+      return "aborted";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
+
+struct Engine::Sequence {
+  Sequence(int64_t id, GenerationRequest request, const Tokenizer& tokenizer)
+      : params(std::move(request.sampling)), sampler(params), detokenizer(tokenizer) {
+    slots.id = id;
+    prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
+    slots.tokens = std::move(request.prompt_token_ids);
+    for (const std::string& s : params.stop) max_stop_len = std::max(max_stop_len, s.size());
+  }
+  SequenceSlots slots;
+  SamplingParams params;
+  Sampler sampler;
+  StreamingDetokenizer detokenizer;
+  int64_t prompt_tokens = 0;
+  std::string text;    // released by the detokenizer (cut at a stop string when one hits)
+  size_t emitted = 0;  // bytes of `text` already returned
+  size_t max_stop_len = 0;
+  int64_t completion_tokens() const {
+    return static_cast<int64_t>(slots.tokens.size()) - prompt_tokens;
+  }
+};
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  auto checkpoint = Checkpoint::Load(options.model_dir);
+  if (!checkpoint.ok()) return checkpoint.status();
+  engine->checkpoint_ = *std::move(checkpoint);
+  const ModelConfig& c = engine->checkpoint_->config();
+
+  auto tokenizer =
+      Tokenizer::Load(options.model_dir + "/tokenizer.model", c.bos_token_id, c.eos_token_id);
+  if (!tokenizer.ok()) return tokenizer.status();
+  engine->tokenizer_ = *std::move(tokenizer);
+  if (engine->tokenizer_->vocab_size() > c.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer.model has ", engine->tokenizer_->vocab_size(),
+                     " pieces but config.json vocab_size is ", c.vocab_size));
+  }
+
+  auto model = CpuModel::Create(*engine->checkpoint_, CpuModelOptions{options.compute_dtype});
+  if (!model.ok()) return model.status();
+  engine->model_ = *std::move(model);
+
+  if (options.kv_block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_block_size: must be positive, got ", options.kv_block_size));
+  }
+  KvCacheConfig kv;
+  kv.num_layers = c.num_hidden_layers;
+  kv.num_kv_heads = c.num_key_value_heads;
+  kv.head_dim = c.head_dim;
+  kv.block_size = options.kv_block_size;
+  kv.dtype = options.kv_dtype.value_or(options.compute_dtype);
+  kv.num_blocks = options.kv_cache_bytes / kv.bytes_per_block();
+  if (kv.num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes: ", options.kv_cache_bytes,
+                                                   " bytes hold no KV block (one block takes ",
+                                                   kv.bytes_per_block(), " bytes)"));
+  }
+  auto cache = PagedKvCache::Create(kv);
+  if (!cache.ok()) return cache.status();
+  engine->cache_ = *std::move(cache);
+  engine->allocator_ = std::make_unique<BlockAllocator>(kv.num_blocks);
+  if (options.max_num_seqs < 1 || options.max_tokens_per_pass < 1) {
+    return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_pass must be >= 1");
+  }
+  engine->scheduler_ = std::make_unique<Scheduler>(
+      SchedulerConfig{options.max_num_seqs, options.max_tokens_per_pass, kv.block_size},
+      engine->allocator_.get());
+  engine->max_context_ = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
+  spdlog::info(
+      "engine: {} layers, {} experts (top-{}), compute {}, KV cache {} blocks x {} tokens ({} "
+      "MiB, {}), max context {} tokens",
+      c.num_hidden_layers, c.num_local_experts, c.num_experts_per_tok,
+      DTypeName(options.compute_dtype), kv.num_blocks, kv.block_size,
+      engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype), engine->max_context_);
+  return engine;
+}
+
+absl::StatusOr<int64_t> Engine::AddRequest(GenerationRequest request) {
+  const auto& ids = request.prompt_token_ids;
+  if (ids.empty()) return absl::InvalidArgumentError("prompt: must contain at least one token");
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_token_ids[", i, "]: ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) >= max_context_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt: ", ids.size(), " tokens leave no room to generate; the context holds at most ",
+        max_context_, " tokens"));
+  }
+  if (auto st = request.sampling.Validate(); !st.ok()) return st;
+  const int64_t id = next_id_++;
+  auto seq = std::make_unique<Sequence>(id, std::move(request), *tokenizer_);
+  scheduler_->Add(&seq->slots);
+  sequences_.emplace(id, std::move(seq));
+  return id;
+}
+
+void Engine::Abort(int64_t request_id) {
+  if (sequences_.count(request_id) != 0) aborted_.push_back(request_id);
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, GenerationOutput* out) {
+  out->finished = true;
+  out->finish_reason = reason;
+  out->completion_tokens = seq->completion_tokens();
+  scheduler_->Remove(&seq->slots);  // frees its KV blocks now
+  ++stats_.requests_finished;
+  sequences_.erase(seq->slots.id);
+}
+
+void Engine::AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out) {
+  seq->slots.tokens.push_back(token);
+  out->new_token_ids.push_back(token);
+  ++stats_.generated_tokens;
+  FinishReason reason = FinishReason::kNone;
+  const bool eos = token == tokenizer_->eos_id() && !seq->params.ignore_eos;
+  if (!eos) seq->text += seq->detokenizer.Add(token);
+  if (eos) {
+    reason = FinishReason::kStop;
+  } else if (seq->completion_tokens() >= seq->params.max_tokens ||
+             static_cast<int64_t>(seq->slots.tokens.size()) >= max_context_) {
+    reason = FinishReason::kLength;
+  }
+  if (reason != FinishReason::kNone) seq->text += seq->detokenizer.Finish();
+  // Stop strings: search the text that could contain a new match (it may straddle old text).
+  if (seq->max_stop_len > 0) {
+    const size_t from = seq->emitted;  // nothing before `emitted` can start a match (held back)
+    size_t cut = std::string::npos;
+    for (const std::string& stop : seq->params.stop) {
+      cut = std::min(cut, seq->text.find(stop, from));
+    }
+    if (cut != std::string::npos) {
+      seq->text.resize(cut);
+      reason = FinishReason::kStop;
+    }
+  }
+  // Release text, holding back a tail that might still become a stop string.
+  size_t release = seq->text.size();
+  if (reason == FinishReason::kNone && seq->max_stop_len > 1) {
+    release =
+        seq->text.size() > seq->max_stop_len - 1 ? seq->text.size() - (seq->max_stop_len - 1) : 0;
+    release = std::max(release, seq->emitted);
+    while (release > seq->emitted && (static_cast<uint8_t>(seq->text[release]) & 0xC0) == 0x80) {
+      --release;  // never split a UTF-8 character
+    }
+  }
+  out->new_text.append(seq->text, seq->emitted, release - seq->emitted);
+  seq->emitted = release;
+  out->completion_tokens = seq->completion_tokens();
+  if (reason != FinishReason::kNone) Finish(seq, reason, out);
+}
+
+absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
+  for (int64_t id : aborted_) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    GenerationOutput out;
+    out.request_id = id;
+    out.prompt_tokens = it->second->prompt_tokens;
+    Finish(it->second.get(), FinishReason::kAborted, &out);
+    outputs->push_back(std::move(out));
+  }
+  aborted_.clear();
+  if (!scheduler_->has_work()) return absl::OkStatus();
+
+  SchedulerOutput plan = scheduler_->Schedule();
+  stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  if (plan.empty()) {
+    if (!plan.preempted.empty()) return absl::OkStatus();  // freed blocks; the next pass runs
+    return absl::InternalError(
+        "scheduler made no progress (KV cache too small for the queue head)");
+  }
+
+  ForwardBatch batch;
+  std::vector<SequenceSlots*> need_logits;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    SequenceSlots* s = chunk.seq;
+    ForwardSequence fs;
+    fs.block_table = &s->block_table;
+    fs.token_start = static_cast<int64_t>(batch.token_ids.size());
+    fs.num_tokens = chunk.num_tokens;
+    fs.context_len = s->num_computed + chunk.num_tokens;
+    fs.need_logits = fs.context_len == static_cast<int64_t>(s->tokens.size());
+    batch.token_ids.insert(batch.token_ids.end(), s->tokens.begin() + s->num_computed,
+                           s->tokens.begin() + fs.context_len);
+    batch.seqs.push_back(fs);
+    if (fs.need_logits) need_logits.push_back(s);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (auto st = model_->Forward(batch, *cache_, &logits_); !st.ok()) return st;
+  stats_.forward_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++stats_.passes;
+  stats_.prefill_tokens += plan.num_prefill_tokens;
+  stats_.decode_tokens += plan.num_decode_tokens;
+  scheduler_->Commit(plan);
+
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < need_logits.size(); ++i) {
+    Sequence* seq = sequences_.at(need_logits[i]->id).get();
+    GenerationOutput out;
+    out.request_id = seq->slots.id;
+    out.prompt_tokens = seq->prompt_tokens;
+    const int32_t token =
+        seq->sampler.Sample(logits_.data() + i * vocab, static_cast<int32_t>(vocab));
+    AcceptToken(seq, token, &out);
+    outputs->push_back(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.waiting = scheduler_->num_waiting();
+  s.running = scheduler_->num_running();
+  s.kv_blocks_total = allocator_->num_blocks();
+  s.kv_blocks_free = allocator_->num_free();
+  return s;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,95 @@
+#include "engine/kv_cache.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace moebatch {
+
+BlockAllocator::BlockAllocator(int64_t num_blocks) : num_blocks_(num_blocks) {
+  free_.reserve(num_blocks);
+  // Highest id at the bottom so that the first allocations are 0, 1, 2, ...
+  for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+#ifndef NDEBUG
+  is_free_.assign(num_blocks, true);
+#endif
+}
+
+std::optional<int32_t> BlockAllocator::Allocate() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t b = free_.back();
+  free_.pop_back();
+#ifndef NDEBUG
+  is_free_[b] = false;
+#endif
+  return b;
+}
+
+void BlockAllocator::Free(int32_t block) {
+  assert(block >= 0 && block < num_blocks_);
+#ifndef NDEBUG
+  assert(!is_free_[block] && "KV block freed twice");
+  is_free_[block] = true;
+#endif
+  free_.push_back(block);
+}
+
+void BlockAllocator::FreeAll(std::vector<int32_t>* block_table) {
+  // Reverse order keeps the free list's LIFO order close to allocation order.
+  for (auto it = block_table->rbegin(); it != block_table->rend(); ++it) Free(*it);
+  block_table->clear();
+}
+
+void PagedKvCache::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
+
+PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {}
+
+absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheConfig& config) {
+  if (config.num_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 ||
+      config.block_size <= 0 || config.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: every size must be positive (layers ", config.num_layers,
+                     ", kv heads ", config.num_kv_heads, ", head_dim ", config.head_dim,
+                     ", block_size ", config.block_size, ", blocks ", config.num_blocks, ")"));
+  }
+  std::unique_ptr<PagedKvCache> cache(new PagedKvCache(config));
+  const size_t elem = DTypeSize(config.dtype);
+  cache->head_stride_ = config.block_size * config.head_dim * elem;
+  cache->value_offset_ = config.num_kv_heads * cache->head_stride_;
+  cache->block_stride_ = 2 * cache->value_offset_;
+  cache->layer_stride_ = cache->block_stride_ * config.num_blocks;
+  cache->bytes_ = cache->layer_stride_ * config.num_layers;
+  // 64-byte alignment for SIMD loads; calloc-like zeroing so unused slots are finite.
+  void* p = std::aligned_alloc(64, (cache->bytes_ + 63) / 64 * 64);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache: cannot allocate ", cache->bytes_,
+                                                     " bytes (", config.num_blocks, " blocks of ",
+                                                     config.bytes_per_block(), " bytes)"));
+  }
+  std::memset(p, 0, cache->bytes_);
+  cache->data_.reset(static_cast<std::byte*>(p));
+  return cache;
+}
+
+std::byte* PagedKvCache::KeyBlock(int64_t layer, int32_t block) const {
+  return LayerBase(layer) + static_cast<size_t>(block) * block_stride_;
+}
+
+void PagedKvCache::Write(int64_t layer, const std::vector<int32_t>& block_table, int64_t position,
+                         const float* k, const float* v) {
+  const int64_t bs = config_.block_size;
+  assert(position / bs < static_cast<int64_t>(block_table.size()));
+  std::byte* key_block = KeyBlock(layer, block_table[position / bs]);
+  const size_t elem = DTypeSize(config_.dtype);
+  const size_t slot_offset = static_cast<size_t>(position % bs) * config_.head_dim * elem;
+  for (int64_t h = 0; h < config_.num_kv_heads; ++h) {
+    std::byte* kdst = key_block + h * head_stride_ + slot_offset;
+    ConvertFromF32(config_.dtype, k + h * config_.head_dim, kdst, config_.head_dim);
+    ConvertFromF32(config_.dtype, v + h * config_.head_dim, kdst + value_offset_, config_.head_dim);
+  }
+}
+
+}  // namespace moebatch

@@ -1,0 +1,86 @@
+#include "engine/matmul.h"
+
+#include <dnnl.hpp>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+
+namespace moebatch {
+
+using dnnl::memory;
+using Tag = memory::data_type;
+
+struct Matmul::Impl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  // (n, k, src type, weight type) -> primitive with a run-time M.
+  std::map<std::tuple<int64_t, int64_t, int, int>, dnnl::matmul> primitives;
+  std::vector<float> weight_f32;   // converted weights (f32 mode with bf16/f16 weights)
+  std::vector<uint16_t> src_bf16;  // rounded activations (bf16 mode)
+
+  dnnl::matmul& Get(int64_t n, int64_t k, Tag src, Tag wei) {
+    auto key = std::make_tuple(n, k, static_cast<int>(src), static_cast<int>(wei));
+    auto it = primitives.find(key);
+    if (it != primitives.end()) return it->second;
+    const memory::dim rt = DNNL_RUNTIME_DIM_VAL;
+    memory::desc src_md({rt, k}, src, {k, 1});
+    memory::desc wei_md({k, n}, wei, {1, k});  // W [N, K] row-major seen as Wᵀ [K, N]
+    memory::desc dst_md({rt, n}, Tag::f32, {n, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
+    return primitives.emplace(key, dnnl::matmul(pd)).first->second;
+  }
+};
+
+Matmul::Matmul(DType compute_dtype) : compute_dtype_(compute_dtype), impl_(new Impl) {}
+Matmul::~Matmul() = default;
+
+absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype) {
+  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32 or bf16, got ",
+                                                   std::string(DTypeName(compute_dtype))));
+  }
+  std::unique_ptr<Matmul> mm(new Matmul(compute_dtype));
+  try {
+    if (compute_dtype == DType::kBF16) mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
+  } catch (const dnnl::error& e) {
+    return absl::UnimplementedError(
+        absl::StrCat("bf16 compute is not available on this CPU (oneDNN: ", e.what(),
+                     "); use compute dtype f32"));
+  }
+  return mm;
+}
+
+absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
+                            int64_t n, float* y) {
+  if (m == 0) return absl::OkStatus();
+  Impl& im = *impl_;
+  try {
+    const void* src = x;
+    const void* wei = w;
+    Tag src_t = Tag::f32, wei_t = Tag::f32;
+    if (compute_dtype_ == DType::kBF16 && w_dtype == DType::kBF16) {
+      im.src_bf16.resize(static_cast<size_t>(m * k));
+      ConvertFromF32(DType::kBF16, x, im.src_bf16.data(), im.src_bf16.size());
+      src = im.src_bf16.data();
+      src_t = wei_t = Tag::bf16;
+    } else if (w_dtype != DType::kF32) {
+      im.weight_f32.resize(static_cast<size_t>(n * k));
+      ConvertToF32(w_dtype, w, im.weight_f32.data(), im.weight_f32.size());
+      wei = im.weight_f32.data();
+    }
+    dnnl::matmul& prim = im.Get(n, k, src_t, wei_t);
+    memory src_m({{m, k}, src_t, {k, 1}}, im.engine, const_cast<void*>(src));
+    memory wei_m({{k, n}, wei_t, {1, k}}, im.engine, const_cast<void*>(wei));
+    memory dst_m({{m, n}, Tag::f32, {n, 1}}, im.engine, y);
+    prim.execute(im.stream,
+                 {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
+    im.stream.wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN matmul [", m, "x", k, "] x [", k, "x", n, "] failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moebatch

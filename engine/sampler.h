@@ -21,7 +21,7 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0 = off; else keep the k most likely tokens
   float top_p = 1.0f;        // (0, 1]; 1 = off; else keep the smallest set with mass >= top_p
   std::optional<uint64_t> seed;
-  int32_t max_tokens = 256;  // generated tokens at most (>= 1)
+  int32_t max_tokens = 256;       // generated tokens at most (>= 1)
   std::vector<std::string> stop;  // stop strings: generation ends when the text contains one;
                                   // the text is cut before it
   bool ignore_eos = false;        // keep generating after EOS (benchmarks, golden tests)

@@ -1,0 +1,110 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+namespace moebatch {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockAllocator* allocator)
+    : config_(config), allocator_(allocator) {}
+
+void Scheduler::Add(SequenceSlots* seq) { waiting_.push_back(seq); }
+
+bool Scheduler::EnsureBlocks(SequenceSlots* seq, int64_t tokens_after) {
+  const int64_t need = BlocksForTokens(tokens_after, config_.block_size) -
+                       static_cast<int64_t>(seq->block_table.size());
+  if (need <= 0) return true;
+  if (need > allocator_->num_free()) return false;
+  for (int64_t i = 0; i < need; ++i) seq->block_table.push_back(*allocator_->Allocate());
+  return true;
+}
+
+SequenceSlots* Scheduler::PickVictim(const SequenceSlots* requester) {
+  // A partially prefilled sequence has produced nothing yet: the cheapest to give up.
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    if (!(*it)->block_table.empty()) return *it;
+  }
+  return running_.empty() ? nullptr : running_.back();  // the newest decode sequence
+}
+
+void Scheduler::Preempt(SequenceSlots* seq, SchedulerOutput* out) {
+  allocator_->FreeAll(&seq->block_table);
+  seq->num_computed = 0;
+  ++seq->num_preemptions;
+  auto it = std::find(running_.begin(), running_.end(), seq);
+  if (it != running_.end()) {
+    running_.erase(it);
+    // Victims go newest first, so pushing each to the front keeps the queue in arrival order.
+    waiting_.push_front(seq);
+  }
+  out->preempted.push_back(seq);
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  // 1. Decode: every running sequence, oldest first.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    SequenceSlots* seq = running_[i];
+    bool self_preempted = false;
+    while (!EnsureBlocks(seq, seq->num_computed + 1)) {
+      SequenceSlots* victim = PickVictim(seq);
+      if (victim == nullptr) break;  // unreachable: seq itself is running
+      Preempt(victim, &out);
+      if (victim == seq) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // it was the newest: nothing after it is left
+    out.chunks.push_back(ScheduledChunk{seq, 1, true});
+    ++out.num_decode_tokens;
+  }
+  if (!out.preempted.empty()) return out;  // preemption mode: no new prefill
+
+  // 2. Prefill from the head of the queue within the token budget, while blocks last.
+  int64_t budget = config_.max_tokens_per_pass - out.num_decode_tokens;
+  int64_t holding = static_cast<int64_t>(running_.size());
+  for (SequenceSlots* seq : waiting_) holding += seq->block_table.empty() ? 0 : 1;
+  for (SequenceSlots* seq : waiting_) {
+    if (budget <= 0) break;
+    if (seq->block_table.empty() && holding >= config_.max_num_seqs) break;
+    const int64_t capacity =
+        (static_cast<int64_t>(seq->block_table.size()) + allocator_->num_free()) *
+            config_.block_size -
+        seq->num_computed;
+    const int64_t chunk = std::min({seq->num_pending(), budget, capacity});
+    if (chunk <= 0) break;
+    if (seq->block_table.empty()) ++holding;
+    EnsureBlocks(seq, seq->num_computed + chunk);  // cannot fail: chunk <= capacity
+    out.chunks.push_back(ScheduledChunk{seq, chunk, false});
+    out.num_prefill_tokens += chunk;
+    budget -= chunk;
+    if (chunk < seq->num_pending()) break;  // FIFO: the rest waits behind the split prompt
+  }
+  return out;
+}
+
+void Scheduler::Commit(const SchedulerOutput& output) {
+  for (const ScheduledChunk& chunk : output.chunks) {
+    SequenceSlots* seq = chunk.seq;
+    seq->num_computed += chunk.num_tokens;
+    if (!chunk.is_decode && seq->num_pending() == 0) {
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+      auto pos = std::lower_bound(
+          running_.begin(), running_.end(), seq,
+          [](const SequenceSlots* a, const SequenceSlots* b) { return a->id < b->id; });
+      running_.insert(pos, seq);
+    }
+  }
+}
+
+void Scheduler::Remove(SequenceSlots* seq) {
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) {
+    running_.erase(it);
+  }
+  allocator_->FreeAll(&seq->block_table);
+}
+
+}  // namespace moebatch

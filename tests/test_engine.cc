@@ -1,0 +1,386 @@
+// The scheduler (block accounting, preemption, chunked prefill, fairness) on simulated workloads,
+// and the engine's request handling on the tiny golden model.
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+
+using namespace moebatch;
+
+namespace {
+
+// Drives a Scheduler the way the engine does: after each pass, a sequence whose tokens are all
+// computed gets one new token; it finishes after `gen_len` generated tokens.
+struct Sim {
+  Sim(int64_t blocks, SchedulerConfig cfg) : alloc(blocks), sched(cfg, &alloc), config(cfg) {}
+  BlockAllocator alloc;
+  Scheduler sched;
+  SchedulerConfig config;
+  std::vector<std::unique_ptr<SequenceSlots>> seqs;
+  std::map<int64_t, int64_t> prompt_len, gen_len;
+  std::set<int64_t> finished;
+  int64_t preemptions = 0;
+
+  void Add(int64_t id, int64_t prompt, int64_t gen) {
+    auto s = std::make_unique<SequenceSlots>();
+    s->id = id;
+    s->tokens.assign(prompt, 7);
+    prompt_len[id] = prompt;
+    gen_len[id] = gen;
+    sched.Add(s.get());
+    seqs.push_back(std::move(s));
+  }
+
+  // One pass with invariant checks. Returns false when nothing was scheduled.
+  bool Pass() {
+    SchedulerOutput out = sched.Schedule();
+    // Preemption: victims are newer than every decode sequence scheduled this pass.
+    for (SequenceSlots* v : out.preempted) {
+      ++preemptions;
+      REQUIRE(v->block_table.empty());
+      REQUIRE(v->num_computed == 0);
+      for (const ScheduledChunk& c : out.chunks) {
+        if (c.is_decode) REQUIRE(c.seq->id < v->id);
+      }
+      REQUIRE(out.num_prefill_tokens == 0);  // preemption mode admits no prefill
+    }
+    int64_t held = 0;
+    for (auto& s : seqs) held += static_cast<int64_t>(s->block_table.size());
+    REQUIRE(held + alloc.num_free() == alloc.num_blocks());  // no block lost or double-owned
+    REQUIRE(out.num_decode_tokens + out.num_prefill_tokens <= config.max_tokens_per_pass);
+    std::set<SequenceSlots*> distinct;
+    for (const ScheduledChunk& c : out.chunks) {
+      REQUIRE(distinct.insert(c.seq).second);
+      REQUIRE(c.num_tokens >= 1);
+      REQUIRE(c.num_tokens <= c.seq->num_pending());
+      REQUIRE(static_cast<int64_t>(c.seq->block_table.size()) * config.block_size >=
+              c.seq->num_computed + c.num_tokens);
+    }
+    if (out.empty()) return !out.preempted.empty();
+    sched.Commit(out);
+    for (const ScheduledChunk& c : out.chunks) {
+      SequenceSlots* s = c.seq;
+      if (s->num_pending() != 0) continue;
+      s->tokens.push_back(9);
+      const int64_t generated = static_cast<int64_t>(s->tokens.size()) - prompt_len[s->id];
+      if (generated >= gen_len[s->id]) {
+        sched.Remove(s);
+        finished.insert(s->id);
+      }
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("scheduler: decode first, prefill within the token budget, chunked prompts") {
+  Sim sim(1000, SchedulerConfig{64, 40, 16});
+  sim.Add(1, 100, 3);  // longer than the budget: split over passes
+  sim.Add(2, 10, 3);
+  SchedulerOutput first = sim.sched.Schedule();
+  REQUIRE(first.chunks.size() == 1);
+  REQUIRE(first.chunks[0].num_tokens == 40);
+  REQUIRE(first.chunks[0].seq->id == 1);
+  sim.sched.Commit(first);
+  SchedulerOutput second = sim.sched.Schedule();
+  REQUIRE(second.chunks[0].num_tokens == 40);
+  sim.sched.Commit(second);
+  SchedulerOutput third = sim.sched.Schedule();
+  REQUIRE(third.chunks.size() == 2);  // the last 20 of seq 1, then all of seq 2
+  REQUIRE(third.chunks[0].num_tokens == 20);
+  REQUIRE(third.chunks[1].seq->id == 2);
+  REQUIRE(third.chunks[1].num_tokens == 10);
+  sim.sched.Commit(third);
+  REQUIRE(sim.sched.num_running() == 2);
+  sim.seqs[0]->tokens.push_back(5);
+  sim.seqs[1]->tokens.push_back(5);
+  SchedulerOutput decode = sim.sched.Schedule();
+  REQUIRE(decode.num_decode_tokens == 2);
+  REQUIRE(decode.chunks[0].is_decode);
+}
+
+TEST_CASE("scheduler: max_num_seqs bounds the sequences holding KV") {
+  Sim sim(1000, SchedulerConfig{3, 1000, 16});
+  for (int i = 1; i <= 6; ++i) sim.Add(i, 5, 4);
+  SchedulerOutput out = sim.sched.Schedule();
+  REQUIRE(out.chunks.size() == 3);
+}
+
+TEST_CASE(
+    "scheduler: under KV pressure it preempts newest first, never over-commits, starves no one") {
+  std::mt19937_64 rng(1234);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t blocks = 12 + trial;  // small: forces many preemptions
+    Sim sim(blocks, SchedulerConfig{16, 48, 4});
+    std::uniform_int_distribution<int64_t> prompt(1, 30), gen(1, 25);
+    const int n = 30;
+    for (int i = 1; i <= n; ++i) {
+      int64_t p = prompt(rng), g = gen(rng);
+      // Every sequence alone fits the cache (the engine refuses those that cannot).
+      g = std::min<int64_t>(g, blocks * 4 - p);
+      sim.Add(i, p, g);
+    }
+    int passes = 0;
+    while (sim.sched.has_work()) {
+      REQUIRE(sim.Pass());
+      REQUIRE(++passes < 20000);
+    }
+    REQUIRE(static_cast<int>(sim.finished.size()) == n);
+    REQUIRE(sim.alloc.num_free() == blocks);
+    if (trial == 0) REQUIRE(sim.preemptions > 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine on the tiny golden model (tests/fixtures/tiny-mixtral).
+
+namespace {
+
+std::string TinyDir() { return std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtral"; }
+
+std::unique_ptr<Engine> TinyEngine(int64_t kv_bytes = int64_t{32} << 20) {
+  EngineOptions o;
+  o.model_dir = TinyDir();
+  o.kv_cache_bytes = kv_bytes;
+  auto e = Engine::Create(o);
+  INFO(e.status().ToString() << " (run scripts/fetch_tokenizer.sh for tokenizer.model)");
+  REQUIRE(e.ok());
+  return *std::move(e);
+}
+
+struct Done {
+  std::vector<int32_t> ids;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  int64_t completion_tokens = 0;
+};
+
+std::map<int64_t, Done> Drain(Engine& engine) {
+  std::map<int64_t, Done> done;
+  std::vector<GenerationOutput> outs;
+  while (engine.HasUnfinished()) {
+    outs.clear();
+    REQUIRE(engine.Step(&outs).ok());
+    for (const auto& o : outs) {
+      Done& d = done[o.request_id];
+      REQUIRE(d.reason == FinishReason::kNone);  // nothing after the final output
+      d.ids.insert(d.ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      d.text += o.new_text;
+      if (o.finished) {
+        d.reason = o.finish_reason;
+        d.completion_tokens = o.completion_tokens;
+      }
+    }
+  }
+  return done;
+}
+
+GenerationRequest Prompt(const Engine& e, const std::string& text, SamplingParams p) {
+  GenerationRequest r;
+  r.prompt_token_ids = e.tokenizer().Encode(text, true);
+  r.sampling = std::move(p);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("engine: max_tokens ends with length; blocks return to the free list") {
+  auto e = TinyEngine();
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 5;
+  p.ignore_eos = true;
+  const int64_t id = *e->AddRequest(Prompt(*e, "Hello there", p));
+  auto done = Drain(*e);
+  REQUIRE(done[id].ids.size() == 5);
+  REQUIRE(done[id].reason == FinishReason::kLength);
+  REQUIRE(done[id].completion_tokens == 5);
+  REQUIRE(done[id].text == e->tokenizer().Decode(done[id].ids));
+  REQUIRE(e->stats().kv_blocks_free == e->stats().kv_blocks_total);
+}
+
+TEST_CASE("engine: a stop string cuts the text and ends the request") {
+  auto e = TinyEngine();
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  const int64_t free_run = *e->AddRequest(Prompt(*e, "The weather today", p));
+  const Done full = Drain(*e)[free_run];
+  REQUIRE(full.text.size() > 6);
+  // Use a piece of the unconstrained output as the stop string: the run must end right there.
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  p.stop = {stop};
+  const int64_t id = *e->AddRequest(Prompt(*e, "The weather today", p));
+  const Done cut = Drain(*e)[id];
+  REQUIRE(cut.reason == FinishReason::kStop);
+  REQUIRE(cut.text == full.text.substr(0, full.text.find(stop)));
+  REQUIRE(cut.ids.size() <= full.ids.size());
+  REQUIRE(std::equal(cut.ids.begin(), cut.ids.end(), full.ids.begin()));
+  REQUIRE(e->stats().kv_blocks_free == e->stats().kv_blocks_total);
+}
+
+TEST_CASE("engine: EOS ends a request (token kept, no text) unless ignore_eos") {
+  // Make EOS deterministic: a copy of the tiny model whose config names as eos_token_id the token
+  // greedy decoding produces fourth for this prompt.
+  namespace fs = std::filesystem;
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  std::vector<int32_t> greedy;
+  {
+    auto e = TinyEngine();
+    const int64_t id = *e->AddRequest(Prompt(*e, "The river", p));
+    greedy = Drain(*e)[id].ids;
+  }
+  REQUIRE(greedy.size() == 12);
+  const int32_t eos = greedy[3];
+  const size_t first_eos = std::find(greedy.begin(), greedy.end(), eos) - greedy.begin();
+  const fs::path dir = fs::temp_directory_path() / ("moebatch_eos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"model.safetensors", "tokenizer.model"}) {
+    fs::copy_file(fs::path(TinyDir()) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  {
+    std::ifstream in(fs::path(TinyDir()) / "config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["eos_token_id"] = eos;
+    std::ofstream(dir / "config.json") << config.dump(2);
+  }
+  EngineOptions o;
+  o.model_dir = dir.string();
+  o.kv_cache_bytes = int64_t{8} << 20;
+  auto e = *Engine::Create(o);
+  p.ignore_eos = false;
+  const int64_t id = *e->AddRequest(Prompt(*e, "The river", p));
+  const Done d = Drain(*e)[id];
+  REQUIRE(d.reason == FinishReason::kStop);
+  REQUIRE(d.ids == std::vector<int32_t>(greedy.begin(), greedy.begin() + first_eos + 1));
+  REQUIRE(d.text ==
+          e->tokenizer().Decode(std::vector<int32_t>(greedy.begin(), greedy.begin() + first_eos)));
+  p.ignore_eos = true;
+  const int64_t id2 = *e->AddRequest(Prompt(*e, "The river", p));
+  REQUIRE(Drain(*e)[id2].ids == greedy);
+  e.reset();
+  fs::remove_all(dir);
+}
+
+TEST_CASE("engine: the same seed gives the same tokens, alone or in a crowd") {
+  auto e = TinyEngine();
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.top_k = 50;
+  p.max_tokens = 20;
+  p.ignore_eos = true;
+  p.seed = 1234;
+  const int64_t alone = *e->AddRequest(Prompt(*e, "Once upon a time", p));
+  const Done a = Drain(*e)[alone];
+  std::vector<int64_t> ids;
+  SamplingParams other = p;
+  for (int i = 0; i < 5; ++i) {
+    other.seed = 99 + i;
+    ids.push_back(*e->AddRequest(Prompt(*e, "Noise prompt " + std::to_string(i), other)));
+  }
+  const int64_t crowd = *e->AddRequest(Prompt(*e, "Once upon a time", p));
+  auto all = Drain(*e);
+  REQUIRE(all[crowd].ids == a.ids);
+  REQUIRE(all[crowd].text == a.text);
+  REQUIRE(all[ids[0]].ids != a.ids);
+}
+
+TEST_CASE("engine: Abort stops a request and frees its blocks") {
+  auto e = TinyEngine();
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 200;
+  p.ignore_eos = true;
+  const int64_t keep = *e->AddRequest(Prompt(*e, "first", p));
+  const int64_t stop = *e->AddRequest(Prompt(*e, "second", p));
+  std::vector<GenerationOutput> outs;
+  REQUIRE(e->Step(&outs).ok());
+  REQUIRE(e->stats().kv_blocks_free < e->stats().kv_blocks_total);
+  e->Abort(stop);
+  e->Abort(987654);  // unknown: ignored
+  outs.clear();
+  REQUIRE(e->Step(&outs).ok());
+  bool aborted = false;
+  for (const auto& o : outs) {
+    if (o.request_id == stop) {
+      aborted = o.finished && o.finish_reason == FinishReason::kAborted;
+    }
+  }
+  REQUIRE(aborted);
+  auto rest = Drain(*e);
+  REQUIRE(rest.count(stop) == 0);
+  REQUIRE(rest[keep].reason == FinishReason::kLength);
+  REQUIRE(e->stats().kv_blocks_free == e->stats().kv_blocks_total);
+}
+
+TEST_CASE("engine: bad requests are refused with the field named; the engine keeps working") {
+  auto e = TinyEngine(/*kv_bytes=*/int64_t{1} << 20);  // a small cache: short max context
+  auto code_and_prefix = [](const absl::Status& st, const std::string& prefix) {
+    REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(st.message()).rfind(prefix, 0) == 0);
+  };
+  GenerationRequest empty;
+  code_and_prefix(e->AddRequest(empty).status(), "prompt");
+  GenerationRequest bad_id;
+  bad_id.prompt_token_ids = {1, 5, 32000};
+  code_and_prefix(e->AddRequest(bad_id).status(), "prompt_token_ids[2]");
+  GenerationRequest too_long;
+  too_long.prompt_token_ids.assign(e->max_context_tokens(), 5);
+  code_and_prefix(e->AddRequest(too_long).status(), "prompt");
+  GenerationRequest bad_temp;
+  bad_temp.prompt_token_ids = {1, 5};
+  bad_temp.sampling.temperature = -1;
+  code_and_prefix(e->AddRequest(bad_temp).status(), "temperature");
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 3;
+  const int64_t id = *e->AddRequest(Prompt(*e, "still fine", p));
+  REQUIRE(Drain(*e)[id].completion_tokens >= 1);
+}
+
+TEST_CASE("engine: a sequence that reaches the context limit ends with length") {
+  auto e = TinyEngine(/*kv_bytes=*/int64_t{1} << 20);
+  const int64_t limit = e->max_context_tokens();
+  REQUIRE(limit < 4096);  // the KV cache, not max_position_embeddings, is the limit here
+  GenerationRequest r;
+  r.prompt_token_ids.assign(limit - 3, 100);
+  r.prompt_token_ids[0] = 1;
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 100;
+  r.sampling.ignore_eos = true;
+  const int64_t id = *e->AddRequest(r);
+  const Done d = Drain(*e)[id];
+  REQUIRE(d.ids.size() == 3);
+  REQUIRE(d.reason == FinishReason::kLength);
+}
+
+TEST_CASE("engine: a model directory without tokenizer.model is refused clearly") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moebatch_notok_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    fs::copy_file(fs::path(TinyDir()) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  EngineOptions o;
+  o.model_dir = dir.string();
+  auto e = Engine::Create(o);
+  REQUIRE(e.status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(std::string(e.status().message()).find("missing tokenizer") != std::string::npos);
+  fs::remove_all(dir);
+}

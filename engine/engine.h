@@ -1,0 +1,126 @@
+// The engine: a model, its paged KV cache, the scheduler and per-request sampling, behind a small
+// API that the offline runner, the daemon and the benchmarks share (see docs/architecture.md).
+//
+//   auto engine = Engine::Create(options);        // loads and validates the checkpoint + tokenizer
+//   int64_t id = *engine->AddRequest({prompt_ids, sampling});
+//   while (engine->HasUnfinished()) engine->Step(&outputs);   // one pass per call
+//
+// Threading: not thread-safe; one thread (the caller's, or the daemon's engine thread) calls
+// everything. Step parallelises inside (OpenMP, oneDNN).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/checkpoint.h"
+#include "engine/cpu_model.h"
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/tokenizer.h"
+
+namespace moebatch {
+
+struct EngineOptions {
+  std::string model_dir;                      // Hugging Face directory: config.json, safetensors,
+                                              // tokenizer.model
+  DType compute_dtype = DType::kF32;          // f32 (reference) or bf16
+  std::optional<DType> kv_dtype;              // KV cache element type; default: the compute dtype
+  int64_t kv_block_size = 16;                 // token slots per KV block
+  int64_t kv_cache_bytes = int64_t{1} << 30;  // host memory for the KV cache (bytes)
+  int64_t max_num_seqs = 256;                 // sequences holding KV at once
+  int64_t max_tokens_per_pass = 2048;         // prefill + decode tokens per pass
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAborted };
+// "stop", "length", "aborted" ("" for kNone): the OpenAI spelling.
+const char* FinishReasonName(FinishReason reason);
+
+// What one Step produced for one request.
+struct GenerationOutput {
+  int64_t request_id = 0;
+  std::vector<int32_t> new_token_ids;  // generated this step (EOS included when generated)
+  std::string new_text;                // text released this step (UTF-8 complete; never part of a
+                                       // stop string; EOS gives no text)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // generated so far
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_token_ids;  // BOS included when wanted (Tokenizer::Encode does)
+  SamplingParams sampling;
+};
+
+struct EngineStats {
+  int64_t passes = 0;
+  int64_t prefill_tokens = 0;  // tokens prefilled (re-prefill after preemption included)
+  int64_t decode_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t requests_finished = 0;
+  int64_t waiting = 0, running = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_free = 0;
+  double forward_seconds = 0.0;  // wall time inside the model forward
+};
+
+class Engine {
+ public:
+  // Loads the checkpoint (Checkpoint::Load errors), the tokenizer (`<model_dir>/tokenizer.model`;
+  // NotFound "missing tokenizer"), builds the model and allocates the KV cache
+  // (InvalidArgument when kv_cache_bytes holds less than one block).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  ~Engine();
+
+  // Queues a request; returns its id (increasing). InvalidArgument naming the field: empty prompt,
+  // a token id outside the vocabulary, a prompt that leaves no room to generate within
+  // max_context_tokens(), invalid sampling parameters.
+  absl::StatusOr<int64_t> AddRequest(GenerationRequest request);
+
+  // Runs one pass (or none when idle) and appends what it produced to `outputs`: every request that
+  // generated tokens, finished or was aborted. Finished requests release their KV blocks at once.
+  // Errors are internal (the model failed); requests stay queued.
+  absl::Status Step(std::vector<GenerationOutput>* outputs);
+
+  // Stops a request; its final output (FinishReason::kAborted) comes from the next Step. Unknown
+  // or finished ids are ignored.
+  void Abort(int64_t request_id);
+
+  bool HasUnfinished() const { return !sequences_.empty(); }
+  EngineStats stats() const;
+  const ModelConfig& config() const { return checkpoint_->config(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const EngineOptions& options() const { return options_; }
+  // Longest sequence (prompt + generated) the engine can hold: min(max_position_embeddings,
+  // KV blocks * block size).
+  int64_t max_context_tokens() const { return max_context_; }
+
+ private:
+  struct Sequence;
+  Engine() = default;
+  void Finish(Sequence* seq, FinishReason reason, GenerationOutput* out);
+  // Appends a sampled token, applies the stop rules, fills `out`.
+  void AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out);
+
+  EngineOptions options_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<BlockAllocator> allocator_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
+  std::vector<int64_t> aborted_;
+  int64_t next_id_ = 1;
+  int64_t max_context_ = 0;
+  EngineStats stats_;
+  std::vector<float> logits_;
+};
+
+}  // namespace moebatch

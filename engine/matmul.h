@@ -1,0 +1,48 @@
+// Dense layers on the CPU through oneDNN matmul: y = x · Wᵀ, torch.nn.Linear's math (no bias).
+//
+// Weights stay where they are (e.g. in the memory-mapped checkpoint, [out_features, in_features]
+// row-major, as PyTorch stores them); oneDNN reads them as a transposed [K, N] operand.
+// Compute modes:
+//   f32  : activations f32; f32 weights used in place; bf16/f16 weights converted to an f32 scratch
+//          per call (exact). This is the reference mode the golden tests use.
+//   bf16 : activations rounded to bf16, bf16 weights used in place (AMX / AVX512-BF16 through
+//          oneDNN), f32 accumulation and output; non-bf16 weights go through the f32 path.
+// One primitive per (N, K, dtypes) is created on first use and reused: M (tokens) is a run-time
+// dimension. Not thread-safe: one Matmul per forward thread; oneDNN parallelises inside each call
+// with OpenMP.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/dtype.h"
+
+namespace moebatch {
+
+class Matmul {
+ public:
+  // InvalidArgument for a compute dtype other than f32/bf16; Unimplemented when oneDNN has no bf16
+  // matmul for this CPU (it needs AVX-512).
+  static absl::StatusOr<std::unique_ptr<Matmul>> Create(DType compute_dtype);
+  ~Matmul();
+
+  // y[M, N] = x[M, K] · w[N, K]ᵀ; x and y f32 row-major, contiguous. M may be 0 (no-op).
+  // Internal errors from oneDNN come back as Internal.
+  absl::Status Linear(const float* x, int64_t m, int64_t k, const void* w, DType w_dtype, int64_t n,
+                      float* y);
+
+  DType compute_dtype() const { return compute_dtype_; }
+
+ private:
+  struct Impl;
+  explicit Matmul(DType compute_dtype);
+  DType compute_dtype_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moebatch

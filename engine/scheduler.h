@@ -1,0 +1,88 @@
+// Forms each pass: which sequences run and how many of their tokens (MoE-Lens §6.2, first cut;
+// issue 6 adds the profiler-derived token budget and VSLPipe micro-batches).
+//
+// Policy, every pass:
+//   1. Decode first: every running sequence (oldest first) gets its one token, and a new KV block
+//      when its last block is full. When no block is free, the newest sequence holding blocks is
+//      preempted (a partially prefilled one first, then the newest running one): its blocks are
+//      freed and it goes back to the head of the prefill queue, to be re-prefilled with its prompt
+//      plus the tokens generated so far (recompute). Preemption mode: no new prefill this pass.
+//   2. Prefill: sequences from the head of the FIFO queue, up to `max_tokens_per_pass` tokens in
+//   the
+//      pass and `max_num_seqs` sequences holding KV, while KV blocks last. A prompt longer than
+//      what is left is split across passes (chunked prefill).
+// A sequence whose context can never fit the whole cache is not admitted (the engine checks).
+//
+// Plain class, no device code; the scheduler thread owns it and the BlockAllocator.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/kv_cache.h"
+
+namespace moebatch {
+
+// What the scheduler needs to know of a sequence; the engine keeps the rest beside it.
+struct SequenceSlots {
+  int64_t id = 0;                    // request id, increasing in arrival order
+  std::vector<int32_t> tokens;       // prompt followed by the generated tokens
+  int64_t num_computed = 0;          // leading tokens whose K/V is in the cache
+  std::vector<int32_t> block_table;  // covers at least num_computed tokens
+  int64_t num_preemptions = 0;
+
+  int64_t num_pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+};
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 256;          // sequences holding KV at once
+  int64_t max_tokens_per_pass = 2048;  // prefill + decode tokens per pass (n_real, §6.3)
+  int64_t block_size = 16;
+};
+
+struct ScheduledChunk {
+  SequenceSlots* seq = nullptr;
+  int64_t num_tokens = 0;  // tokens[num_computed, num_computed + num_tokens) run this pass
+  bool is_decode = false;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;  // decode chunks first, then prefill chunks
+  std::vector<SequenceSlots*> preempted;
+  int64_t num_decode_tokens = 0;
+  int64_t num_prefill_tokens = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, BlockAllocator* allocator);
+
+  // Queues a new sequence for prefill (tail of the FIFO). The scheduler does not own it.
+  void Add(SequenceSlots* seq);
+  // Forms the next pass. Blocks for every chunk are allocated before it returns.
+  SchedulerOutput Schedule();
+  // After the pass ran: advances num_computed of every chunk; sequences whose prompt is now fully
+  // prefilled join the running (decode) set.
+  void Commit(const SchedulerOutput& output);
+  // Removes a sequence wherever it is and frees its blocks (finished, cancelled or failed).
+  void Remove(SequenceSlots* seq);
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+
+ private:
+  bool EnsureBlocks(SequenceSlots* seq, int64_t tokens_after);
+  SequenceSlots* PickVictim(const SequenceSlots* requester);
+  void Preempt(SequenceSlots* seq, SchedulerOutput* out);
+
+  SchedulerConfig config_;
+  BlockAllocator* allocator_;
+  std::deque<SequenceSlots*> waiting_;   // FIFO; the head may be partially prefilled
+  std::vector<SequenceSlots*> running_;  // decode set, in arrival order
+};
+
+}  // namespace moebatch
