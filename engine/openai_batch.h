@@ -31,9 +31,9 @@ enum class Endpoint { kChatCompletions, kCompletions };
 struct BatchRequest {
   std::string custom_id;
   Endpoint endpoint = Endpoint::kChatCompletions;
-  std::string model;                         // body.model, echoed back; may be empty
-  std::vector<ChatMessage> messages;         // chat
-  std::string prompt;                        // completions, text prompt
+  std::string model;                                     // body.model, echoed back; may be empty
+  std::vector<ChatMessage> messages;                     // chat
+  std::string prompt;                                    // completions, text prompt
   std::optional<std::vector<int32_t>> prompt_token_ids;  // completions, prompt given as ids
   SamplingParams sampling;
 };
@@ -42,7 +42,7 @@ struct ParsedBatchLine {
   std::string custom_id;  // as far as it could be read (empty when the line is not JSON)
   bool json_ok = false;   // false: not a JSON object at all
   absl::StatusOr<BatchRequest> request;  // InvalidArgument naming the field, e.g.
-                                         // "body.temperature: must be in [0, 100], got 7e3"
+                                         // "body.temperature: must be in [0, 100], got 7000"
 };
 
 struct BatchDefaults {
