@@ -7,23 +7,24 @@
 namespace moebatch {
 namespace {
 
-inline float LoadElement(DType type, const std::byte* p, int64_t i) {
-  switch (type) {
-    case DType::kF32:
-      return reinterpret_cast<const float*>(p)[i];
-    case DType::kBF16:
-      return BF16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DType::kF16:
-      return F16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);
+// Element i of a K/V row stored as `T`; a compile-time type so the inner loops carry no branch.
+template <DType T>
+inline float LoadElement(const std::byte* p, int64_t i) {
+  if constexpr (T == DType::kF32) {
+    return reinterpret_cast<const float*>(p)[i];
+  } else if constexpr (T == DType::kBF16) {
+    return BF16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);
+  } else {
+    return F16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);
   }
-  return 0.0f;
 }
 
 // Attention of one query row for one head: online softmax over the keys [first, last].
+template <DType T>
 void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head, int64_t first,
                int64_t last, const float* q, float scale, float* out, float* acc) {
   const int64_t d = kv.head_dim;
-  const size_t elem = DTypeSize(kv.dtype);
+  constexpr size_t elem = DTypeSize(T);
   const size_t head_offset = static_cast<size_t>(kv_head) * kv.block_size * d * elem;
   float running_max = -INFINITY;
   float running_sum = 0.0f;
@@ -33,7 +34,7 @@ void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_hea
                            head_offset + static_cast<size_t>(j % kv.block_size) * d * elem;
     const std::byte* value = key + kv.value_offset_bytes;
     float s = 0.0f;
-    for (int64_t i = 0; i < d; ++i) s += q[i] * LoadElement(kv.dtype, key, i);
+    for (int64_t i = 0; i < d; ++i) s += q[i] * LoadElement<T>(key, i);
     s *= scale;
     if (s > running_max) {
       const float correction = std::exp(running_max - s);  // 0 on the first key
@@ -43,7 +44,7 @@ void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_hea
     }
     const float p = std::exp(s - running_max);
     running_sum += p;
-    for (int64_t i = 0; i < d; ++i) acc[i] += p * LoadElement(kv.dtype, value, i);
+    for (int64_t i = 0; i < d; ++i) acc[i] += p * LoadElement<T>(value, i);
   }
   const float inv = 1.0f / running_sum;
   for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
@@ -73,8 +74,11 @@ void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seq
       const int64_t pos = seq.context_len - seq.num_queries + i;
       const int64_t first = sliding_window ? std::max<int64_t>(0, pos - *sliding_window + 1) : 0;
       const int64_t row = seq.query_start + i;
-      AttendOne(kv, seq.block_table, h / group, first, pos, q + (row * num_heads + h) * d, scale,
-                out + (row * num_heads + h) * d, acc.data());
+      auto attend = kv.dtype == DType::kF32    ? AttendOne<DType::kF32>
+                    : kv.dtype == DType::kBF16 ? AttendOne<DType::kBF16>
+                                               : AttendOne<DType::kF16>;
+      attend(kv, seq.block_table, h / group, first, pos, q + (row * num_heads + h) * d, scale,
+             out + (row * num_heads + h) * d, acc.data());
     }
   }
 }

@@ -53,7 +53,7 @@ CpuModel::~CpuModel() = default;
 
 absl::StatusOr<std::unique_ptr<CpuModel>> CpuModel::Create(const Checkpoint& checkpoint,
                                                            const CpuModelOptions& options) {
-  auto matmul = Matmul::Create(options.compute_dtype);
+  auto matmul = Matmul::Create(options.compute_dtype, options.widened_weight_budget_bytes);
   if (!matmul.ok()) return matmul.status();
   std::unique_ptr<CpuModel> model(new CpuModel(checkpoint, *std::move(matmul)));
   const ModelConfig& c = checkpoint.config();

@@ -45,6 +45,9 @@ struct ForwardBatch {
 
 struct CpuModelOptions {
   DType compute_dtype = DType::kF32;  // f32 (reference) or bf16 (see engine/matmul.h)
+  // f32 mode: bytes of f32 weight copies kept between passes (see engine/matmul.h). 0 = convert
+  // on every use.
+  int64_t widened_weight_budget_bytes = int64_t{2} << 30;
 };
 
 // Per-pass counters the forward fills (for engine statistics and, later, S-MBU / S-MFU).

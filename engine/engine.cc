@@ -64,7 +64,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
 
-  auto model = CpuModel::Create(*engine->checkpoint_, CpuModelOptions{options.compute_dtype});
+  auto model =
+      CpuModel::Create(*engine->checkpoint_,
+                       CpuModelOptions{options.compute_dtype, options.widened_weight_budget_bytes});
   if (!model.ok()) return model.status();
   engine->model_ = *std::move(model);
 

@@ -35,6 +35,9 @@ struct EngineOptions {
   int64_t kv_cache_bytes = int64_t{1} << 30;  // host memory for the KV cache (bytes)
   int64_t max_num_seqs = 256;                 // sequences holding KV at once
   int64_t max_tokens_per_pass = 2048;         // prefill + decode tokens per pass
+  // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
+  // (engine/matmul.h); beyond it weights are widened on every use.
+  int64_t widened_weight_budget_bytes = int64_t{2} << 30;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAborted };

@@ -1,8 +1,9 @@
 #include "engine/kv_cache.h"
 
+#include <sys/mman.h>
+
 #include <cassert>
 #include <cstdlib>
-#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,7 @@ void BlockAllocator::FreeAll(std::vector<int32_t>* block_table) {
   block_table->clear();
 }
 
-void PagedKvCache::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
+void PagedKvCache::Unmapper::operator()(std::byte* p) const { ::munmap(p, bytes); }
 
 PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {}
 
@@ -62,15 +63,15 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCache
   cache->block_stride_ = 2 * cache->value_offset_;
   cache->layer_stride_ = cache->block_stride_ * config.num_blocks;
   cache->bytes_ = cache->layer_stride_ * config.num_layers;
-  // 64-byte alignment for SIMD loads; calloc-like zeroing so unused slots are finite.
-  void* p = std::aligned_alloc(64, (cache->bytes_ + 63) / 64 * 64);
-  if (p == nullptr) {
+  void* p =
+      ::mmap(nullptr, cache->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache: cannot allocate ", cache->bytes_,
                                                      " bytes (", config.num_blocks, " blocks of ",
                                                      config.bytes_per_block(), " bytes)"));
   }
-  std::memset(p, 0, cache->bytes_);
-  cache->data_.reset(static_cast<std::byte*>(p));
+  cache->data_ =
+      std::unique_ptr<std::byte, Unmapper>(static_cast<std::byte*>(p), Unmapper{cache->bytes_});
   return cache;
 }
 

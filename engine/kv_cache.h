@@ -64,8 +64,9 @@ inline int64_t BlocksForTokens(int64_t tokens, int64_t block_size) {
 
 class PagedKvCache {
  public:
-  // Allocates config.num_blocks * bytes_per_block() bytes (zeroed). ResourceExhausted when the
-  // allocation fails; InvalidArgument for non-positive sizes.
+  // Reserves config.num_blocks * bytes_per_block() bytes of anonymous memory (page-aligned, zero
+  // pages mapped lazily: resident memory grows with the blocks actually written). ResourceExhausted
+  // when the mapping fails; InvalidArgument for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const KvCacheConfig& config);
 
   const KvCacheConfig& config() const { return config_; }
@@ -85,14 +86,15 @@ class PagedKvCache {
              const float* k, const float* v);
 
  private:
-  struct FreeDeleter {
+  struct Unmapper {
+    size_t bytes;
     void operator()(std::byte* p) const;
   };
   explicit PagedKvCache(const KvCacheConfig& config);
   KvCacheConfig config_;
   size_t bytes_ = 0;
   size_t block_stride_ = 0, value_offset_ = 0, layer_stride_ = 0, head_stride_ = 0;
-  std::unique_ptr<std::byte, FreeDeleter> data_;
+  std::unique_ptr<std::byte, Unmapper> data_;
 };
 
 }  // namespace moebatch

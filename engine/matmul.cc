@@ -16,7 +16,25 @@ struct Matmul::Impl {
   dnnl::stream stream{engine};
   // (n, k, src type, weight type) -> primitive with a run-time M.
   std::map<std::tuple<int64_t, int64_t, int, int>, dnnl::matmul> primitives;
-  std::vector<float> weight_f32;   // converted weights (f32 mode with bf16/f16 weights)
+  std::vector<float> weight_f32;  // converted weights (f32 mode with bf16/f16 weights)
+  // Widened copies kept across calls, keyed by the source address, within widened_budget bytes.
+  std::map<const void*, std::vector<float>> widened;
+  int64_t widened_bytes = 0;
+  int64_t widened_budget = 0;
+
+  // The f32 copy of w [n, k]: from the cache, or converted now (and cached when it fits).
+  const float* Widen(const void* w, DType w_dtype, int64_t n, int64_t k) {
+    if (auto it = widened.find(w); it != widened.end()) return it->second.data();
+    const int64_t bytes = n * k * static_cast<int64_t>(sizeof(float));
+    std::vector<float>* dst = &weight_f32;
+    if (widened_bytes + bytes <= widened_budget) {
+      dst = &widened[w];
+      widened_bytes += bytes;
+    }
+    dst->resize(static_cast<size_t>(n * k));
+    ConvertToF32(w_dtype, w, dst->data(), dst->size());
+    return dst->data();
+  }
   std::vector<uint16_t> src_bf16;  // rounded activations (bf16 mode)
 
   dnnl::matmul& Get(int64_t n, int64_t k, Tag src, Tag wei) {
@@ -35,12 +53,14 @@ struct Matmul::Impl {
 Matmul::Matmul(DType compute_dtype) : compute_dtype_(compute_dtype), impl_(new Impl) {}
 Matmul::~Matmul() = default;
 
-absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype) {
+absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
+                                                       int64_t widened_weight_budget_bytes) {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32 or bf16, got ",
                                                    std::string(DTypeName(compute_dtype))));
   }
   std::unique_ptr<Matmul> mm(new Matmul(compute_dtype));
+  mm->impl_->widened_budget = widened_weight_budget_bytes;
   try {
     if (compute_dtype == DType::kBF16) mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
   } catch (const dnnl::error& e) {
@@ -65,9 +85,7 @@ absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w,
       src = im.src_bf16.data();
       src_t = wei_t = Tag::bf16;
     } else if (w_dtype != DType::kF32) {
-      im.weight_f32.resize(static_cast<size_t>(n * k));
-      ConvertToF32(w_dtype, w, im.weight_f32.data(), im.weight_f32.size());
-      wei = im.weight_f32.data();
+      wei = im.Widen(w, w_dtype, n, k);
     }
     dnnl::matmul& prim = im.Get(n, k, src_t, wei_t);
     memory src_m({{m, k}, src_t, {k, 1}}, im.engine, const_cast<void*>(src));

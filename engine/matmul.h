@@ -3,8 +3,10 @@
 // Weights stay where they are (e.g. in the memory-mapped checkpoint, [out_features, in_features]
 // row-major, as PyTorch stores them); oneDNN reads them as a transposed [K, N] operand.
 // Compute modes:
-//   f32  : activations f32; f32 weights used in place; bf16/f16 weights converted to an f32 scratch
-//          per call (exact). This is the reference mode the golden tests use.
+//   f32  : activations f32; f32 weights used in place; bf16/f16 weights widened to f32 (exact):
+//          kept after the first use while their total stays within the widened-weight budget
+//          (small models), else converted into a scratch buffer on every call. This is the
+//          reference mode the golden tests use.
 //   bf16 : activations rounded to bf16, bf16 weights used in place (AMX / AVX512-BF16 through
 //          oneDNN), f32 accumulation and output; non-bf16 weights go through the f32 path.
 // One primitive per (N, K, dtypes) is created on first use and reused: M (tokens) is a run-time
@@ -28,7 +30,10 @@ class Matmul {
  public:
   // InvalidArgument for a compute dtype other than f32/bf16; Unimplemented when oneDNN has no bf16
   // matmul for this CPU (it needs AVX-512).
-  static absl::StatusOr<std::unique_ptr<Matmul>> Create(DType compute_dtype);
+  // `widened_weight_budget_bytes`: host memory for f32 copies of bf16/f16 weights (f32 mode).
+  // Weights are keyed by address: they must stay where they are (a mapped checkpoint does).
+  static absl::StatusOr<std::unique_ptr<Matmul>> Create(DType compute_dtype,
+                                                        int64_t widened_weight_budget_bytes = 0);
   ~Matmul();
 
   // y[M, N] = x[M, K] · w[N, K]ᵀ; x and y f32 row-major, contiguous. M may be 0 (no-op).
