@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
   try {
     if (compute_dtype == DType::kBF16) mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
   } catch (const dnnl::error& e) {
-    return absl::UnimplementedError(
+    return absl::FailedPreconditionError(
         absl::StrCat("bf16 compute is not available on this CPU (oneDNN: ", e.what(),
                      "); use compute dtype f32"));
   }

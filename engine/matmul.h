@@ -28,7 +28,7 @@ namespace moebatch {
 
 class Matmul {
  public:
-  // InvalidArgument for a compute dtype other than f32/bf16; Unimplemented when oneDNN has no bf16
+  // InvalidArgument for a compute dtype other than f32/bf16; FailedPrecondition when oneDNN has no bf16
   // matmul for this CPU (it needs AVX-512).
   // `widened_weight_budget_bytes`: host memory for f32 copies of bf16/f16 weights (f32 mode).
   // Weights are keyed by address: they must stay where they are (a mapped checkpoint does).

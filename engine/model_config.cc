@@ -115,7 +115,7 @@ absl::Status ReadDType(const Json& j, ModelConfig* config) {
 }
 
 // rope_theta: the 4.x top-level key; transformers 5 moves it into `rope_parameters`. Scaled RoPE
-// (a `rope_scaling`, or a rope_type other than "default") is not implemented: reject it rather
+// (a `rope_scaling`, or a rope_type other than "default") is outside what moebatch computes: reject it rather
 // than compute a different model.
 absl::Status ReadRope(const Json& j, ModelConfig* config) {
   for (const char* key : {"rope_scaling", "rope_parameters"}) {

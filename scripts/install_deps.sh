@@ -13,7 +13,7 @@ mkdir -p "$deps"
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 
-packages=(build-essential cmake ninja-build ccache pkg-config git curl unzip python3 python3-venv
+packages=(build-essential cmake ninja-build ccache pkg-config git curl unzip python3 python3-pip python3-venv
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libdnnl-dev catch2
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libsqlite3-dev)
 missing=()
