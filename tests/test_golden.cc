@@ -4,7 +4,8 @@
 //   - greedy continuations identical, prompts one at a time and all in one batch;
 //   - from the single file, from the two shards, and with a sliding window + tied embeddings;
 //   - the detokenized text equals sentencepiece's own decode;
-//   - unchanged when a small KV cache forces preemptions and when prompts are chunked.
+//   - unchanged when requests arrive while others decode (passes mixing prefill and decode), when
+//     a small KV cache forces preemptions, and when prompts are chunked.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
@@ -130,6 +131,36 @@ void CheckGreedy(const std::string& fixture) {
       REQUIRE(r[i].text == golden[i].greedy_text);
     }
     REQUIRE(engine->stats().kv_blocks_free == engine->stats().kv_blocks_total);
+  }
+  SECTION("staggered arrivals: passes mixing one request's prefill with others' decode") {
+    std::map<int64_t, size_t> index;
+    std::vector<Result> r(requests.size());
+    std::vector<GenerationOutput> outs;
+    size_t next = 0;
+    int64_t mixed_passes = 0;
+    while (next < requests.size() || engine->HasUnfinished()) {
+      if (next < requests.size()) {
+        index[*engine->AddRequest(requests[next])] = next;
+        ++next;
+      }
+      const int64_t prefill_before = engine->stats().prefill_tokens;
+      const int64_t decode_before = engine->stats().decode_tokens;
+      outs.clear();
+      REQUIRE(engine->Step(&outs).ok());
+      mixed_passes += engine->stats().prefill_tokens > prefill_before &&
+                      engine->stats().decode_tokens > decode_before;
+      for (const auto& o : outs) {
+        Result& x = r[index.at(o.request_id)];
+        x.ids.insert(x.ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        x.text += o.new_text;
+      }
+    }
+    REQUIRE(mixed_passes >= static_cast<int64_t>(golden.size()) - 1);
+    for (size_t i = 0; i < golden.size(); ++i) {
+      INFO(fixture << " prompt " << i);
+      REQUIRE(r[i].ids == golden[i].greedy_ids);
+      REQUIRE(r[i].text == golden[i].greedy_text);
+    }
   }
   SECTION("a KV cache small enough to force preemptions, with chunked prefill") {
     // Room for ~20 blocks of 16 tokens: far less than the batch needs at once.
