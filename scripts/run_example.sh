@@ -10,11 +10,7 @@ cd "$root"
 model="${1:-tests/fixtures/tiny-mixtral}"
 build="${BUILD_DIR:-build}"
 
-scripts/install_deps.sh
-scripts/fetch_tokenizer.sh
-export CCACHE_DIR="${CCACHE_DIR:-$root/.deps/ccache}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target moebatch-run
+scripts/build.sh moebatch-run
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

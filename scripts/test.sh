@@ -6,13 +6,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-build="${BUILD_DIR:-build}"
-jobs="${JOBS:-$(nproc)}"
-
-scripts/install_deps.sh
-scripts/fetch_tokenizer.sh
-export CCACHE_DIR="${CCACHE_DIR:-$root/.deps/ccache}"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build" -j "$jobs"
+scripts/build.sh
 # GPU tests carry the `gpu` label and exit 77 (skipped) where there is no device.
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-$(nproc)}"
