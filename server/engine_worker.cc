@@ -1,0 +1,225 @@
+#include "server/engine_worker.h"
+
+#include <ctime>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+
+EngineWorker::EngineWorker(Engine* engine, JobStore* store, const WorkerOptions& options)
+    : engine_(engine), store_(store), options_(options) {}
+
+EngineWorker::~EngineWorker() { Stop(); }
+
+void EngineWorker::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void EngineWorker::Stop() {
+  stop_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineWorker::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+  cv_.SignalAll();
+}
+
+void EngineWorker::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  cancels_.insert(job_id);
+  cv_.SignalAll();
+}
+
+JobLive EngineWorker::Live(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(job_id);
+  return it == live_.end() ? JobLive{} : it->second;
+}
+
+int64_t EngineWorker::WaitForChange(int64_t seen, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (version_ == seen && !stop_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return version_;
+}
+
+int64_t EngineWorker::version() {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+absl::Status EngineWorker::health() {
+  absl::MutexLock lock(&mu_);
+  return health_;
+}
+
+void EngineWorker::Bump() {
+  absl::MutexLock lock(&mu_);
+  ++version_;
+  cv_.SignalAll();
+}
+
+absl::Status EngineWorker::HandleCancels() {
+  std::set<std::string> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs.swap(cancels_);
+  }
+  for (const std::string& job : jobs) {
+    int aborted = 0;
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->second.job_id == job) {
+        engine_->Abort(it->first);  // its KV blocks are freed by the next Step
+        keys_.erase({job, it->second.index});
+        it = in_flight_.erase(it);
+        ++aborted;
+      } else {
+        ++it;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      live_.erase(job);
+    }
+    auto record = store_->GetJob(job);
+    if (!record.ok()) return record.status();
+    if (!IsTerminal(record->state)) {
+      // FailedPrecondition: its last result completed it meanwhile; that state stands.
+      absl::Status st = store_->SetJobState(job, JobState::kCancelled);
+      if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return st;
+    }
+    spdlog::info("job {} cancelled ({} in-flight requests stopped)", job, aborted);
+  }
+  if (!jobs.empty()) Bump();
+  return absl::OkStatus();
+}
+
+absl::Status EngineWorker::Feed() {
+  const int64_t room = options_.max_in_flight - static_cast<int64_t>(in_flight_.size());
+  if (room <= 0) return absl::OkStatus();
+  // In-flight requests are still pending in the store: ask for enough to find `room` new ones.
+  auto pending = store_->PendingRequests(static_cast<int64_t>(in_flight_.size()) + room);
+  if (!pending.ok()) return pending.status();
+  for (PendingRequest& p : *pending) {
+    if (keys_.count({p.job_id, p.request.index}) != 0) continue;
+    ParsedBatchLine parsed = ParseBatchLine(p.request.line);
+    InFlight flight;
+    flight.job_id = p.job_id;
+    flight.index = p.request.index;
+    absl::StatusOr<int64_t> id = parsed.request.status();
+    if (parsed.request.ok()) {
+      flight.request = *parsed.request;
+      GenerationRequest gen{p.request.prompt_token_ids, flight.request.sampling};
+      id = engine_->AddRequest(std::move(gen));
+    }
+    if (!id.ok()) {
+      // Validated when the job was created; reaching here means the engine refuses it now (for
+      // example a smaller KV cache after a restart): a failed result, not a stuck job.
+      StoredResult r{
+          p.request.index, p.request.custom_id,
+          FormatBatchError(parsed, absl::StrCat("batch_req_", p.job_id, "_", p.request.index),
+                           id.status()),
+          true};
+      if (auto st = store_->CommitResult(p.job_id, r, 0, 0); !st.ok()) return st.status();
+      Bump();
+      continue;
+    }
+    flight.completion.prompt_tokens = static_cast<int64_t>(p.request.prompt_token_ids.size());
+    {
+      absl::MutexLock lock(&mu_);
+      live_[p.job_id].prompt_tokens += flight.completion.prompt_tokens;
+    }
+    keys_.insert({p.job_id, p.request.index});
+    in_flight_.emplace(*id, std::move(flight));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
+  const std::string rid = absl::StrCat("batch_req_", f.job_id, "_", f.index);
+  StoredResult r{
+      f.index, f.request.custom_id,
+      FormatBatchOutput(f.request, rid, f.completion, static_cast<int64_t>(std::time(nullptr))),
+      false};
+  auto committed =
+      store_->CommitResult(f.job_id, r, f.completion.prompt_tokens, f.completion.completion_tokens);
+  if (!committed.ok()) return committed.status();
+  absl::MutexLock lock(&mu_);
+  JobLive& live = live_[f.job_id];
+  live.prompt_tokens -= f.completion.prompt_tokens;
+  live.generated_tokens -= f.completion.completion_tokens;
+  return absl::OkStatus();
+}
+
+void EngineWorker::Run() {
+  std::vector<GenerationOutput> outputs;
+  bool feed = true;
+  while (!stop_) {
+    absl::Status st = HandleCancels();
+    {
+      absl::MutexLock lock(&mu_);
+      feed = feed || wake_;
+      wake_ = false;
+    }
+    if (st.ok() && feed) {
+      st = Feed();
+      feed = false;
+    }
+    if (st.ok() && !engine_->HasUnfinished()) {
+      absl::MutexLock lock(&mu_);
+      if (!wake_ && cancels_.empty() && !stop_) cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+      continue;
+    }
+    if (st.ok()) {
+      outputs.clear();
+      st = engine_->Step(&outputs);
+    }
+    if (!st.ok()) {
+      spdlog::error("engine worker: {}", st.ToString());
+      absl::MutexLock lock(&mu_);
+      health_ = st;
+      ++version_;
+      cv_.SignalAll();
+      return;
+    }
+    bool committed = false;
+    for (GenerationOutput& o : outputs) {
+      auto it = in_flight_.find(o.request_id);
+      if (it == in_flight_.end()) continue;  // aborted by a cancel
+      InFlight& f = it->second;
+      Completion& c = f.completion;
+      c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      c.text += o.new_text;
+      {
+        absl::MutexLock lock(&mu_);
+        live_[f.job_id].generated_tokens += static_cast<int64_t>(o.new_token_ids.size());
+      }
+      if (!o.finished) continue;
+      c.finish_reason = FinishReasonName(o.finish_reason);
+      c.completion_tokens = o.completion_tokens;
+      if (absl::Status fs = Finish(o.request_id, f); !fs.ok()) {
+        spdlog::error("engine worker: committing a result failed: {}", fs.ToString());
+        absl::MutexLock lock(&mu_);
+        health_ = fs;
+        return;
+      }
+      keys_.erase({f.job_id, f.index});
+      in_flight_.erase(it);
+      committed = true;
+      feed = true;
+    }
+    if (committed) Bump();
+  }
+}
+
+}  // namespace moebatch

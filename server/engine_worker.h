@@ -1,0 +1,91 @@
+// The daemon's engine thread and feeder (design.md, data flow steps 3-6).
+//
+// One thread owns the Engine. Each loop it (1) finishes cancellations: aborts the in-flight
+// sequences of cancelling jobs and marks those jobs CANCELLED; (2) tops up the engine from the job
+// store's pending requests, in job order, keeping at most `max_in_flight` requests inside the
+// engine (its admission limit); (3) runs one engine pass; (4) commits every finished request's
+// result (an OpenAI batch output line) to the store at once. On start, whatever the store lists as
+// pending is simply queued again: committed results are never recomputed or duplicated.
+//
+// Other threads (gRPC handlers) call Wake, Cancel, Progress and WaitForChange.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "engine/openai_batch.h"
+#include "server/job_store.h"
+
+namespace moebatch {
+
+struct WorkerOptions {
+  int64_t max_in_flight = 512;  // requests handed to the engine and not finished
+};
+
+// A job's live figures: the store's counters plus tokens of requests still running.
+struct JobLive {
+  int64_t generated_tokens = 0;  // in-flight requests' tokens so far
+  int64_t prompt_tokens = 0;     // in-flight requests' prompts (prefilled or queued)
+};
+
+class EngineWorker {
+ public:
+  // Borrows both; they must outlive the worker.
+  EngineWorker(Engine* engine, JobStore* store, const WorkerOptions& options);
+  ~EngineWorker();  // stops the thread
+
+  void Start();
+  void Stop();
+
+  // A new job was stored: look for pending requests.
+  void Wake();
+  // The job is CANCELLING in the store: abort its in-flight sequences, then mark it CANCELLED.
+  void Cancel(const std::string& job_id);
+
+  JobLive Live(const std::string& job_id);
+  // Changes (a result committed, a state changed) bump a counter; blocks until it differs from
+  // `seen` or `timeout` passes, and returns the current value.
+  int64_t WaitForChange(int64_t seen, absl::Duration timeout);
+  int64_t version();
+  // The last error of the engine thread, if it stopped on one.
+  absl::Status health();
+
+ private:
+  struct InFlight {
+    std::string job_id;
+    int64_t index = 0;
+    BatchRequest request;
+    Completion completion;
+  };
+  void Run();
+  void Bump();
+  absl::Status Feed();
+  absl::Status HandleCancels();
+  absl::Status Finish(int64_t request_id, InFlight& flight);
+
+  Engine* engine_;
+  JobStore* store_;
+  WorkerOptions options_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool wake_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> cancels_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+
+  // Engine thread only.
+  std::map<int64_t, InFlight> in_flight_;           // engine request id -> request
+  std::set<std::pair<std::string, int64_t>> keys_;  // (job, index) in flight
+};
+
+}  // namespace moebatch

@@ -1,0 +1,919 @@
+// The durable job store (server/job_store.h) on the SQLite C API.
+//
+// Schema version 1 (PRAGMA user_version = 1, PRAGMA application_id = kApplicationId):
+//   jobs(id, seq, state, model, metadata, total, completed, failed, prompt_tokens,
+//        generated_tokens, created_at, started_at, finished_at, error)
+//     seq: creation order (MAX(seq) + 1 inside the creating transaction); metadata: a JSON object
+//     of strings; state: the JobState number; times in Unix seconds.
+//   requests(job_id, idx, custom_id, line, prompt_token_ids)  PRIMARY KEY (job_id, idx)
+//     prompt_token_ids: a BLOB of little-endian int32.
+//   results(job_id, idx, custom_id, line, failed)  PRIMARY KEY (job_id, idx)
+// A request is pending while it has no results row and its job is VALIDATING or IN_PROGRESS.
+//
+// Every statement is constant SQL text with bound parameters. Every write is one transaction
+// (BEGIN IMMEDIATE ... COMMIT) on a connection in WAL mode with synchronous=FULL: a write that
+// returned OK is on disk, and a crash at any point leaves all of it or none of it. A result is
+// inserted with ON CONFLICT DO NOTHING and the counters move only when a row was inserted, so they
+// always equal the number of result rows. nlohmann-json runs without exceptions leaving this file.
+#include "server/job_store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kSchemaVersion = 1;
+constexpr int64_t kApplicationId = 0x6d6f6562;  // "moeb" in the database header
+constexpr int kBusyTimeoutMs = 10000;           // waiting for another process's write lock
+constexpr int32_t kMaxPageSize = 1000;
+constexpr int kIdHexChars = 24;
+constexpr const char* kDbFileName = "moebatch.db";
+
+constexpr const char* kSchemaSql = R"sql(
+CREATE TABLE jobs (
+  id TEXT PRIMARY KEY NOT NULL,
+  seq INTEGER NOT NULL UNIQUE,
+  state INTEGER NOT NULL,
+  model TEXT NOT NULL,
+  metadata TEXT NOT NULL,
+  total INTEGER NOT NULL,
+  completed INTEGER NOT NULL,
+  failed INTEGER NOT NULL,
+  prompt_tokens INTEGER NOT NULL,
+  generated_tokens INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  started_at INTEGER NOT NULL,
+  finished_at INTEGER NOT NULL,
+  error TEXT NOT NULL
+);
+CREATE INDEX jobs_by_created ON jobs (created_at, seq);
+CREATE INDEX jobs_by_state ON jobs (state, seq);
+CREATE TABLE requests (
+  job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,
+  custom_id TEXT NOT NULL,
+  line TEXT NOT NULL,
+  prompt_token_ids BLOB NOT NULL,
+  PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE results (
+  job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL,
+  custom_id TEXT NOT NULL,
+  line TEXT NOT NULL,
+  failed INTEGER NOT NULL,
+  PRIMARY KEY (job_id, idx)
+);
+PRAGMA application_id = 1836016994;
+PRAGMA user_version = 1;
+)sql";
+static_assert(kApplicationId == 1836016994, "kSchemaSql spells kApplicationId in decimal");
+static_assert(kSchemaVersion == 1, "kSchemaSql spells kSchemaVersion");
+
+// The columns ReadJob reads, in its order.
+constexpr const char* kSelectJob =
+    "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
+    "generated_tokens, created_at, started_at, finished_at, error, seq FROM jobs ";
+
+// Debian's Abseil has its own absl::string_view, which std::string_view does not convert to.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool IsKnownState(JobState s) {
+  int v = static_cast<int>(s);
+  return v >= static_cast<int>(JobState::kValidating) &&
+         v <= static_cast<int>(JobState::kCancelled);
+}
+
+absl::Status SqliteError(sqlite3* db, std::string_view what) {
+  return absl::InternalError(absl::StrCat("job store: ", Sv(what), ": ", sqlite3_errmsg(db),
+                                          " (SQLite code ", sqlite3_extended_errcode(db), ")"));
+}
+
+absl::Status NotFound(const std::string& job_id) {
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+// The start of a statement, to name it in an error message.
+std::string_view Abbreviated(std::string_view sql) {
+  constexpr size_t kMax = 60;
+  return sql.size() > kMax ? sql.substr(0, kMax) : sql;
+}
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
+    return SqliteError(db, Abbreviated(sql));
+  }
+  return absl::OkStatus();
+}
+
+// A bound BLOB parameter (a text parameter is a std::string_view).
+struct Blob {
+  std::string_view bytes;
+};
+
+// A prepared statement. Bind parameters are 1-based, columns 0-based, as in SQLite.
+class Statement {
+ public:
+  static absl::StatusOr<Statement> Prepare(sqlite3* db, std::string_view sql) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr) !=
+        SQLITE_OK) {
+      return SqliteError(db, absl::StrCat("prepare ", Sv(Abbreviated(sql))));
+    }
+    return Statement(db, stmt);
+  }
+
+  Statement(Statement&& other) noexcept
+      : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)) {}
+  Statement& operator=(Statement&&) = delete;
+  ~Statement() { sqlite3_finalize(stmt_); }
+
+  // Binds args to parameters 1, 2, ...: integers, std::string_view (TEXT) and Blob.
+  template <typename... Args>
+  absl::Status BindAll(const Args&... args) {
+    int i = 0;
+    absl::Status status;
+    ((status.ok() ? (status = Bind(++i, args), 0) : 0), ...);
+    return status;
+  }
+
+  // True on a row, false when done.
+  absl::StatusOr<bool> Step() {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return Error();
+  }
+
+  // Steps a statement that returns no rows (or ignores them).
+  absl::Status Run() {
+    absl::StatusOr<bool> row = Step();
+    return row.status();
+  }
+
+  // Makes the statement ready to run again with new bindings. (sqlite3_reset's return value
+  // repeats the last step's error, which Step already reported.)
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+  std::string Text(int col) const {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    if (p == nullptr) return std::string();
+    return std::string(reinterpret_cast<const char*>(p),
+                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+
+  std::string BlobBytes(int col) const {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    if (p == nullptr) return std::string();
+    return std::string(static_cast<const char*>(p),
+                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
+  }
+
+ private:
+  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+
+  absl::Status Error() const {
+    const char* sql = sqlite3_sql(stmt_);
+    return SqliteError(db_, Abbreviated(sql != nullptr ? sql : ""));
+  }
+
+  absl::Status Check(int rc) const { return rc == SQLITE_OK ? absl::OkStatus() : Error(); }
+
+  absl::Status Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
+  absl::Status Bind(int i, std::string_view v) {
+    // data() of an empty view may be null, which SQLite would store as NULL: bind "" instead.
+    const char* p = v.data() != nullptr ? v.data() : "";
+    return Check(sqlite3_bind_text64(stmt_, i, p, v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
+  }
+  absl::Status Bind(int i, const std::string& v) { return Bind(i, std::string_view(v)); }
+  absl::Status Bind(int i, const char* v) { return Bind(i, std::string_view(v)); }
+  absl::Status Bind(int i, const Blob& v) {
+    const char* p = v.bytes.data() != nullptr ? v.bytes.data() : "";
+    return Check(sqlite3_bind_blob64(stmt_, i, p, v.bytes.size(), SQLITE_TRANSIENT));
+  }
+
+  sqlite3* db_;
+  sqlite3_stmt* stmt_;
+};
+
+// A transaction on the store's connection, rolled back on destruction unless committed.
+// Begin(write=true) is BEGIN IMMEDIATE: it takes the write lock at once (waiting up to the busy
+// timeout for another process), so the transaction never fails later on lock upgrade.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {}
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  ~Transaction() {
+    // Some errors (I/O, full disk) roll back by themselves; roll back only what is still open.
+    if (begun_ && sqlite3_get_autocommit(db_) == 0 &&
+        sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      spdlog::warn("job store: ROLLBACK failed: {}", sqlite3_errmsg(db_));
+    }
+  }
+
+  absl::Status Begin(bool write) {
+    if (absl::Status s = Exec(db_, write ? "BEGIN IMMEDIATE" : "BEGIN"); !s.ok()) return s;
+    begun_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status Commit() { return Exec(db_, "COMMIT"); }
+
+ private:
+  sqlite3* db_;
+  bool begun_ = false;
+};
+
+// --- Encodings ---------------------------------------------------------------------------------
+
+std::string EncodeTokenIds(const std::vector<int32_t>& ids) {
+  std::string bytes(ids.size() * 4, '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v = static_cast<uint32_t>(ids[i]);
+    for (int b = 0; b < 4; ++b) bytes[i * 4 + b] = static_cast<char>((v >> (8 * b)) & 0xff);
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::vector<int32_t>> DecodeTokenIds(const std::string& bytes) {
+  if (bytes.size() % 4 != 0) {
+    return absl::InternalError(absl::StrCat("job store: corrupt prompt_token_ids (", bytes.size(),
+                                            " bytes, not a multiple of 4)"));
+  }
+  std::vector<int32_t> ids(bytes.size() / 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v = 0;
+    for (int b = 0; b < 4; ++b) v |= uint32_t{static_cast<uint8_t>(bytes[i * 4 + b])} << (8 * b);
+    ids[i] = static_cast<int32_t>(v);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> EncodeMetadata(const std::map<std::string, std::string>& metadata) {
+  json object = json::object();
+  for (const auto& [key, value] : metadata) object[key] = value;
+  try {
+    return object.dump();  // strict: throws type_error 316 on ill-formed UTF-8
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError("job metadata: keys and values must be valid UTF-8");
+  }
+}
+
+absl::StatusOr<std::map<std::string, std::string>> DecodeMetadata(const std::string& text) {
+  json object = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (object.is_discarded() || !object.is_object()) {
+    return absl::InternalError("job store: corrupt metadata (not a JSON object)");
+  }
+  std::map<std::string, std::string> metadata;
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    if (!it.value().is_string()) {
+      return absl::InternalError(absl::StrCat("job store: corrupt metadata (value of \"", it.key(),
+                                              "\" is not a string)"));
+    }
+    metadata[it.key()] = it.value().get_ref<const std::string&>();
+  }
+  return metadata;
+}
+
+// Page tokens: hex of created_at and seq (big-endian int64 each) of the last job of the page, and
+// a 32-bit check so that a token this store did not produce is refused rather than misread.
+uint32_t TokenCheck(const uint8_t* bytes, size_t n) {
+  uint32_t h = 0x811c9dc5u ^ 0x6d6f6562u;  // FNV-1a, salted
+  for (size_t i = 0; i < n; ++i) {
+    h ^= bytes[i];
+    h *= 0x01000193u;
+  }
+  return h;
+}
+
+std::string EncodePageToken(int64_t created_at, int64_t seq) {
+  std::array<uint8_t, 20> bytes{};
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(created_at) >> (56 - 8 * i));
+    bytes[8 + i] = static_cast<uint8_t>(static_cast<uint64_t>(seq) >> (56 - 8 * i));
+  }
+  uint32_t check = TokenCheck(bytes.data(), 16);
+  for (int i = 0; i < 4; ++i) bytes[16 + i] = static_cast<uint8_t>(check >> (24 - 8 * i));
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (uint8_t b : bytes) {
+    token += kHex[b >> 4];
+    token += kHex[b & 0xf];
+  }
+  return token;
+}
+
+std::optional<std::pair<int64_t, int64_t>> DecodePageToken(const std::string& token) {
+  std::array<uint8_t, 20> bytes{};
+  if (token.size() != bytes.size() * 2) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    int hi = nibble(token[2 * i]), lo = nibble(token[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    bytes[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  uint32_t check = 0;
+  for (int i = 0; i < 4; ++i) check = check << 8 | bytes[16 + i];
+  if (check != TokenCheck(bytes.data(), 16)) return std::nullopt;
+  uint64_t created_at = 0, seq = 0;
+  for (int i = 0; i < 8; ++i) {
+    created_at = created_at << 8 | bytes[i];
+    seq = seq << 8 | bytes[8 + i];
+  }
+  if (static_cast<int64_t>(seq) < 1) return std::nullopt;
+  return std::make_pair(static_cast<int64_t>(created_at), static_cast<int64_t>(seq));
+}
+
+// Reads a row of kSelectJob; `seq` receives the job's creation number when not null.
+absl::StatusOr<JobRecord> ReadJob(const Statement& stmt, int64_t* seq = nullptr) {
+  JobRecord job;
+  job.id = stmt.Text(0);
+  job.state = static_cast<JobState>(stmt.Int(1));
+  job.model = stmt.Text(2);
+  absl::StatusOr<std::map<std::string, std::string>> metadata = DecodeMetadata(stmt.Text(3));
+  if (!metadata.ok()) return metadata.status();
+  job.metadata = *std::move(metadata);
+  job.total = stmt.Int(4);
+  job.completed = stmt.Int(5);
+  job.failed = stmt.Int(6);
+  job.prompt_tokens = stmt.Int(7);
+  job.generated_tokens = stmt.Int(8);
+  job.created_at = stmt.Int(9);
+  job.started_at = stmt.Int(10);
+  job.finished_at = stmt.Int(11);
+  job.error = stmt.Text(12);
+  if (seq != nullptr) *seq = stmt.Int(13);
+  return job;
+}
+
+// Whether the database is empty (a new file: create the schema) or a moebatch database of the
+// known version; FailedPrecondition for anything else.
+absl::StatusOr<bool> CheckSchema(sqlite3* db, const std::string& path) {
+  absl::StatusOr<Statement> stmt =
+      Statement::Prepare(db,
+                         "SELECT (SELECT application_id FROM pragma_application_id), "
+                         "(SELECT user_version FROM pragma_user_version), "
+                         "(SELECT count(*) FROM sqlite_master), "
+                         "(SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                         "name IN ('jobs', 'requests', 'results'))");
+  if (!stmt.ok()) return stmt.status();
+  absl::StatusOr<bool> row = stmt->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::InternalError("job store: schema query returned no row");
+  int64_t application_id = stmt->Int(0), version = stmt->Int(1), objects = stmt->Int(2),
+          tables = stmt->Int(3);
+  if (application_id == 0 && version == 0 && objects == 0) return true;
+  if (application_id != kApplicationId) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is a SQLite database of another program (application_id ",
+                     application_id, "), not a moebatch job store"));
+  }
+  if (version != kSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is a moebatch job store of schema version ", version,
+                     "; this build reads version ", kSchemaVersion));
+  }
+  if (tables != 3) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is a moebatch job store missing some of its tables"));
+  }
+  return false;
+}
+
+}  // namespace
+
+struct JobStore::Impl {
+  absl::Mutex mu;
+  sqlite3* db ABSL_GUARDED_BY(mu) = nullptr;
+  std::mt19937_64 rng ABSL_GUARDED_BY(mu);
+
+  // "job_" + 24 random hex characters.
+  std::string NewJobId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string id = "job_";
+    uint64_t bits = 0;
+    for (int i = 0; i < kIdHexChars; ++i) {
+      if (i % 16 == 0) bits = rng();
+      id += kHex[bits & 0xf];
+      bits >>= 4;
+    }
+    return id;
+  }
+
+  absl::StatusOr<bool> JobExists(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::StatusOr<Statement> stmt = Statement::Prepare(db, "SELECT 1 FROM jobs WHERE id = ?");
+    if (!stmt.ok()) return stmt.status();
+    if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+    return stmt->Step();
+  }
+};
+
+JobStore::JobStore() : impl_(std::make_unique<Impl>()) {}
+
+JobStore::~JobStore() {
+  absl::MutexLock lock(&impl_->mu);
+  // The last connection to close checkpoints the WAL into the database file.
+  if (impl_->db != nullptr && sqlite3_close_v2(impl_->db) != SQLITE_OK) {
+    spdlog::warn("job store: close failed: {}", sqlite3_errmsg(impl_->db));
+  }
+  impl_->db = nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the data directory ", data_dir, ": ", ec.message()));
+  }
+  const std::string path = (std::filesystem::path(data_dir) / kDbFileName).string();
+
+  std::unique_ptr<JobStore> store(new JobStore());
+  Impl& impl = *store->impl_;
+  absl::MutexLock lock(&impl.mu);
+  try {
+    std::random_device device;
+    std::seed_seq seed{device(), device(), device(), device(), device(), device()};
+    impl.rng.seed(seed);
+  } catch (const std::exception&) {
+    // No entropy source: ids need only be unique, which the insert checks anyway.
+    impl.rng.seed(static_cast<uint64_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count() ^ NowSeconds()));
+  }
+
+  // The connection is used under impl.mu only: SQLite's own mutexes are not needed.
+  int rc =
+      sqlite3_open_v2(path.c_str(), &impl.db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string message = impl.db != nullptr ? sqlite3_errmsg(impl.db) : sqlite3_errstr(rc);
+    return absl::InternalError(absl::StrCat("job store: cannot open ", path, ": ", message));
+  }
+  sqlite3_busy_timeout(impl.db, kBusyTimeoutMs);
+
+  // Check what the file is before changing anything in it.
+  absl::StatusOr<bool> empty = CheckSchema(impl.db, path);
+  if (!empty.ok()) {
+    int code = sqlite3_errcode(impl.db);
+    if (code == SQLITE_NOTADB) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is not a moebatch job store: ", sqlite3_errmsg(impl.db)));
+    }
+    return empty.status();
+  }
+
+  {
+    absl::StatusOr<Statement> wal = Statement::Prepare(impl.db, "PRAGMA journal_mode = WAL");
+    if (!wal.ok()) return wal.status();
+    absl::StatusOr<bool> row = wal->Step();
+    if (!row.ok()) return row.status();
+    std::string mode = *row ? wal->Text(0) : "";
+    if (mode != "wal") {
+      return absl::InternalError(
+          absl::StrCat("job store: ", path, " cannot use WAL mode (journal_mode is ", mode, ")"));
+    }
+  }
+  if (absl::Status s = Exec(impl.db, "PRAGMA synchronous = FULL"); !s.ok()) return s;
+  if (absl::Status s = Exec(impl.db, "PRAGMA foreign_keys = ON"); !s.ok()) return s;
+
+  if (*empty) {
+    // Check again under the write lock: another process may have created the schema meanwhile.
+    Transaction txn(impl.db);
+    if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+    empty = CheckSchema(impl.db, path);
+    if (!empty.ok()) return empty.status();
+    if (*empty) {
+      if (absl::Status s = Exec(impl.db, kSchemaSql); !s.ok()) return s;
+    }
+    if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  }
+  return store;
+}
+
+absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
+                                              const std::vector<StoredRequest>& requests,
+                                              const std::vector<PrefailedRequest>& prefailed) {
+  const int64_t total = static_cast<int64_t>(requests.size() + prefailed.size());
+  if (total == 0) return absl::InvalidArgumentError("a job needs at least one request");
+  if (job.state != JobState::kValidating && job.state != JobState::kInProgress) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a new job must be validating or in_progress, not ", Sv(JobStateName(job.state))));
+  }
+  // The indices of requests and pre-failed requests together must be 0 .. total-1, each once.
+  std::vector<bool> seen(static_cast<size_t>(total), false);
+  auto claim = [&](int64_t index) -> absl::Status {
+    if (index < 0 || index >= total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request index ", index, " is outside 0..", total - 1));
+    }
+    if (seen[static_cast<size_t>(index)]) {
+      return absl::InvalidArgumentError(absl::StrCat("request index ", index, " appears twice"));
+    }
+    seen[static_cast<size_t>(index)] = true;
+    return absl::OkStatus();
+  };
+  for (const StoredRequest& r : requests) {
+    if (absl::Status s = claim(r.index); !s.ok()) return s;
+  }
+  for (const PrefailedRequest& r : prefailed) {
+    if (absl::Status s = claim(r.index); !s.ok()) return s;
+  }
+  absl::StatusOr<std::string> metadata = EncodeMetadata(job.metadata);
+  if (!metadata.ok()) return metadata.status();
+
+  const int64_t now = NowSeconds();
+  if (job.created_at == 0) job.created_at = now;
+  job.total = total;
+  job.completed = 0;
+  job.failed = static_cast<int64_t>(prefailed.size());
+  job.prompt_tokens = 0;
+  job.generated_tokens = 0;
+  job.started_at = 0;
+  job.finished_at = 0;
+  if (requests.empty()) {  // every request failed validation: the job is done
+    job.state = JobState::kCompleted;
+    job.started_at = now;
+    job.finished_at = now;
+  }
+
+  absl::MutexLock lock(&impl_->mu);
+  sqlite3* db = impl_->db;
+  Transaction txn(db);
+  if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+
+  if (job.id.empty()) {
+    constexpr int kAttempts = 8;  // a collision of 96 random bits is not expected even once
+    for (int attempt = 0; attempt < kAttempts && job.id.empty(); ++attempt) {
+      std::string id = impl_->NewJobId();
+      absl::StatusOr<bool> exists = impl_->JobExists(id);
+      if (!exists.ok()) return exists.status();
+      if (!*exists) job.id = std::move(id);
+    }
+    if (job.id.empty()) return absl::InternalError("job store: could not draw an unused job id");
+  } else {
+    absl::StatusOr<bool> exists = impl_->JobExists(job.id);
+    if (!exists.ok()) return exists.status();
+    if (*exists) return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " already exists"));
+  }
+
+  {
+    absl::StatusOr<Statement> insert = Statement::Prepare(
+        db,
+        "INSERT INTO jobs (id, seq, state, model, metadata, total, completed, failed, "
+        "prompt_tokens, generated_tokens, created_at, started_at, finished_at, error) "
+        "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+        "?, ?)");
+    if (!insert.ok()) return insert.status();
+    if (absl::Status s = insert->BindAll(job.id, static_cast<int64_t>(job.state), job.model,
+                                         *metadata, job.total, job.completed, job.failed,
+                                         job.prompt_tokens, job.generated_tokens, job.created_at,
+                                         job.started_at, job.finished_at, job.error);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = insert->Run(); !s.ok()) return s;
+  }
+  {
+    absl::StatusOr<Statement> insert =
+        Statement::Prepare(db,
+                           "INSERT INTO requests (job_id, idx, custom_id, line, prompt_token_ids) "
+                           "VALUES (?, ?, ?, ?, ?)");
+    if (!insert.ok()) return insert.status();
+    for (const StoredRequest& r : requests) {
+      const std::string ids = EncodeTokenIds(r.prompt_token_ids);
+      if (absl::Status s = insert->BindAll(job.id, r.index, r.custom_id, r.line, Blob{ids});
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = insert->Run(); !s.ok()) return s;
+      insert->Reset();
+    }
+  }
+  {
+    absl::StatusOr<Statement> insert = Statement::Prepare(
+        db, "INSERT INTO results (job_id, idx, custom_id, line, failed) VALUES (?, ?, ?, ?, 1)");
+    if (!insert.ok()) return insert.status();
+    for (const PrefailedRequest& r : prefailed) {
+      if (absl::Status s = insert->BindAll(job.id, r.index, r.custom_id, r.result_line); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = insert->Run(); !s.ok()) return s;
+      insert->Reset();
+    }
+  }
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return job;
+}
+
+absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Statement> stmt =
+      Statement::Prepare(impl_->db, std::string(kSelectJob) + "WHERE id = ?");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+  absl::StatusOr<bool> row = stmt->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return NotFound(job_id);
+  return ReadJob(*stmt);
+}
+
+absl::StatusOr<JobStore::Page> JobStore::ListJobs(int32_t page_size, const std::string& page_token,
+                                                  std::optional<JobState> state) {
+  if (page_size < 1 || page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be 1..", kMaxPageSize, ", got ", page_size));
+  }
+  if (state.has_value() && !IsKnownState(*state)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(*state)));
+  }
+  // Jobs strictly older than (created_at, seq) of the previous page's last job.
+  std::pair<int64_t, int64_t> after(std::numeric_limits<int64_t>::max(),
+                                    std::numeric_limits<int64_t>::max());
+  if (!page_token.empty()) {
+    std::optional<std::pair<int64_t, int64_t>> decoded = DecodePageToken(page_token);
+    if (!decoded.has_value()) return absl::InvalidArgumentError("invalid page_token");
+    after = *decoded;
+  }
+
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      impl_->db, std::string(kSelectJob) +
+                     "WHERE (?1 = 0 OR state = ?1) AND (created_at, seq) < (?2, ?3) "
+                     "ORDER BY created_at DESC, seq DESC LIMIT ?4");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(state.has_value() ? static_cast<int64_t>(*state) : int64_t{0},
+                                     after.first, after.second, int64_t{page_size} + 1);
+      !s.ok()) {
+    return s;
+  }
+  Page page;
+  int64_t last_seq = 0;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    if (static_cast<int64_t>(page.jobs.size()) == page_size) {  // there is a next page
+      page.next_page_token = EncodePageToken(page.jobs.back().created_at, last_seq);
+      break;
+    }
+    absl::StatusOr<JobRecord> job = ReadJob(*stmt, &last_seq);
+    if (!job.ok()) return job.status();
+    page.jobs.push_back(*std::move(job));
+  }
+  return page;
+}
+
+absl::StatusOr<bool> JobStore::CommitResult(const std::string& job_id, const StoredResult& result,
+                                            int64_t prompt_tokens, int64_t generated_tokens) {
+  if (prompt_tokens < 0 || generated_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative token count (prompt ", prompt_tokens,
+                                                   ", generated ", generated_tokens, ")"));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  sqlite3* db = impl_->db;
+  Transaction txn(db);
+  if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+
+  JobState state;
+  int64_t total, completed, failed, started_at, finished_at;
+  {
+    absl::StatusOr<Statement> stmt = Statement::Prepare(
+        db,
+        "SELECT state, total, completed, failed, started_at, finished_at FROM jobs "
+        "WHERE id = ?");
+    if (!stmt.ok()) return stmt.status();
+    if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound(job_id);
+    state = static_cast<JobState>(stmt->Int(0));
+    total = stmt->Int(1);
+    completed = stmt->Int(2);
+    failed = stmt->Int(3);
+    started_at = stmt->Int(4);
+    finished_at = stmt->Int(5);
+  }
+  if (result.index < 0 || result.index >= total) {
+    return absl::InvalidArgumentError(absl::StrCat("result index ", result.index, " of job ",
+                                                   job_id, " is outside 0..", total - 1));
+  }
+  {
+    // Only a second result for the same index conflicts; any other failure is an error.
+    absl::StatusOr<Statement> insert = Statement::Prepare(
+        db,
+        "INSERT INTO results (job_id, idx, custom_id, line, failed) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (job_id, idx) DO NOTHING");
+    if (!insert.ok()) return insert.status();
+    if (absl::Status s = insert->BindAll(job_id, result.index, result.custom_id, result.line,
+                                         int64_t{result.failed ? 1 : 0});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = insert->Run(); !s.ok()) return s;
+    if (sqlite3_changes(db) == 0) return false;  // already stored; the rollback changes nothing
+  }
+
+  (result.failed ? failed : completed) += 1;
+  const int64_t now = NowSeconds();
+  if (started_at == 0) started_at = now;
+  if (completed + failed >= total && !IsTerminal(state)) {
+    state = state == JobState::kCancelling ? JobState::kCancelled : JobState::kCompleted;
+    finished_at = now;
+  }
+  {
+    absl::StatusOr<Statement> update = Statement::Prepare(
+        db,
+        "UPDATE jobs SET state = ?, completed = ?, failed = ?, prompt_tokens = prompt_tokens + ?, "
+        "generated_tokens = generated_tokens + ?, started_at = ?, finished_at = ? WHERE id = ?");
+    if (!update.ok()) return update.status();
+    if (absl::Status s =
+            update->BindAll(static_cast<int64_t>(state), completed, failed, prompt_tokens,
+                            generated_tokens, started_at, finished_at, job_id);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = update->Run(); !s.ok()) return s;
+  }
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return true;
+}
+
+absl::Status JobStore::SetJobState(const std::string& job_id, JobState state,
+                                   const std::string& error) {
+  if (!IsKnownState(state)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(state)));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  sqlite3* db = impl_->db;
+  Transaction txn(db);
+  if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+
+  JobState current;
+  int64_t finished_at;
+  {
+    absl::StatusOr<Statement> stmt =
+        Statement::Prepare(db, "SELECT state, finished_at FROM jobs WHERE id = ?");
+    if (!stmt.ok()) return stmt.status();
+    if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound(job_id);
+    current = static_cast<JobState>(stmt->Int(0));
+    finished_at = stmt->Int(1);
+  }
+  // A terminal state is final: e.g. a cancel racing with the last result finds the job completed.
+  if (IsTerminal(current) && current != state) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is already ", Sv(JobStateName(current)),
+                     "; it cannot become ", Sv(JobStateName(state))));
+  }
+  if (IsTerminal(state)) {
+    if (finished_at == 0) finished_at = NowSeconds();
+  } else {
+    finished_at = 0;
+  }
+  {
+    // An empty `error` keeps the stored one.
+    absl::StatusOr<Statement> update =
+        Statement::Prepare(db,
+                           "UPDATE jobs SET state = ?1, finished_at = ?2, "
+                           "error = CASE WHEN ?3 = '' THEN error ELSE ?3 END WHERE id = ?4");
+    if (!update.ok()) return update.status();
+    if (absl::Status s = update->BindAll(static_cast<int64_t>(state), finished_at, error, job_id);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = update->Run(); !s.ok()) return s;
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(int64_t limit) {
+  if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("negative limit ", limit));
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Statement> stmt =
+      Statement::Prepare(impl_->db,
+                         "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids "
+                         "FROM jobs j JOIN requests r ON r.job_id = j.id "
+                         "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
+                         "WHERE j.state IN (?, ?) AND s.idx IS NULL ORDER BY j.seq, r.idx LIMIT ?");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
+                                     static_cast<int64_t>(JobState::kInProgress),
+                                     limit == 0 ? int64_t{-1} : limit);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<PendingRequest> pending;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    PendingRequest p;
+    p.job_id = stmt->Text(0);
+    p.request.index = stmt->Int(1);
+    p.request.custom_id = stmt->Text(2);
+    p.request.line = stmt->Text(3);
+    absl::StatusOr<std::vector<int32_t>> ids = DecodeTokenIds(stmt->BlobBytes(4));
+    if (!ids.ok()) return ids.status();
+    p.request.prompt_token_ids = *std::move(ids);
+    pending.push_back(std::move(p));
+  }
+  return pending;
+}
+
+absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& job_id,
+                                                            int64_t from_index, int64_t limit) {
+  if (from_index < 0 || limit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negative from_index or limit (", from_index, ", ", limit, ")"));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  // One read transaction: the job's existence and its results from the same snapshot.
+  Transaction txn(impl_->db);
+  if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
+  absl::StatusOr<bool> exists = impl_->JobExists(job_id);
+  if (!exists.ok()) return exists.status();
+  if (!*exists) return NotFound(job_id);
+
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      impl_->db,
+      "SELECT idx, custom_id, line, failed FROM results WHERE job_id = ? AND idx >= ? "
+      "ORDER BY idx LIMIT ?");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(job_id, from_index, limit == 0 ? int64_t{-1} : limit);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<StoredResult> results;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    StoredResult r;
+    r.index = stmt->Int(0);
+    r.custom_id = stmt->Text(1);
+    r.line = stmt->Text(2);
+    r.failed = stmt->Int(3) != 0;
+    results.push_back(std::move(r));
+  }
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return results;
+}
+
+absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
+  if (!IsKnownState(state)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(state)));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Statement> stmt =
+      Statement::Prepare(impl_->db, "SELECT id FROM jobs WHERE state = ? ORDER BY seq");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(static_cast<int64_t>(state)); !s.ok()) return s;
+  std::vector<std::string> ids;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    ids.push_back(stmt->Text(0));
+  }
+  return ids;
+}
+
+}  // namespace moebatch

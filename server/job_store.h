@@ -1,0 +1,125 @@
+// The durable job store: SQLite in WAL mode at <data_dir>/moebatch.db.
+//
+// Guarantees (issue 3): CreateJob writes the job and all its requests in one transaction before
+// returning; each result is committed on its own as its request finishes; a result is stored at
+// most once per (job, request index) (a second commit for the same index is ignored and reported),
+// so a request is never duplicated after a crash and restart; PendingRequests() lists exactly the
+// requests of unfinished jobs that have no result yet, which the daemon queues again on start.
+//
+// No gRPC or engine types here: job states are the proto's JobState numbers (server/job_state.h).
+// Threading: all methods are safe to call from any thread (one SQLite connection guarded by a
+// mutex; WAL lets readers of other processes proceed). Errors: absl::Status; NotFound for an
+// unknown job id; Internal for SQLite failures (with SQLite's message).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/job_state.h"
+
+namespace moebatch {
+
+struct JobRecord {
+  std::string id;  // assigned by CreateJob ("job_" + 24 hex chars) when empty
+  JobState state = JobState::kInProgress;
+  std::string model;
+  std::map<std::string, std::string> metadata;
+  int64_t total = 0;             // requests
+  int64_t completed = 0;         // requests finished successfully
+  int64_t failed = 0;            // requests finished with an error
+  int64_t prompt_tokens = 0;     // sum over committed results
+  int64_t generated_tokens = 0;  // sum over committed results
+  int64_t created_at = 0;        // Unix seconds (set by CreateJob when 0)
+  int64_t started_at = 0;        // Unix seconds: first result or first scheduling; 0 = not yet
+  int64_t finished_at = 0;       // Unix seconds; 0 while not terminal
+  std::string error;
+};
+
+// One request of a job as stored: enough to run it again after a restart and to format its result.
+struct StoredRequest {
+  int64_t index = 0;  // 0-based position in the job
+  std::string custom_id;
+  std::string line;                       // the request as an OpenAI batch input line (JSON)
+  std::vector<int32_t> prompt_token_ids;  // tokenized at CreateJob
+};
+
+// A request that failed validation at CreateJob: its result is stored with the job.
+struct PrefailedRequest {
+  int64_t index = 0;
+  std::string custom_id;
+  std::string result_line;  // the OpenAI batch output line with the error
+};
+
+struct StoredResult {
+  int64_t index = 0;
+  std::string custom_id;
+  std::string line;  // OpenAI batch output line
+  bool failed = false;
+};
+
+struct PendingRequest {
+  std::string job_id;
+  StoredRequest request;
+};
+
+class JobStore {
+ public:
+  // Creates <data_dir> if needed, opens or creates moebatch.db (WAL, synchronous=FULL, foreign
+  // keys on), creates or checks the schema. FailedPrecondition when the file is not a moebatch
+  // database of a known schema version.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& data_dir);
+  ~JobStore();
+
+  // One transaction: the job row, every runnable request, and the results of the pre-failed ones
+  // (counted as failed). Returns the stored job (id and created_at filled). If every request is
+  // pre-failed the job is stored COMPLETED at once.
+  absl::StatusOr<JobRecord> CreateJob(JobRecord job, const std::vector<StoredRequest>& requests,
+                                      const std::vector<PrefailedRequest>& prefailed);
+
+  absl::StatusOr<JobRecord> GetJob(const std::string& job_id);
+
+  // Newest first (created_at, then creation order), at most page_size (1..1000); `state` filters
+  // when set. `page_token` is the opaque token of the previous page ("" for the first);
+  // InvalidArgument for a token this store did not produce.
+  struct Page {
+    std::vector<JobRecord> jobs;
+    std::string next_page_token;  // "" on the last page
+  };
+  absl::StatusOr<Page> ListJobs(int32_t page_size, const std::string& page_token,
+                                std::optional<JobState> state);
+
+  // Stores the result of request `index` and updates the job's counters and token sums in one
+  // transaction. Returns false (and changes nothing) when that index already has a result.
+  // When this result completes the job (every request has a result) the job moves to COMPLETED
+  // with finished_at set, unless it is CANCELLING (then CANCELLED).
+  absl::StatusOr<bool> CommitResult(const std::string& job_id, const StoredResult& result,
+                                    int64_t prompt_tokens, int64_t generated_tokens);
+
+  // Sets the state (and error, finished_at for terminal states). NotFound for an unknown job;
+  // FailedPrecondition when the job is already in another terminal state (it stays there).
+  absl::Status SetJobState(const std::string& job_id, JobState state,
+                           const std::string& error = "");
+
+  // Requests without a result, of jobs in IN_PROGRESS or VALIDATING, in job creation order then
+  // index. At most `limit` (0 = all).
+  absl::StatusOr<std::vector<PendingRequest>> PendingRequests(int64_t limit = 0);
+
+  // Results of a job with index >= from_index in index order, at most `limit` (0 = all).
+  absl::StatusOr<std::vector<StoredResult>> Results(const std::string& job_id, int64_t from_index,
+                                                    int64_t limit = 0);
+
+  // Jobs that are CANCELLING: on start the daemon finishes their cancellation.
+  absl::StatusOr<std::vector<std::string>> JobsInState(JobState state);
+
+ private:
+  struct Impl;
+  JobStore();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moebatch
