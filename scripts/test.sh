@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what it needs (Debian packages, sentencepiece,
-# the Mixtral tokenizer asset), builds everything (CUDA code too when nvcc is present), runs ctest.
+# the Mixtral tokenizer asset, a Python venv with the client from PyPI packages), builds everything
+# (CUDA code too when nvcc is present), runs ctest, then the Python client's tests and the
+# integration tests (the real moebatchd on loopback, the real Python client).
 #
 # Usage: scripts/test.sh            env: BUILD_DIR (default build), JOBS (default nproc)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+build="${BUILD_DIR:-build}"
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+export BUILD_DIR="$build"
 scripts/build.sh
 # GPU tests carry the `gpu` label and exit 77 (skipped) where there is no device.
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${JOBS:-$(nproc)}"
+ctest --test-dir "$build" --output-on-failure -j "${JOBS:-$(nproc)}"
+# The client's unit tests (creates .deps/venv-client and installs the package into it), then the
+# integration tests with the same venv.
+client/python/run_tests.sh "$root/.deps/venv-client"
+MOEBATCH_BUILD_DIR="$build" "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration

@@ -20,6 +20,9 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_created_at(r.created_at);
   job->set_finished_at(r.finished_at);
   job->set_error(r.error);
+  job->set_started_at(r.started_at);
+  job->set_prompt_tokens(r.prompt_tokens);
+  job->set_generated_tokens(r.generated_tokens);
 }
 
 grpc::Status MissingJobId() {
@@ -115,6 +118,7 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJ
 void BatchServiceImpl::FillProgress(const JobRecord& job, v1::JobProgress* p) {
   const JobLive live = worker_->Live(job.id);
   p->set_job_id(job.id);
+  p->set_error(job.error);
   p->set_state(static_cast<v1::JobState>(job.state));
   p->mutable_request_counts()->set_total(job.total);
   p->mutable_request_counts()->set_completed(job.completed);

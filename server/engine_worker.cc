@@ -116,11 +116,13 @@ absl::Status EngineWorker::Feed() {
     InFlight flight;
     flight.job_id = p.job_id;
     flight.index = p.request.index;
-    absl::StatusOr<int64_t> id = parsed.request.status();
+    absl::StatusOr<int64_t> id = absl::InternalError("unparsed");
     if (parsed.request.ok()) {
       flight.request = *parsed.request;
       GenerationRequest gen{p.request.prompt_token_ids, flight.request.sampling};
       id = engine_->AddRequest(std::move(gen));
+    } else {
+      id = parsed.request.status();
     }
     if (!id.ok()) {
       // Validated when the job was created; reaching here means the engine refuses it now (for

@@ -1,0 +1,366 @@
+"""The `moebatch` command: submit batch jobs to moebatchd and fetch their results.
+
+    moebatch submit prompts.jsonl --wait          # progress bar on stderr, final job on stdout
+    moebatch status JOB
+    moebatch list [--state completed]
+    moebatch results JOB -o results.jsonl
+    moebatch cancel JOB
+
+Every command takes --server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051).
+Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for job ended failed or
+cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"); 2 bad usage or an
+unreadable input file; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import TextIO
+
+import grpc
+
+from . import __version__
+from .client import DEFAULT_SERVER, DEFAULT_TIMEOUT, Client, default_server
+from .errors import ClientError
+from .jobs import STATE_NAMES, job_to_dict, parse_state, state_name
+from .v1 import batch_pb2 as pb
+
+PROG = "moebatch"
+EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad input from the user (exit code 2)."""
+
+
+class JobEndedBadly(Exception):
+    """A waited-for job ended failed or cancelled (exit code 1)."""
+
+
+# -- argument parsing -------------------------------------------------------------------------
+
+def _metadata_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _state(text: str) -> int:
+    try:
+        return parse_state(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("state: ")) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # --server/--timeout are accepted before or after the command; SUPPRESS keeps a subcommand's
+    # parser from overwriting a value given before the command with its default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--server", metavar="HOST:PORT", default=argparse.SUPPRESS,
+        help=f"moebatchd's address (default: $MOEBATCH_SERVER or {DEFAULT_SERVER})")
+    common.add_argument(
+        "--timeout", metavar="SECONDS", type=_positive_float, default=argparse.SUPPRESS,
+        help=f"deadline of each single call (default {DEFAULT_TIMEOUT:g}); "
+             "waiting for a job has none")
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, parents=[common],
+        description="Submit OpenAI-batch JSONL jobs to moebatchd and fetch their results.",
+        epilog="exit codes: 0 ok, 1 server error or a waited-for job failed/cancelled, "
+               "2 usage error, 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("submit", parents=[common], help="submit a JSONL file as a job",
+                       description="Submit an OpenAI batch input file (one request per line) "
+                                   "as a job; prints the job as JSON.")
+    p.add_argument("file", metavar="FILE.jsonl")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the job to finish, with a progress bar on stderr")
+    p.add_argument("--metadata", metavar="KEY=VALUE", action="append", type=_metadata_pair,
+                   default=[], help="metadata kept with the job (repeatable)")
+    p.add_argument("--model", default="", help="the daemon's model name (default: any)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="with --wait: no progress display")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", parents=[common], help="show a job",
+                       description="Print a job as JSON.")
+    p.add_argument("job", metavar="JOB")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("list", parents=[common], help="list jobs, newest first",
+                       description="List jobs, newest first.")
+    p.add_argument("--state", type=_state, metavar="STATE",
+                   help=f"only jobs in this state ({', '.join(STATE_NAMES)})")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N jobs")
+    p.add_argument("--page-size", type=_positive_int, default=100, metavar="N",
+                   help="jobs fetched per call (default 100)")
+    p.add_argument("--json", action="store_true", help="one JSON object per job")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("results", parents=[common], help="write a job's results as JSONL",
+                       description="Write a job's OpenAI batch output lines in input order; "
+                                   "waits for the job to finish unless --no-wait.")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", default="-",
+                   help="output file (default: stdout); written whole or not at all")
+    p.add_argument("--no-wait", action="store_true",
+                   help="only the results committed so far")
+    p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a job",
+                       description="Cancel a job; prints it as JSON.")
+    p.add_argument("job", metavar="JOB")
+    p.set_defaults(func=cmd_cancel)
+    return parser
+
+
+# -- output helpers ---------------------------------------------------------------------------
+
+def _print_job(job: pb.Job, out: TextIO) -> None:
+    out.write(json.dumps(job_to_dict(job), indent=2, ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def describe_progress(p: pb.JobProgress) -> str:
+    """"in_progress 120/805 done (2 failed), 1234.5 tok/s, ETA 0:42"."""
+    c = p.request_counts
+    eta = format_duration(p.eta_seconds) if p.eta_seconds > 0 else "?"
+    return (f"{state_name(p.state)} {c.completed + c.failed}/{c.total} done ({c.failed} failed), "
+            f"{p.tokens_per_second:.1f} tok/s, ETA {eta}")
+
+
+class ProgressDisplay:
+    """Shows JobProgress on stderr: a tqdm bar on a terminal, else a plain line at most every
+    `interval` seconds and at each state change (logs stay readable)."""
+
+    def __init__(self, job_id: str, stream: TextIO, interval: float = 5.0):
+        self.job_id = job_id
+        self.stream = stream
+        self.interval = interval
+        self.bar = None
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.last_line = 0.0
+        self.last_state: int | None = None
+
+    def update(self, p: pb.JobProgress) -> None:
+        c = p.request_counts
+        done = c.completed + c.failed
+        if self.tty:
+            from tqdm import tqdm
+
+            if self.bar is None:
+                self.bar = tqdm(total=c.total, unit="req", file=self.stream, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}"
+                                           " [{elapsed}]{postfix}")
+            if self.bar.total != c.total:
+                self.bar.total = c.total
+            self.bar.n = done
+            self.bar.set_description_str(f"{self.job_id} {state_name(p.state)}", refresh=False)
+            eta = format_duration(p.eta_seconds) if p.eta_seconds > 0 else "?"
+            self.bar.set_postfix_str(
+                f"{c.failed} failed, {p.tokens_per_second:.1f} tok/s, ETA {eta}", refresh=False)
+            self.bar.refresh()
+            return
+        now = time.monotonic()
+        if p.state != self.last_state or now - self.last_line >= self.interval:
+            self.stream.write(f"{PROG}: {self.job_id} {describe_progress(p)}\n")
+            self.stream.flush()
+            self.last_line, self.last_state = now, p.state
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    try:
+        with open(args.file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
+    started = time.monotonic()
+    try:
+        job = client.create_job(jsonl=data, metadata=dict(args.metadata), model=args.model)
+    except ValueError as e:  # raised before any call: bad metadata or arguments
+        raise UsageError(str(e)) from None
+    if not args.wait:
+        _print_job(job, sys.stdout)
+        return EXIT_OK
+
+    c = job.request_counts
+    print(f"{PROG}: submitted {job.id} ({c.total} requests)", file=sys.stderr, flush=True)
+    display = None if args.no_progress else ProgressDisplay(job.id, sys.stderr)
+    try:
+        job, last = client.wait(job.id, on_progress=display.update if display else None)
+    except KeyboardInterrupt:
+        if display:
+            display.close()
+        print(f"{PROG}: stopped waiting; {job.id} goes on (`{PROG} cancel {job.id}` stops it)",
+              file=sys.stderr)
+        raise
+    finally:
+        if display:
+            display.close()
+    elapsed = time.monotonic() - started
+    c = job.request_counts
+    summary = (f"{PROG}: {job.id} {state_name(job.state)}: {c.completed} completed, "
+               f"{c.failed} failed of {c.total} requests in {elapsed:.1f}s")
+    if last is not None:
+        summary += (f"; {last.prompt_tokens} prompt tokens, {last.generated_tokens} generated "
+                    f"tokens, {last.tokens_per_second:.1f} tok/s")
+    print(summary, file=sys.stderr)
+    _print_job(job, sys.stdout)
+    if job.state == pb.JOB_STATE_FAILED:
+        raise JobEndedBadly(f"job {job.id} failed: {job.error or 'no reason given'}")
+    if job.state == pb.JOB_STATE_CANCELLED:
+        raise JobEndedBadly(f"job {job.id} was cancelled")
+    return EXIT_OK
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    _print_job(client.get_job(args.job), sys.stdout)
+    return EXIT_OK
+
+
+def _timestamp(seconds: int) -> str:
+    if seconds <= 0:
+        return "-"
+    return _dt.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_list(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.list_jobs(state=args.state, page_size=args.page_size, limit=args.limit)
+    out = sys.stdout
+    if args.json:
+        for job in jobs:
+            out.write(json.dumps(job_to_dict(job), ensure_ascii=False) + "\n")
+        return EXIT_OK
+    rows = [("ID", "STATE", "DONE/TOTAL", "FAILED", "CREATED")]
+    for job in jobs:
+        c = job.request_counts
+        rows.append((job.id, state_name(job.state), f"{c.completed + c.failed}/{c.total}",
+                     str(c.failed), _timestamp(job.created_at)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+    return EXIT_OK
+
+
+def _write_results(client: Client, job_id: str, wait: bool, out: TextIO) -> int:
+    count, previous = 0, -1
+    for result in client.result_messages(job_id, wait=wait):
+        if result.index <= previous:
+            raise ClientError(
+                grpc.StatusCode.INTERNAL,
+                f"results of {job_id} out of order: index {result.index} after {previous}")
+        previous = result.index
+        out.write(result.line.rstrip("\n") + "\n")
+        count += 1
+    return count
+
+
+def cmd_results(client: Client, args: argparse.Namespace) -> int:
+    wait = not args.no_wait
+    if args.output == "-":
+        count = _write_results(client, args.job, wait, sys.stdout)
+        sys.stdout.flush()
+        print(f"{PROG}: {count} results", file=sys.stderr)
+        return EXIT_OK
+    target = os.path.abspath(args.output)
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write {args.output}: no directory {directory}")
+    # Written to a temporary file beside the target, renamed when complete.
+    fd, tmp = tempfile.mkstemp(prefix=".moebatch-results-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            count = _write_results(client, args.job, wait, out)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    print(f"{PROG}: wrote {count} results to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    _print_job(client.cancel(args.job), sys.stdout)
+    return EXIT_OK
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help / --version
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    server = getattr(args, "server", None) or default_server()
+    timeout = getattr(args, "timeout", DEFAULT_TIMEOUT)
+    try:
+        with Client(server, timeout=timeout) as client:
+            return args.func(client, args)
+    except ClientError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_SERVER
+    except JobEndedBadly as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_SERVER
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `moebatch results JOB | head`
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

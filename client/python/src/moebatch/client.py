@@ -1,0 +1,229 @@
+"""Client: the moebatch.v1.BatchService API of moebatchd, over an insecure gRPC channel.
+
+    from moebatch import Client, chat_request
+
+    with Client("127.0.0.1:50051") as client:
+        job = client.create_job(requests=[chat_request("q-1", "Hello", max_tokens=16)])
+        for progress in client.watch(job.id):
+            print(progress.request_counts.completed, "/", progress.request_counts.total)
+        for line in client.results(job.id):
+            print(line["custom_id"], line["response"]["body"]["choices"][0]["message"]["content"])
+
+Unary calls (create_job, get_job, list_jobs' pages, cancel) run under the client's `timeout`
+(seconds; None = no deadline). Streams (watch, results) have no deadline: a job may run for hours.
+Every gRPC failure is raised as moebatch.ClientError (code and message); streams raise it when
+iterated. Stopping iteration early cancels the stream.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from .batch_requests import build_requests
+from .errors import ClientError
+from .jobs import TERMINAL_STATES, parse_state
+from .v1 import batch_pb2 as pb
+from .v1 import batch_pb2_grpc as pb_grpc
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+DEFAULT_TIMEOUT = 60.0
+# Results and jobs are small, but allow large messages rather than fail on a big job's page.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", -1),
+]
+
+
+def default_server() -> str:
+    """$MOEBATCH_SERVER, or 127.0.0.1:50051."""
+    return os.environ.get("MOEBATCH_SERVER") or DEFAULT_SERVER
+
+
+def _jsonl_field(data: str | bytes) -> bytes:
+    """The payload for CreateJobRequest.jsonl (a proto `bytes` field): sent as is, so the daemon
+    judges the encoding and names the line of any text that is not UTF-8."""
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)
+
+
+class Client:
+    """A connection to moebatchd at `addr` ("host:port"; default $MOEBATCH_SERVER or
+    127.0.0.1:50051). Close it with close() or use it as a context manager."""
+
+    def __init__(self, addr: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, *,
+                 channel: grpc.Channel | None = None,
+                 options: Iterable[tuple[str, Any]] | None = None):
+        self.addr = addr or default_server()
+        self.timeout = timeout
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(
+            self.addr, options=list(options) if options is not None else _CHANNEL_OPTIONS
+        )
+        self._stub = pb_grpc.BatchServiceStub(self._channel)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel connects (e.g. while the daemon starts); raises ClientError
+        UNAVAILABLE if it has not within `timeout` seconds."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ClientError(grpc.StatusCode.UNAVAILABLE,
+                              f"no server answered at {self.addr} within {timeout:g}s") from None
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def _unary(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise ClientError.from_rpc_error(e) from e
+
+    def _stream(self, method: Callable[..., Any], request: Any) -> Iterator[Any]:
+        call = method(request)
+        try:
+            for message in call:
+                yield message
+        except grpc.RpcError as e:
+            raise ClientError.from_rpc_error(e) from e
+        finally:
+            call.cancel()  # a no-op once the stream has ended; stops it if the caller broke off
+
+    def create_job(self, requests: Iterable[Mapping[str, Any] | pb.BatchRequest] | None = None,
+                   jsonl: str | bytes | None = None, path: str | os.PathLike | None = None,
+                   metadata: Mapping[str, str] | None = None, model: str = "") -> pb.Job:
+        """Submits a job; give exactly one of:
+
+        requests: BatchRequest messages or OpenAI-style dicts (see moebatch.build_request; dicts
+            are checked here and raise ValueError naming the item and field). Messages go as
+            they are, unchecked, so the daemon's own validation can be exercised.
+        jsonl: an OpenAI batch input file's text, sent verbatim (the daemon validates it).
+        path: the path of such a file.
+
+        metadata: free-form string pairs kept with the job. model: empty or the daemon's model.
+        Returns the accepted Job (stored durably before the daemon answers).
+        """
+        if sum(x is not None for x in (requests, jsonl, path)) != 1:
+            raise ValueError("create_job: give exactly one of requests, jsonl or path")
+        meta = dict(metadata or {})
+        for key, value in meta.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValueError(f"metadata: keys and values must be strings, got {key!r}: "
+                                 f"{value!r}")
+        if not isinstance(model, str):
+            raise ValueError(f"model: must be a string, got {model!r}")
+        request = pb.CreateJobRequest(metadata=meta, model=model)
+        if requests is not None:
+            if isinstance(requests, (str, bytes, Mapping)):
+                raise ValueError("requests: must be a list of dicts or BatchRequest messages")
+            request.requests.requests.extend(build_requests(requests))
+        elif jsonl is not None:
+            if not isinstance(jsonl, (str, bytes, bytearray)):
+                raise ValueError(f"jsonl: must be str or bytes, got {type(jsonl).__name__}")
+            request.jsonl = _jsonl_field(jsonl)
+        else:
+            request.jsonl = _jsonl_field(Path(path).read_bytes())
+        return self._unary(self._stub.CreateJob, request)
+
+    def get_job(self, job_id: str) -> pb.Job:
+        return self._unary(self._stub.GetJob, pb.GetJobRequest(job_id=job_id))
+
+    def list_jobs_page(self, state: int | str | None = None, page_size: int = 100,
+                       page_token: str = "") -> pb.ListJobsResponse:
+        """One page of jobs, newest first (see list_jobs for iterating all of them)."""
+        return self._unary(self._stub.ListJobs, pb.ListJobsRequest(
+            page_size=page_size, page_token=page_token,
+            state=pb.JOB_STATE_UNSPECIFIED if state is None else parse_state(state)))
+
+    def list_jobs(self, state: int | str | None = None, page_size: int = 100,
+                  limit: int | None = None) -> Iterator[pb.Job]:
+        """Jobs newest first, optionally only those in `state` ("completed", a JobState, ...),
+        fetching pages of `page_size` as iteration goes on; at most `limit` jobs if given."""
+        if page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {page_size}")
+        state_value = None if state is None else parse_state(state)  # fail before iterating
+        return self._list_jobs(state_value, page_size, limit)
+
+    def _list_jobs(self, state: int | None, page_size: int, limit: int | None
+                   ) -> Iterator[pb.Job]:
+        token, count = "", 0
+        while True:
+            page = self.list_jobs_page(state, page_size, token)
+            for job in page.jobs:
+                if limit is not None and count >= limit:
+                    return
+                count += 1
+                yield job
+            if not page.next_page_token or page.next_page_token == token:
+                return
+            token = page.next_page_token
+
+    def cancel(self, job_id: str) -> pb.Job:
+        """Cancels the job (a no-op on a finished one); returns it, typically CANCELLING."""
+        return self._unary(self._stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
+
+    def watch(self, job_id: str) -> Iterator[pb.JobProgress]:
+        """JobProgress now and at every change until the job is terminal (the last one says
+        which terminal state)."""
+        return self._stream(self._stub.WatchJob, pb.WatchJobRequest(job_id=job_id))
+
+    def result_messages(self, job_id: str, wait: bool = True) -> Iterator[pb.Result]:
+        """The Result messages (index, custom_id, line) in input order. With wait, follows the
+        job until every request has a result; without, the ones committed so far."""
+        return self._stream(self._stub.GetResults,
+                            pb.GetResultsRequest(job_id=job_id, wait=wait))
+
+    def results(self, job_id: str, wait: bool = True) -> Iterator[dict[str, Any]]:
+        """The OpenAI batch output lines, parsed, in input order (see result_messages)."""
+        for result in self.result_messages(job_id, wait=wait):
+            yield json.loads(result.line)
+
+    def wait(self, job_id: str,
+             on_progress: Callable[[pb.JobProgress], None] | None = None,
+             reconnect_timeout: float = 60.0) -> tuple[pb.Job, pb.JobProgress | None]:
+        """Watches the job until it is terminal, calling on_progress for each message; returns
+        the final Job and the last JobProgress. If the daemon goes away (UNAVAILABLE, or the
+        stream ends early), it reconnects for up to `reconnect_timeout` seconds, so a wait
+        survives a daemon restart."""
+        last: pb.JobProgress | None = None
+        deadline: float | None = None
+        delay = 0.2
+        while True:
+            try:
+                for progress in self.watch(job_id):
+                    deadline, delay = None, 0.2
+                    last = progress
+                    if on_progress is not None:
+                        on_progress(progress)
+                job = self.get_job(job_id)
+                if job.state in TERMINAL_STATES:
+                    return job, last
+                failure = ClientError(grpc.StatusCode.UNAVAILABLE,
+                                      f"the progress stream of {job_id} ended early")
+            except ClientError as e:
+                if e.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                failure = e
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + reconnect_timeout
+            if now >= deadline:
+                raise failure
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,181 @@
+"""A fake moebatchd for the client's own unit tests: an in-process gRPC server implementing
+BatchService (the generated servicer base class) with canned behaviour, on loopback.
+
+It is not the daemon: the integration tests against the real moebatchd live elsewhere. Canned
+behaviour:
+  * CreateJob: refuses an empty job (INVALID_ARGUMENT), otherwise stores a job in IN_PROGRESS with
+    one request per inline request or non-blank JSONL line; records every request it receives.
+  * GetJob / CancelJob / WatchJob / GetResults: NOT_FOUND "job <id> not found" for unknown ids.
+  * WatchJob: 0/N .. N/N progress messages, then COMPLETED (the job's state becomes COMPLETED).
+    Jobs with special ids misbehave: "job_broken" aborts with INTERNAL after one message,
+    "job_flaky" answers UNAVAILABLE on the first watch, "job_doomed" (or metadata fake_outcome=cancelled|failed) ends
+    CANCELLED (or FAILED),
+    "job_slow" makes GetJob take 2 s, "job_endless" streams until the client cancels.
+  * GetResults: one Result per request, in order; without `wait` only the first two.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from moebatch.v1 import batch_pb2 as pb
+from moebatch.v1 import batch_pb2_grpc as pb_grpc
+
+
+def result_line(job_id: str, index: int, custom_id: str) -> str:
+    return json.dumps({
+        "id": f"batch_req_{job_id}_{index}", "custom_id": custom_id,
+        "response": {"status_code": 200, "body": {"choices": [{
+            "index": 0, "message": {"role": "assistant", "content": f"answer {index}"},
+            "finish_reason": "length", "token_ids": [100 + index, 7]}]}},
+        "error": None,
+    })
+
+
+class FakeBatchService(pb_grpc.BatchServiceServicer):
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.jobs: dict[str, pb.Job] = {}
+        self.custom_ids: dict[str, list[str]] = {}
+        self.calls: list[tuple[str, object]] = []
+        self.flaky_failures = 1
+        self.stream_cancelled = threading.Event()
+        self.next_id = 1
+
+    def add_job(self, job_id: str, total: int = 3, state: int = pb.JOB_STATE_IN_PROGRESS,
+                created_at: int = 1_700_000_000) -> pb.Job:
+        job = pb.Job(id=job_id, state=state, model="tiny-mixtral", created_at=created_at,
+                     request_counts=pb.RequestCounts(total=total))
+        with self.lock:
+            self.jobs[job_id] = job
+            self.custom_ids[job_id] = [f"req-{i}" for i in range(total)]
+        return job
+
+    def _job(self, job_id: str, context) -> pb.Job:
+        with self.lock:
+            job = self.jobs.get(job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+        return job
+
+    def CreateJob(self, request, context):
+        self.calls.append(("CreateJob", request))
+        if request.WhichOneof("source") == "requests":
+            ids = [r.custom_id for r in request.requests.requests]
+        else:
+            ids = []
+            for line in request.jsonl.splitlines():
+                if line.strip():
+                    ids.append(json.loads(line).get("custom_id", f"line-{len(ids)}"))
+        if not ids:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "requests: the job has no requests")
+        if request.model not in ("", "tiny-mixtral"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"model: this daemon serves 'tiny-mixtral', not '{request.model}'")
+        with self.lock:
+            job_id = f"job_{self.next_id:04d}"
+            self.next_id += 1
+        job = self.add_job(job_id, total=len(ids))
+        job.metadata.update(request.metadata)
+        with self.lock:
+            self.custom_ids[job_id] = ids
+        return job
+
+    def GetJob(self, request, context):
+        self.calls.append(("GetJob", request))
+        if request.job_id == "job_slow":
+            time.sleep(2)
+        return self._job(request.job_id, context)
+
+    def ListJobs(self, request, context):
+        self.calls.append(("ListJobs", request))
+        with self.lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: (-j.created_at, j.id))
+        if request.state != pb.JOB_STATE_UNSPECIFIED:
+            jobs = [j for j in jobs if j.state == request.state]
+        size = request.page_size or 20
+        start = int(request.page_token or 0)
+        page = jobs[start:start + size]
+        token = str(start + size) if start + size < len(jobs) else ""
+        return pb.ListJobsResponse(jobs=page, next_page_token=token)
+
+    def CancelJob(self, request, context):
+        self.calls.append(("CancelJob", request))
+        job = self._job(request.job_id, context)
+        with self.lock:
+            if job.state not in (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED):
+                job.state = pb.JOB_STATE_CANCELLED
+                job.finished_at = job.created_at + 5
+        return job
+
+    def WatchJob(self, request, context):
+        self.calls.append(("WatchJob", request))
+        job = self._job(request.job_id, context)
+        total = job.request_counts.total
+        if job.id == "job_flaky" and self.flaky_failures > 0:
+            self.flaky_failures -= 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "daemon restarting")
+        if job.id == "job_endless":
+            context.add_callback(self.stream_cancelled.set)
+            while context.is_active():
+                yield pb.JobProgress(job_id=job.id, state=job.state,
+                                     request_counts=job.request_counts)
+                time.sleep(0.01)
+            return
+        for done in range(total + 1):
+            yield pb.JobProgress(
+                job_id=job.id, state=pb.JOB_STATE_IN_PROGRESS,
+                request_counts=pb.RequestCounts(total=total, completed=done),
+                prompt_tokens=10 * total, generated_tokens=4 * done,
+                tokens_per_second=100.0 * done, eta_seconds=float(total - done))
+            if job.id == "job_broken":
+                context.abort(grpc.StatusCode.INTERNAL, "boom")
+        outcome = job.metadata.get("fake_outcome", "cancelled" if job.id == "job_doomed" else "")
+        final = {"cancelled": pb.JOB_STATE_CANCELLED,
+                 "failed": pb.JOB_STATE_FAILED}.get(outcome, pb.JOB_STATE_COMPLETED)
+        with self.lock:
+            job.state = final
+            if final == pb.JOB_STATE_FAILED:
+                job.error = "engine exploded"
+            job.request_counts.completed = total
+            job.finished_at = job.created_at + 10
+        yield pb.JobProgress(job_id=job.id, state=final, request_counts=job.request_counts,
+                             prompt_tokens=10 * total, generated_tokens=4 * total,
+                             tokens_per_second=123.5)
+
+    def GetResults(self, request, context):
+        self.calls.append(("GetResults", request))
+        job = self._job(request.job_id, context)
+        ids = self.custom_ids[job.id]
+        count = len(ids) if request.wait else min(2, len(ids))
+        for index in range(count):
+            yield pb.Result(index=index, custom_id=ids[index],
+                            line=result_line(job.id, index, ids[index]))
+
+
+@pytest.fixture
+def fake_server():
+    """(address, FakeBatchService) of a fake daemon on a free loopback port."""
+    service = FakeBatchService()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_BatchServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", service
+    finally:
+        server.stop(grace=None)
+
+
+@pytest.fixture
+def client(fake_server):
+    from moebatch import Client
+
+    address, _ = fake_server
+    with Client(address, timeout=10) as c:
+        yield c

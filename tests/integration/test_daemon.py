@@ -1,0 +1,188 @@
+"""moebatchd end to end: the real daemon on loopback, the real Python client (client/python).
+
+Covers issue 3's acceptance: submit, watch, results, list, cancel; every kind of bad input; and a
+crash (kill -9 mid-job, restart on the same data dir) that loses and duplicates nothing.
+"""
+import json
+import time
+
+import grpc
+import pytest
+
+from conftest import MODEL, Daemon
+from moebatch import Client, ClientError, state_name
+
+GOLDEN = [json.loads(l) for l in open(MODEL / "golden.jsonl")]
+
+
+def chat_line(custom_id, text, max_tokens=8, **extra):
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0}
+    body.update(extra)
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": body})
+
+
+def golden_line(i):
+    g = GOLDEN[i]
+    return json.dumps({"custom_id": f"golden-{i}", "method": "POST", "url": "/v1/completions",
+                       "body": {"prompt": g["prompt_token_ids"], "temperature": 0,
+                                "max_tokens": len(g["greedy_token_ids"]), "ignore_eos": True}})
+
+
+def wait_done(client, job_id, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.get_job(job_id)
+        if state_name(job.state) in ("completed", "failed", "cancelled"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_submit_watch_results_list(client):
+    lines = [golden_line(i) for i in range(len(GOLDEN))] + [chat_line("chat-0", "Hello")]
+    job = client.create_job(jsonl="\n".join(lines) + "\n", metadata={"team": "a"})
+    assert job.request_counts.total == len(lines)
+    progress = list(client.watch(job.id))
+    assert progress, "WatchJob sent nothing"
+    assert state_name(progress[-1].state) == "completed"
+    assert progress[-1].request_counts.completed == len(lines)
+    assert progress[-1].generated_tokens >= 32 * len(GOLDEN)
+    results = list(client.results(job.id))
+    assert [r["custom_id"] for r in results] == [json.loads(l)["custom_id"] for l in lines]
+    for i, g in enumerate(GOLDEN):  # the daemon reproduces transformers' greedy tokens
+        choice = results[i]["response"]["body"]["choices"][0]
+        assert choice["token_ids"] == g["greedy_token_ids"]
+        assert choice["text"] == g["greedy_text"]
+    jobs = list(client.list_jobs())
+    assert [j.id for j in jobs] == [job.id]
+    assert dict(jobs[0].metadata) == {"team": "a"}
+    assert list(client.list_jobs(state="cancelled")) == []
+
+
+def test_inline_requests_and_cancel(client):
+    reqs = [{"custom_id": f"r{i}", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": f"Tell me a story {i}"}],
+                      "max_tokens": 2000, "temperature": 0.8, "seed": i, "ignore_eos": True}}
+            for i in range(8)]
+    job = client.create_job(requests=reqs)
+    # Let it start, then cancel: in-flight sequences stop promptly.
+    for p in client.watch(job.id):
+        if p.generated_tokens > 0:
+            break
+    t0 = time.time()
+    client.cancel(job.id)
+    done = wait_done(client, job.id, timeout=30)
+    assert state_name(done.state) == "cancelled"
+    assert time.time() - t0 < 10
+    assert done.request_counts.completed < 8
+    client.cancel(job.id)  # cancelling a finished job is a no-op
+    # The daemon still works after a cancel.
+    job2 = client.create_job(jsonl=chat_line("after", "hi") + "\n")
+    assert state_name(wait_done(client, job2.id).state) == "completed"
+
+
+@pytest.mark.parametrize("jsonl, field", [
+    ("", "requests"),                                            # an empty job
+    ("{not json\n", "line 1"),                                    # malformed JSONL
+    (json.dumps({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}), "custom_id"),
+    (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+                 "body": {"prompt": "x"}}), "url"),                # unknown endpoint
+    (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                 "body": {"prompt": "x", "max_tokens": 0}}), "body.max_tokens"),
+    (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                 "body": {"prompt": "x", "model": "gpt-9"}}), "body.model"),  # unknown model
+    (chat_line("dup", "a") + "\n" + chat_line("dup", "b"), "custom_id"),        # duplicate id
+    (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": [{"role": "assistant", "content": "x"}]}}), "messages[0]"),
+])
+def test_bad_input_is_refused_naming_line_and_field(client, jsonl, field):
+    with pytest.raises(ClientError) as e:
+        client.create_job(jsonl=jsonl)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in e.value.message
+    assert list(client.list_jobs()) == []  # nothing half-created
+
+
+def test_bad_input_bytes_and_sizes(client, daemon):
+    # Text that is not UTF-8: a lone surrogate escape (raw non-UTF-8 bytes cannot even travel in a
+    # protobuf string field; the client refuses them).
+    bad_utf8 = '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "\\ud800"}}'
+    with pytest.raises(ClientError) as e:
+        client.create_job(jsonl=bad_utf8)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "line 1" in e.value.message
+    # Raw bytes that are not UTF-8, from a file: refused by the daemon naming the line.
+    bad = daemon.data_dir.parent / "bad.jsonl"
+    bad.write_bytes(chat_line("a", "fine").encode() + b'\n{"custom_id": "b\xff"}\n')
+    with pytest.raises(ClientError) as e:
+        client.create_job(path=bad)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "line 2" in e.value.message
+    # An oversized line (over the 1 MiB per-request limit).
+    huge = chat_line("big", "x " * 600_000)
+    with pytest.raises(ClientError) as e:
+        client.create_job(jsonl=huge)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "line 1" in e.value.message
+    # Unknown job ids.
+    for call in (client.get_job, client.cancel):
+        with pytest.raises(ClientError) as e:
+            call("job_doesnotexist")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(ClientError) as e:
+        list(client.results("job_doesnotexist"))
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_too_long_for_the_context_fails_that_request_only(client):
+    # kv-cache-gb 0.25 holds fewer tokens than max_position_embeddings? The context limit is
+    # min(4096, KV capacity); a 5000-token prompt exceeds it either way.
+    long_prompt = json.dumps({"custom_id": "long", "method": "POST", "url": "/v1/completions",
+                              "body": {"prompt": [1] + [100] * 5000, "max_tokens": 4}})
+    too_many = json.dumps({"custom_id": "many", "method": "POST", "url": "/v1/completions",
+                           "body": {"prompt": "hi", "max_tokens": 100000}})
+    job = client.create_job(jsonl="\n".join([chat_line("ok", "hi"), long_prompt, too_many]))
+    done = wait_done(client, job.id)
+    assert state_name(done.state) == "completed"
+    assert done.request_counts.completed == 1 and done.request_counts.failed == 2
+    results = {r["custom_id"]: r for r in client.results(job.id)}
+    assert results["ok"]["response"]["status_code"] == 200
+    assert results["long"]["response"]["status_code"] == 400
+    assert "context" in results["long"]["response"]["body"]["error"]["message"]
+    assert results["many"]["response"]["body"]["error"]["message"].startswith("body.max_tokens")
+
+
+def test_kill9_mid_job_loses_and_duplicates_nothing(tmp_path):
+    lines = [chat_line(f"q{i:03d}", f"Question number {i}: why?", max_tokens=48, ignore_eos=True)
+             for i in range(200)]
+    payload = "\n".join(lines) + "\n"
+
+    reference = Daemon(tmp_path / "ref").start()
+    try:
+        c = Client(reference.addr, timeout=120)
+        ref_job = c.create_job(jsonl=payload)
+        wait_done(c, ref_job.id, timeout=600)
+        want = {r["custom_id"]: r["response"]["body"]["choices"][0]["token_ids"]
+                for r in c.results(ref_job.id)}
+    finally:
+        reference.stop()
+    assert len(want) == 200
+
+    d = Daemon(tmp_path / "crash").start()
+    c = Client(d.addr, timeout=120)
+    job = c.create_job(jsonl=payload)
+    for p in c.watch(job.id):
+        if p.request_counts.completed >= 20:
+            break
+    d.kill9()
+    d = Daemon(tmp_path / "crash").start()  # same data dir, new port
+    try:
+        c = Client(d.addr, timeout=120)
+        done = wait_done(c, job.id, timeout=600)
+        assert state_name(done.state) == "completed" and done.request_counts.completed == 200
+        results = list(c.results(job.id))
+        ids = [r["custom_id"] for r in results]
+        assert len(ids) == 200 and len(set(ids)) == 200
+        got = {r["custom_id"]: r["response"]["body"]["choices"][0]["token_ids"] for r in results}
+        assert got == want
+    finally:
+        d.stop()
