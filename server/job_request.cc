@@ -26,6 +26,20 @@ PrefailedRequest Prefail(int64_t index, const ParsedBatchLine& parsed, const std
   return p;
 }
 
+// The stored line states the max_tokens this daemon applied, so the request runs the same after a
+// restart with another --default-max-tokens.
+std::string FreezeDefaults(const std::string& line, const BatchRequest& req) {
+  Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) return line;
+  Json& body = j["body"];
+  const bool given = (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+                     (body.contains("max_completion_tokens") &&
+                      !body["max_completion_tokens"].is_null());
+  if (given) return line;
+  body["max_tokens"] = req.sampling.max_tokens;
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 }  // namespace
 
 std::string ToBatchLine(const v1::BatchRequest& r) {
@@ -166,7 +180,8 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
               " tokens exceeds the context of ", limits.max_context_tokens, " tokens"))));
       continue;
     }
-    job.requests.push_back(StoredRequest{index, req.custom_id, lines[i], *std::move(ids)});
+    job.requests.push_back(
+        StoredRequest{index, req.custom_id, FreezeDefaults(lines[i], req), *std::move(ids)});
   }
   return job;
 }

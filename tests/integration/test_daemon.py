@@ -186,3 +186,66 @@ def test_kill9_mid_job_loses_and_duplicates_nothing(tmp_path):
         assert got == want
     finally:
         d.stop()
+
+
+def _raw_channel_call(addr, method, request_bytes, stream=False):
+    channel = grpc.insecure_channel(addr)
+    ident = lambda b: b  # noqa: E731  (messages hand-encoded: no extra packages needed)
+    if stream:
+        call = channel.stream_stream(method, request_serializer=ident, response_deserializer=ident)
+        return b"".join(call(iter([request_bytes]), timeout=10))
+    return channel.unary_unary(method, request_serializer=ident,
+                               response_deserializer=ident)(request_bytes, timeout=10)
+
+
+def test_health_and_reflection(daemon):
+    # grpc.health.v1.Health/Check with an empty HealthCheckRequest: status SERVING (field 1 = 1).
+    assert _raw_channel_call(daemon.addr, "/grpc.health.v1.Health/Check", b"") == b"\x08\x01"
+    # Server reflection (what grpcurl uses): list_services (field 7, empty string).
+    reply = _raw_channel_call(daemon.addr,
+                              "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                              b"\x3a\x00", stream=True)
+    assert b"moebatch.v1.BatchService" in reply
+
+
+def test_cli_against_the_daemon(daemon, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    cli = Path(sys.executable).parent / "moebatch"
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(chat_line(f"c{i}", f"hello {i}") for i in range(5)) + "\n")
+    run = lambda *a: subprocess.run([str(cli), "--server", daemon.addr, *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    sub = run("submit", str(src), "--wait")
+    assert sub.returncode == 0, sub.stderr
+    job_id = json.loads(sub.stdout)["id"]
+    out = tmp_path / "out.jsonl"
+    assert run("results", job_id, "-o", str(out)).returncode == 0
+    assert [json.loads(l)["custom_id"] for l in out.read_text().splitlines()] == \
+        [f"c{i}" for i in range(5)]
+    status = run("status", job_id)
+    assert status.returncode == 0 and "completed" in status.stdout
+    assert job_id in run("list").stdout
+    missing = run("status", "job_nope")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_config_file_and_dashed_flags(tmp_path):
+    config = tmp_path / "moebatchd.json"
+    config.write_text(json.dumps({"default-max-tokens": 3, "kv_cache_gb": 0.125}))
+    d = Daemon(tmp_path / "data", extra_args=["--config", str(config)]).start()
+    try:
+        c = Client(d.addr, timeout=60)
+        job = c.create_job(jsonl=json.dumps({"custom_id": "a", "method": "POST",
+                                             "url": "/v1/completions",
+                                             "body": {"prompt": "x", "ignore_eos": True,
+                                                      "temperature": 0}}))
+        wait_done(c, job.id)
+        (r,) = list(c.results(job.id))
+        assert r["response"]["body"]["usage"]["completion_tokens"] == 3  # from the config file
+    finally:
+        d.stop()
+    # The command line (conftest passes --kv-cache-gb 0.25) wins over the config's 0.125:
+    # 0.25 GiB of 16 KiB f32 blocks.
+    assert "KV cache 16384 blocks" in d.log.read_text()
