@@ -1,0 +1,47 @@
+// Paged attention on the CPU with hand-vectorised kernels (MoE-Lens §6.6): the decode attention
+// the CPU runs for every decode token while the GPU does the matrix work, and the prefill
+// attention of the cpu backend. Same contract as PagedAttentionReference (paged_attention.h):
+// q/out [tokens, num_heads, head_dim] f32, K/V in the paged cache as f32, bf16 or f16, GQA (the
+// query heads of one KV head are processed together so each KV byte is read once), causal, optional
+// sliding window, fp32 accumulation with an online softmax; long contexts are split into chunks
+// across threads and merged (flash-decoding).
+//
+// One binary runs everywhere: each ISA's kernel is compiled in its own file with its own flags
+// (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL, with
+// AVX512-BF16 dot products where the CPU has them) and the best one the CPU supports is chosen at
+// run time from CPUID. MOEBATCH_CPU_ISA=portable|avx2|avx512 forces a level (clamped to what the
+// CPU has, with a warning).
+//
+// Threading: parallel inside (OpenMP: OMP_NUM_THREADS threads; OMP_PROC_BIND/OMP_PLACES pin them);
+// call from one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cpu_attention/paged_attention.h"
+
+namespace moebatch {
+
+enum class CpuIsa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* CpuIsaName(CpuIsa isa);
+// Every level this CPU can run, lowest first (kPortable always).
+std::vector<CpuIsa> SupportedCpuIsas();
+// The level PagedAttention uses: the highest supported, or MOEBATCH_CPU_ISA's (read once).
+CpuIsa SelectedCpuIsa();
+
+// Attention with the kernel of `isa` (which must be supported: see SupportedCpuIsas).
+void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
+                    int64_t num_seqs, const float* q, int64_t num_heads, float scale,
+                    std::optional<int64_t> sliding_window, float* out);
+
+// Attention with SelectedCpuIsa().
+inline void PagedAttention(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
+                           const float* q, int64_t num_heads, float scale,
+                           std::optional<int64_t> sliding_window, float* out) {
+  PagedAttention(SelectedCpuIsa(), kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out);
+}
+
+}  // namespace moebatch
