@@ -36,10 +36,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
+#include "server/sqlite_db.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
 namespace {
+
+using sqlite::Blob;
+using sqlite::Exec;
+using sqlite::SqliteError;
+using sqlite::Statement;
+using sqlite::Sv;
+using sqlite::Transaction;
 
 using json = nlohmann::json;
 
@@ -96,8 +104,6 @@ constexpr const char* kSelectJob =
     "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
     "generated_tokens, created_at, started_at, finished_at, error, seq FROM jobs ";
 
-// Debian's Abseil has its own absl::string_view, which std::string_view does not convert to.
-absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -111,150 +117,9 @@ bool IsKnownState(JobState s) {
          v <= static_cast<int>(JobState::kCancelled);
 }
 
-absl::Status SqliteError(sqlite3* db, std::string_view what) {
-  return absl::InternalError(absl::StrCat("job store: ", Sv(what), ": ", sqlite3_errmsg(db),
-                                          " (SQLite code ", sqlite3_extended_errcode(db), ")"));
-}
-
 absl::Status NotFound(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
 }
-
-// The start of a statement, to name it in an error message.
-std::string_view Abbreviated(std::string_view sql) {
-  constexpr size_t kMax = 60;
-  return sql.size() > kMax ? sql.substr(0, kMax) : sql;
-}
-
-absl::Status Exec(sqlite3* db, const char* sql) {
-  if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
-    return SqliteError(db, Abbreviated(sql));
-  }
-  return absl::OkStatus();
-}
-
-// A bound BLOB parameter (a text parameter is a std::string_view).
-struct Blob {
-  std::string_view bytes;
-};
-
-// A prepared statement. Bind parameters are 1-based, columns 0-based, as in SQLite.
-class Statement {
- public:
-  static absl::StatusOr<Statement> Prepare(sqlite3* db, std::string_view sql) {
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr) !=
-        SQLITE_OK) {
-      return SqliteError(db, absl::StrCat("prepare ", Sv(Abbreviated(sql))));
-    }
-    return Statement(db, stmt);
-  }
-
-  Statement(Statement&& other) noexcept
-      : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)) {}
-  Statement& operator=(Statement&&) = delete;
-  ~Statement() { sqlite3_finalize(stmt_); }
-
-  // Binds args to parameters 1, 2, ...: integers, std::string_view (TEXT) and Blob.
-  template <typename... Args>
-  absl::Status BindAll(const Args&... args) {
-    int i = 0;
-    absl::Status status;
-    ((status.ok() ? (status = Bind(++i, args), 0) : 0), ...);
-    return status;
-  }
-
-  // True on a row, false when done.
-  absl::StatusOr<bool> Step() {
-    int rc = sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    return Error();
-  }
-
-  // Steps a statement that returns no rows (or ignores them).
-  absl::Status Run() {
-    absl::StatusOr<bool> row = Step();
-    return row.status();
-  }
-
-  // Makes the statement ready to run again with new bindings. (sqlite3_reset's return value
-  // repeats the last step's error, which Step already reported.)
-  void Reset() {
-    sqlite3_reset(stmt_);
-    sqlite3_clear_bindings(stmt_);
-  }
-
-  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
-
-  std::string Text(int col) const {
-    const unsigned char* p = sqlite3_column_text(stmt_, col);
-    if (p == nullptr) return std::string();
-    return std::string(reinterpret_cast<const char*>(p),
-                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
-  }
-
-  std::string BlobBytes(int col) const {
-    const void* p = sqlite3_column_blob(stmt_, col);
-    if (p == nullptr) return std::string();
-    return std::string(static_cast<const char*>(p),
-                       static_cast<size_t>(sqlite3_column_bytes(stmt_, col)));
-  }
-
- private:
-  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
-
-  absl::Status Error() const {
-    const char* sql = sqlite3_sql(stmt_);
-    return SqliteError(db_, Abbreviated(sql != nullptr ? sql : ""));
-  }
-
-  absl::Status Check(int rc) const { return rc == SQLITE_OK ? absl::OkStatus() : Error(); }
-
-  absl::Status Bind(int i, int64_t v) { return Check(sqlite3_bind_int64(stmt_, i, v)); }
-  absl::Status Bind(int i, std::string_view v) {
-    // data() of an empty view may be null, which SQLite would store as NULL: bind "" instead.
-    const char* p = v.data() != nullptr ? v.data() : "";
-    return Check(sqlite3_bind_text64(stmt_, i, p, v.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
-  }
-  absl::Status Bind(int i, const std::string& v) { return Bind(i, std::string_view(v)); }
-  absl::Status Bind(int i, const char* v) { return Bind(i, std::string_view(v)); }
-  absl::Status Bind(int i, const Blob& v) {
-    const char* p = v.bytes.data() != nullptr ? v.bytes.data() : "";
-    return Check(sqlite3_bind_blob64(stmt_, i, p, v.bytes.size(), SQLITE_TRANSIENT));
-  }
-
-  sqlite3* db_;
-  sqlite3_stmt* stmt_;
-};
-
-// A transaction on the store's connection, rolled back on destruction unless committed.
-// Begin(write=true) is BEGIN IMMEDIATE: it takes the write lock at once (waiting up to the busy
-// timeout for another process), so the transaction never fails later on lock upgrade.
-class Transaction {
- public:
-  explicit Transaction(sqlite3* db) : db_(db) {}
-  Transaction(const Transaction&) = delete;
-  Transaction& operator=(const Transaction&) = delete;
-  ~Transaction() {
-    // Some errors (I/O, full disk) roll back by themselves; roll back only what is still open.
-    if (begun_ && sqlite3_get_autocommit(db_) == 0 &&
-        sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr) != SQLITE_OK) {
-      spdlog::warn("job store: ROLLBACK failed: {}", sqlite3_errmsg(db_));
-    }
-  }
-
-  absl::Status Begin(bool write) {
-    if (absl::Status s = Exec(db_, write ? "BEGIN IMMEDIATE" : "BEGIN"); !s.ok()) return s;
-    begun_ = true;
-    return absl::OkStatus();
-  }
-  absl::Status Commit() { return Exec(db_, "COMMIT"); }
-
- private:
-  sqlite3* db_;
-  bool begun_ = false;
-};
 
 // --- Encodings ---------------------------------------------------------------------------------
 
