@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cpu_attention/paged_attention.h"
+#include "cpu_attention/decode_attention.h"
 
 namespace moebatch {
 namespace {
@@ -206,9 +206,8 @@ absl::Status CpuModel::AttentionBlock(int64_t layer, const ForwardBatch& batch,
   view.block_stride_bytes = cache.block_stride_bytes();
   view.value_offset_bytes = cache.value_offset_bytes();
   attn_.resize(static_cast<size_t>(tokens * heads * d));
-  PagedAttentionReference(view, attn_seqs.data(), static_cast<int64_t>(attn_seqs.size()), q_.data(),
-                          heads, 1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window,
-                          attn_.data());
+  PagedAttention(view, attn_seqs.data(), static_cast<int64_t>(attn_seqs.size()), q_.data(), heads,
+                 1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window, attn_.data());
 
   if (auto st = Linear(attn_, tokens, *lw.o_proj, &proj_); !st.ok()) return st;
   for (int64_t i = 0; i < tokens * hidden; ++i) h_[i] += proj_[i];

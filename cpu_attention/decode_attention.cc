@@ -1,0 +1,245 @@
+// Dispatch and work split for the hand-vectorised paged attention (decode_attention.h).
+//
+// Compiled for baseline x86-64: picks the ISA from CPUID (__builtin_cpu_supports) and
+// MOEBATCH_CPU_ISA, plans the work and merges chunk partials; the per-ISA files hold the kernels.
+//
+// Work items: (query row, KV head, up to kMaxGroup of its query heads) = a "unit", possibly split
+// into chunks of kChunkTokens keys when there are fewer units than 4x the threads. A unit with one
+// chunk writes its accumulators straight into `out` and normalises them; chunked units write
+// (max, sum, acc) partials that a second parallel pass merges (flash-decoding). Head dims the
+// kernel's vector width does not divide fall back to PagedAttentionReference.
+#include "cpu_attention/decode_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cpu_attention/decode_attention_internal.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+namespace decode_attention_internal {
+
+CpuIsa ResolveCpuIsa(const char* requested, const std::vector<CpuIsa>& supported,
+                     std::string* warning) {
+  warning->clear();
+  const CpuIsa best = supported.back();
+  if (requested == nullptr || *requested == '\0') return best;
+  const std::string name(requested);
+  CpuIsa want;
+  if (name == "portable") {
+    want = CpuIsa::kPortable;
+  } else if (name == "avx2") {
+    want = CpuIsa::kAvx2;
+  } else if (name == "avx512") {
+    want = CpuIsa::kAvx512;
+  } else {
+    *warning = "MOEBATCH_CPU_ISA=" + name + " is not one of portable, avx2, avx512; using " +
+               CpuIsaName(best);
+    return best;
+  }
+  CpuIsa got = CpuIsa::kPortable;
+  for (CpuIsa isa : supported) {
+    if (static_cast<int>(isa) <= static_cast<int>(want)) got = isa;
+  }
+  if (got != want) {
+    *warning =
+        "MOEBATCH_CPU_ISA=" + name + " is not supported by this CPU; using " + CpuIsaName(got);
+  }
+  return got;
+}
+
+}  // namespace decode_attention_internal
+
+namespace {
+
+namespace dai = decode_attention_internal;
+
+constexpr int64_t kChunkTokens = 512;
+
+struct Unit {
+  const int32_t* block_table;
+  const float* q;  // [group][head_dim], unscaled
+  float* out;      // [group][head_dim]
+  int64_t kv_head, first, last;
+  int group;
+  int64_t first_chunk, num_chunks;  // into the chunk partials (num_chunks 1: no partials)
+};
+
+struct Chunk {
+  int64_t unit, first, last;
+  int64_t partial;  // index of its partial, -1 when writing straight to out
+};
+
+}  // namespace
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable:
+      return "portable";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+std::vector<CpuIsa> SupportedCpuIsas() {
+  std::vector<CpuIsa> isas{CpuIsa::kPortable};
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    isas.push_back(CpuIsa::kAvx2);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      isas.push_back(CpuIsa::kAvx512);
+    }
+  }
+#endif
+  return isas;
+}
+
+CpuIsa SelectedCpuIsa() {
+  static const CpuIsa selected = [] {
+    std::string warning;
+    const CpuIsa isa =
+        dai::ResolveCpuIsa(std::getenv("MOEBATCH_CPU_ISA"), SupportedCpuIsas(), &warning);
+    if (!warning.empty()) spdlog::warn("{}", warning);
+    return isa;
+  }();
+  return selected;
+}
+
+void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
+                    int64_t num_seqs, const float* q, int64_t num_heads, float scale,
+                    std::optional<int64_t> sliding_window, float* out) {
+  dai::AttendGroupFn kernel = nullptr;
+  int64_t lanes = 1;
+  if (isa == CpuIsa::kAvx2) {
+    kernel = dai::AttendGroupAvx2;
+    lanes = 8;
+  } else if (isa == CpuIsa::kAvx512) {
+    kernel = dai::AttendGroupAvx512;
+    lanes = 16;
+  }
+  const int64_t d = kv.head_dim;
+  if (kernel == nullptr || d <= 0 || d % lanes != 0 || kv.num_kv_heads <= 0 ||
+      num_heads % kv.num_kv_heads != 0) {
+    PagedAttentionReference(kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out);
+    return;
+  }
+  const int64_t group = num_heads / kv.num_kv_heads;
+
+  // Units: (row, KV head, head subgroup).
+  std::vector<Unit> units;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const AttentionSequence& seq = seqs[s];
+    for (int64_t i = 0; i < seq.num_queries; ++i) {
+      const int64_t pos = seq.context_len - seq.num_queries + i;
+      const int64_t first = sliding_window ? std::max<int64_t>(0, pos - *sliding_window + 1) : 0;
+      const int64_t row = seq.query_start + i;
+      for (int64_t g = 0; g < kv.num_kv_heads; ++g) {
+        for (int64_t h0 = 0; h0 < group; h0 += dai::kMaxGroup) {
+          const int64_t head = g * group + h0;
+          Unit u;
+          u.block_table = seq.block_table;
+          u.q = q + (row * num_heads + head) * d;
+          u.out = out + (row * num_heads + head) * d;
+          u.kv_head = g;
+          u.first = first;
+          u.last = pos;
+          u.group = static_cast<int>(std::min<int64_t>(dai::kMaxGroup, group - h0));
+          u.first_chunk = 0;
+          u.num_chunks = 1;
+          units.push_back(u);
+        }
+      }
+    }
+  }
+  if (units.empty()) return;
+
+  // Chunks: split long key ranges only when there is not enough parallelism.
+  const int64_t threads = omp_get_max_threads();
+  const bool split = static_cast<int64_t>(units.size()) < threads * 4;
+  std::vector<Chunk> chunks;
+  int64_t num_partials = 0;
+  for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
+    Unit& unit = units[u];
+    const int64_t len = unit.last - unit.first + 1;
+    if (!split || len <= kChunkTokens) {
+      chunks.push_back({u, unit.first, unit.last, -1});
+      continue;
+    }
+    unit.num_chunks = (len + kChunkTokens - 1) / kChunkTokens;
+    unit.first_chunk = num_partials;
+    for (int64_t c = 0; c < unit.num_chunks; ++c) {
+      const int64_t f = unit.first + c * kChunkTokens;
+      chunks.push_back({u, f, std::min(unit.last, f + kChunkTokens - 1), num_partials++});
+    }
+  }
+  // Partials: per chunk m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][d].
+  const int64_t partial_floats = 2 * dai::kMaxGroup + dai::kMaxGroup * d;
+  std::vector<float> partials(static_cast<size_t>(num_partials * partial_floats));
+
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+#pragma omp parallel
+  {
+    std::vector<float> qs(static_cast<size_t>(dai::kMaxGroup * d));
+    float m[dai::kMaxGroup], l[dai::kMaxGroup];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const Chunk& chunk = chunks[c];
+      const Unit& unit = units[chunk.unit];
+      const int64_t n = unit.group * d;
+      for (int64_t x = 0; x < n; ++x) qs[x] = unit.q[x] * scale;
+      if (chunk.partial < 0) {
+        kernel(kv, unit.block_table, unit.kv_head, chunk.first, chunk.last, qs.data(), unit.group,
+               unit.out, m, l);
+        for (int g = 0; g < unit.group; ++g) {
+          const float inv = 1.0f / l[g];
+          float* o = unit.out + g * d;
+          for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+        }
+      } else {
+        float* p = partials.data() + chunk.partial * partial_floats;
+        kernel(kv, unit.block_table, unit.kv_head, chunk.first, chunk.last, qs.data(), unit.group,
+               p + 2 * dai::kMaxGroup, p, p + dai::kMaxGroup);
+      }
+    }
+  }
+  if (num_partials == 0) return;
+
+  // Merge the chunk partials of each split unit.
+  const int64_t num_units = static_cast<int64_t>(units.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t u = 0; u < num_units; ++u) {
+    const Unit& unit = units[u];
+    if (unit.num_chunks == 1) continue;
+    for (int g = 0; g < unit.group; ++g) {
+      float mx = -INFINITY;
+      for (int64_t c = 0; c < unit.num_chunks; ++c) {
+        mx = std::max(mx, partials[(unit.first_chunk + c) * partial_floats + g]);
+      }
+      float* o = unit.out + g * d;
+      std::fill(o, o + d, 0.0f);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < unit.num_chunks; ++c) {
+        const float* p = partials.data() + (unit.first_chunk + c) * partial_floats;
+        const float w = std::exp(p[g] - mx);
+        sum += p[dai::kMaxGroup + g] * w;
+        const float* acc = p + 2 * dai::kMaxGroup + g * d;
+        for (int64_t x = 0; x < d; ++x) o[x] += w * acc[x];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+    }
+  }
+}
+
+}  // namespace moebatch
