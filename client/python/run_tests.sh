@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Unit tests of the Python client (package `moebatch`): creates a virtual environment, installs the
 # package from this directory with its test extras (grpcio, protobuf, tqdm, pytest from PyPI; the
-# gRPC stubs are generated from proto/moebatch/v1/batch.proto by the build), and runs pytest.
+# gRPC modules are generated from proto/moebatch/v1/batch.proto by the build), and runs pytest.
 # Needs only python3 with the venv module (Debian: python3-venv) and PyPI; no daemon.
 #
 # Usage: client/python/run_tests.sh [VENV_DIR] [-- PYTEST_ARGS...]
@@ -27,7 +27,7 @@ if [ ! -x "$venv/bin/python" ]; then
     exit 1
   fi
 fi
-# A local directory is always rebuilt, so the stubs follow the proto.
+# A local directory is always rebuilt, so the generated modules follow the proto.
 "$venv/bin/python" -m pip install --disable-pip-version-check -q "$here[test]"
 cd "$here"
 exec "$venv/bin/python" -m pytest -q tests "$@"

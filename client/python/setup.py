@@ -1,4 +1,4 @@
-"""Build step for the moebatch client: generates the gRPC stubs from the API proto.
+"""Build step for the moebatch client: generates the gRPC modules from the API proto.
 
 build_py (used by `pip install`, `pip install -e` and wheel builds) runs grpcio-tools' protoc on
 moebatch/v1/batch.proto and writes src/moebatch/v1/batch_pb2.py, batch_pb2.pyi and
@@ -39,7 +39,7 @@ def find_proto_root() -> Path:
     )
 
 
-def generate_stubs(out_root: Path) -> None:
+def generate_grpc_modules(out_root: Path) -> None:
     """Writes out_root/moebatch/v1/batch_pb2{.py,.pyi,_grpc.py} from the proto."""
     import importlib.resources
 
@@ -64,18 +64,18 @@ def generate_stubs(out_root: Path) -> None:
 
 
 class build_py(_build_py):
-    """Generates the stubs into the source tree (src/, ignored by git), then builds as usual.
+    """Generates the generated modules into the source tree (src/, ignored by git), then builds as usual.
 
     Writing into src/ rather than build/ serves editable installs too, which import from src/.
     """
 
     def run(self):
-        generate_stubs(HERE / "src")
+        generate_grpc_modules(HERE / "src")
         super().run()
 
 
 class sdist(_sdist):
-    """Ships the proto (./proto/moebatch/v1/batch.proto) instead of generated stubs."""
+    """Ships the proto (./proto/moebatch/v1/batch.proto) instead of generated modules."""
 
     def make_release_tree(self, base_dir, files):
         super().make_release_tree(base_dir, files)
