@@ -1,4 +1,5 @@
-// The hand-vectorised paged attention kernels (decode_attention.h), every ISA level this CPU has,
+// The paged attention kernels (decode_attention.h), every ISA level this CPU has (the portable
+// reference of paged_attention.h included, as kPortable),
 // against a float64 reference written the plain way (dense keys, two-pass softmax) and against the
 // portable kernel, on fresh random inputs with blocks scattered in memory and poisoned outputs.
 #include <algorithm>

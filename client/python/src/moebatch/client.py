@@ -64,7 +64,7 @@ class Client:
         self._channel = channel or grpc.insecure_channel(
             self.addr, options=list(options) if options is not None else _CHANNEL_OPTIONS
         )
-        self._stub = pb_grpc.BatchServiceStub(self._channel)
+        self._service = pb_grpc.BatchServiceStub(self._channel)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -139,15 +139,15 @@ class Client:
             request.jsonl = _jsonl_field(jsonl)
         else:
             request.jsonl = _jsonl_field(Path(path).read_bytes())
-        return self._unary(self._stub.CreateJob, request)
+        return self._unary(self._service.CreateJob, request)
 
     def get_job(self, job_id: str) -> pb.Job:
-        return self._unary(self._stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        return self._unary(self._service.GetJob, pb.GetJobRequest(job_id=job_id))
 
     def list_jobs_page(self, state: int | str | None = None, page_size: int = 100,
                        page_token: str = "") -> pb.ListJobsResponse:
         """One page of jobs, newest first (see list_jobs for iterating all of them)."""
-        return self._unary(self._stub.ListJobs, pb.ListJobsRequest(
+        return self._unary(self._service.ListJobs, pb.ListJobsRequest(
             page_size=page_size, page_token=page_token,
             state=pb.JOB_STATE_UNSPECIFIED if state is None else parse_state(state)))
 
@@ -176,17 +176,17 @@ class Client:
 
     def cancel(self, job_id: str) -> pb.Job:
         """Cancels the job (a no-op on a finished one); returns it, typically CANCELLING."""
-        return self._unary(self._stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
+        return self._unary(self._service.CancelJob, pb.CancelJobRequest(job_id=job_id))
 
     def watch(self, job_id: str) -> Iterator[pb.JobProgress]:
         """JobProgress now and at every change until the job is terminal (the last one says
         which terminal state)."""
-        return self._stream(self._stub.WatchJob, pb.WatchJobRequest(job_id=job_id))
+        return self._stream(self._service.WatchJob, pb.WatchJobRequest(job_id=job_id))
 
     def result_messages(self, job_id: str, wait: bool = True) -> Iterator[pb.Result]:
         """The Result messages (index, custom_id, line) in input order. With wait, follows the
         job until every request has a result; without, the ones committed so far."""
-        return self._stream(self._stub.GetResults,
+        return self._stream(self._service.GetResults,
                             pb.GetResultsRequest(job_id=job_id, wait=wait))
 
     def results(self, job_id: str, wait: bool = True) -> Iterator[dict[str, Any]]:
