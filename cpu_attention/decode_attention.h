@@ -7,13 +7,13 @@
 // across threads and merged (flash-decoding).
 //
 // One binary runs everywhere: each ISA's kernel is compiled in its own file with its own flags
-// (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL, with
-// AVX512-BF16 dot products where the CPU has them) and the best one the CPU supports is chosen at
-// run time from CPUID. MOEBATCH_CPU_ISA=portable|avx2|avx512 forces a level (clamped to what the
-// CPU has, with a warning).
+// (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL/DQ) and
+// the best one the CPU supports is chosen at run time from CPUID. MOEBATCH_CPU_ISA=portable|avx2|
+// avx512 forces a level (clamped to what the CPU has, with a warning). The AVX512-BF16 dot product
+// and AMX were measured and are not used (decode_attention_avx512.cc says why).
 //
-// Threading: parallel inside (OpenMP: OMP_NUM_THREADS threads; OMP_PROC_BIND/OMP_PLACES pin them);
-// call from one thread.
+// Threading: parallel inside, on the calling thread's OpenMP pool (sized and pinned by
+// cpu_threads.h); call from one thread.
 #pragma once
 
 #include <cstdint>

@@ -77,5 +77,50 @@ void AttendGroupAvx2(const KvLayerView& kv, const int32_t* block_table, int64_t 
   AttendGroupDispatch<Avx2Ops>(kv, block_table, kv_head, first, last, q, group, acc, m, l);
 }
 
+void ConvertRowAvx2(DType dtype, const float* src, std::byte* dst, int64_t n) {
+  const size_t elem = DTypeSize(dtype);
+  for (int64_t i = 0; i < n; i += 8) {
+    // The last partial vector goes through zero-padded buffers.
+    alignas(32) float in[8] = {};
+    alignas(32) uint16_t out[8];
+    const int64_t count = n - i >= 8 ? 8 : n - i;
+    const float* x_src = src + i;
+    if (count < 8) {
+      __builtin_memcpy(in, src + i, static_cast<size_t>(count) * sizeof(float));
+      x_src = in;
+    }
+    const __m256 x = _mm256_loadu_ps(x_src);
+    std::byte* d = dst + static_cast<size_t>(i) * elem;
+    if (dtype == DType::kF32) {
+      __builtin_memcpy(d, x_src, static_cast<size_t>(count) * sizeof(float));
+      continue;
+    }
+    __m128i h;
+    if (dtype == DType::kBF16) {
+      // Round to nearest even on the upper 16 bits; NaN: keep it, set the quiet bit.
+      const __m256i u = _mm256_castps_si256(x);
+      const __m256i rounding =
+          _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                           _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                             _mm256_set1_epi32(0x7f800000));
+      const __m256i r = _mm256_srli_epi32(
+          _mm256_blendv_epi8(_mm256_add_epi32(u, rounding),
+                             _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan),
+          16);
+      h = _mm256_castsi256_si128(
+          _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), _MM_SHUFFLE(2, 0, 2, 0)));
+    } else {
+      h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    if (count == 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d), h);
+    } else {
+      _mm_store_si128(reinterpret_cast<__m128i*>(out), h);
+      __builtin_memcpy(d, out, static_cast<size_t>(count) * sizeof(uint16_t));
+    }
+  }
+}
+
 }  // namespace decode_attention_internal
 }  // namespace moebatch

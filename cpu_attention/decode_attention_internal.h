@@ -48,6 +48,12 @@ void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_
                        int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
                        float* l);
 
+// The KV append path's row conversion (kv_append.cc): n f32 -> n elements of `dtype` at dst,
+// round to nearest even, the same bits as ConvertFromF32 for every non-NaN input.
+using ConvertRowFn = void (*)(DType dtype, const float* src, std::byte* dst, int64_t n);
+void ConvertRowAvx2(DType dtype, const float* src, std::byte* dst, int64_t n);
+void ConvertRowAvx512(DType dtype, const float* src, std::byte* dst, int64_t n);
+
 // --- The kernel template, instantiated only in the ISA files
 // --------------------------------------
 //

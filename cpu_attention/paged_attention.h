@@ -21,7 +21,7 @@ namespace moebatch {
 
 // One layer's view of the KV cache (see engine/kv_cache.h for the layout).
 struct KvLayerView {
-  const std::byte* base = nullptr;  // block 0's keys for this layer
+  std::byte* base = nullptr;  // block 0's keys for this layer (attention reads; AppendKv writes)
   DType dtype = DType::kF32;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/decode_attention.h"
+#include "cpu_attention/kv_append.h"
 
 namespace moebatch {
 namespace {
@@ -186,17 +187,6 @@ absl::Status CpuModel::AttentionBlock(int64_t layer, const ForwardBatch& batch,
       ApplyRope(k_.data() + t * kv_heads * d, kv_heads, d, cos_row.data(), sin_row.data());
     }
   }
-  std::vector<AttentionSequence> attn_seqs;
-  attn_seqs.reserve(batch.seqs.size());
-  for (const ForwardSequence& seq : batch.seqs) {
-    for (int64_t i = 0; i < seq.num_tokens; ++i) {
-      const int64_t t = seq.token_start + i;
-      cache.Write(layer, *seq.block_table, positions_[t], k_.data() + t * kv_heads * d,
-                  v_.data() + t * kv_heads * d);
-    }
-    attn_seqs.push_back(AttentionSequence{seq.block_table->data(), seq.token_start, seq.num_tokens,
-                                          seq.context_len});
-  }
   KvLayerView view;
   view.base = cache.LayerBase(layer);
   view.dtype = cache.config().dtype;
@@ -205,6 +195,19 @@ absl::Status CpuModel::AttentionBlock(int64_t layer, const ForwardBatch& batch,
   view.block_size = cache.config().block_size;
   view.block_stride_bytes = cache.block_stride_bytes();
   view.value_offset_bytes = cache.value_offset_bytes();
+  // New K/V rows into their slots (rows are the batch's tokens, in order), then attention.
+  std::vector<AttentionSequence> attn_seqs;
+  attn_seqs.reserve(batch.seqs.size());
+  append_rows_.resize(static_cast<size_t>(tokens));
+  for (const ForwardSequence& seq : batch.seqs) {
+    for (int64_t i = 0; i < seq.num_tokens; ++i) {
+      const int64_t t = seq.token_start + i;
+      append_rows_[t] = KvAppendRow{seq.block_table->data(), positions_[t]};
+    }
+    attn_seqs.push_back(AttentionSequence{seq.block_table->data(), seq.token_start, seq.num_tokens,
+                                          seq.context_len});
+  }
+  AppendKv(view, append_rows_.data(), tokens, k_.data(), v_.data());
   attn_.resize(static_cast<size_t>(tokens * heads * d));
   PagedAttention(view, attn_seqs.data(), static_cast<int64_t>(attn_seqs.size()), q_.data(), heads,
                  1.0f / std::sqrt(static_cast<float>(d)), c.sliding_window, attn_.data());

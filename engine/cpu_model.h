@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cpu_attention/kv_append.h"
 #include "engine/checkpoint.h"
 #include "engine/kv_cache.h"
 #include "engine/matmul.h"
@@ -87,6 +88,7 @@ class CpuModel {
   std::vector<float> h_, x_, q_, k_, v_, attn_, proj_, router_, moe_out_;
   std::vector<float> expert_in_, gate_, up_, expert_out_;
   std::vector<int64_t> positions_;
+  std::vector<KvAppendRow> append_rows_;
 };
 
 }  // namespace moebatch

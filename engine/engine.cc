@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cpu_attention/cpu_threads.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -49,6 +50,15 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
+  if (options.cpu_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_threads: must be >= 0 (0: one per CPU), got ", options.cpu_threads));
+  }
+  if (options.pin_cpu_threads && options.cpu_threads > static_cast<int>(AllowedCpus().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_threads: cannot pin ", options.cpu_threads,
+                                                   " threads to the ", AllowedCpus().size(),
+                                                   " CPUs this process may use"));
+  }
   auto checkpoint = Checkpoint::Load(options.model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   engine->checkpoint_ = *std::move(checkpoint);
@@ -185,6 +195,11 @@ void Engine::AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out) {
 }
 
 absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
+  if (cpu_pool_owner_ != std::this_thread::get_id()) {
+    absl::Status pool = ConfigureCpuThreads(options_.cpu_threads, options_.pin_cpu_threads);
+    if (!pool.ok()) return pool;
+    cpu_pool_owner_ = std::this_thread::get_id();
+  }
   for (int64_t id : aborted_) {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) continue;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct EngineOptions {
   // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
   // (engine/matmul.h); beyond it weights are widened on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+  // The CPU thread pool (cpu_attention/cpu_threads.h) of the thread that calls Step: threads
+  // (0: one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
+  int cpu_threads = 0;
+  bool pin_cpu_threads = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAborted };
@@ -88,7 +93,8 @@ class Engine {
 
   // Runs one pass (or none when idle) and appends what it produced to `outputs`: every request that
   // generated tokens, finished or was aborted. Finished requests release their KV blocks at once.
-  // Errors are internal (the model failed); requests stay queued.
+  // Errors are internal (the model failed); requests stay queued. The first Step on a thread sizes
+  // (and pins) that thread's CPU pool as the options ask.
   absl::Status Step(std::vector<GenerationOutput>* outputs);
 
   // Stops a request; its final output (FinishReason::kAborted) comes from the next Step. Unknown
@@ -112,6 +118,7 @@ class Engine {
   void AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out);
 
   EngineOptions options_;
+  std::thread::id cpu_pool_owner_;  // the thread whose pool ConfigureCpuThreads set up
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CpuModel> model_;

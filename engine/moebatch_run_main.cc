@@ -42,6 +42,9 @@ ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
 ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
 ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per forward pass");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "CPU threads for attention and the CPU matmuls (0: one per CPU)");
+ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for lines that give none");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
 ABSL_FLAG(bool, progress, true, "show a progress bar on stderr");
@@ -133,6 +136,8 @@ int Run() {
   options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * (1LL << 30));
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
   options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
 
   auto engine_or = Engine::Create(options);

@@ -1,0 +1,27 @@
+// The CPU task's thread pool (issue 4; MoE-Lens §6.6 runs decode attention on every core while the
+// GPU works). It is OpenMP's pool of the thread that runs the engine: decode attention, the KV
+// append path, the CPU matmuls (oneDNN, built on the same libgomp runtime) and the rest of the cpu
+// backend all run their parallel regions on it, so the CPU work never oversubscribes the cores.
+//
+// Threading: OpenMP keeps one pool per calling thread; call ConfigureCpuThreads from the thread
+// that will run the parallel work (the engine thread), before its first parallel region or
+// between passes, never inside one.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace moebatch {
+
+// CPUs this process may run on (sched_getaffinity at the first call, in ascending order).
+const std::vector<int>& AllowedCpus();
+
+// Sizes the calling thread's OpenMP pool to `num_threads` (0: one per allowed CPU) and, with
+// `pin`, binds pool thread i to the i-th allowed CPU (the calling thread is thread 0); without it,
+// lets every pool thread run on all allowed CPUs again.
+// Errors: InvalidArgument for num_threads < 0, or for pin with more threads than allowed CPUs;
+// Internal when the OS refuses an affinity change.
+absl::Status ConfigureCpuThreads(int num_threads, bool pin);
+
+}  // namespace moebatch
