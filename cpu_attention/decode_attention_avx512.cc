@@ -220,22 +220,9 @@ template <DType T>
 void AttendGroupTiledG(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
                        int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
                        float* l) {
-  switch (group) {
-#define MOEBATCH_GROUP_CASE(G) \
-  case G:                      \
-    return AttendGroupTiled<T, G>(kv, block_table, kv_head, first, last, q, acc, m, l);
-    MOEBATCH_GROUP_CASE(1)
-    MOEBATCH_GROUP_CASE(2)
-    MOEBATCH_GROUP_CASE(3)
-    MOEBATCH_GROUP_CASE(4)
-    MOEBATCH_GROUP_CASE(5)
-    MOEBATCH_GROUP_CASE(6)
-    MOEBATCH_GROUP_CASE(7)
-    MOEBATCH_GROUP_CASE(8)
-#undef MOEBATCH_GROUP_CASE
-    default:
-      return;
-  }
+  WithGroup(group, [&](auto tag) {
+    AttendGroupTiled<T, decltype(tag)::value>(kv, block_table, kv_head, first, last, q, acc, m, l);
+  });
 }
 
 }  // namespace

@@ -163,27 +163,44 @@ void AttendGroupT(const KvLayerView& kv, const int32_t* block_table, int64_t kv_
   }
 }
 
+// Runtime group -> compile-time G: calls f(GroupTag<group>{}) for group in 1..kMaxGroup, nothing
+// otherwise. F is always a lambda of an ISA file, so every instantiation stays local to that file.
+template <int G>
+struct GroupTag {
+  static constexpr int value = G;
+};
+template <class F>
+void WithGroup(int group, F&& f) {
+  switch (group) {
+    case 1:
+      return f(GroupTag<1>{});
+    case 2:
+      return f(GroupTag<2>{});
+    case 3:
+      return f(GroupTag<3>{});
+    case 4:
+      return f(GroupTag<4>{});
+    case 5:
+      return f(GroupTag<5>{});
+    case 6:
+      return f(GroupTag<6>{});
+    case 7:
+      return f(GroupTag<7>{});
+    case 8:
+      return f(GroupTag<8>{});
+    default:
+      return;
+  }
+}
+
 // Runtime (dtype, group) -> compile-time instantiation.
 template <class Ops, DType T>
 void AttendGroupDispatchG(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
                           int64_t first, int64_t last, const float* q, int group, float* acc,
                           float* m, float* l) {
-  switch (group) {
-#define MOEBATCH_GROUP_CASE(G) \
-  case G:                      \
-    return AttendGroupT<Ops, T, G>(kv, block_table, kv_head, first, last, q, acc, m, l);
-    MOEBATCH_GROUP_CASE(1)
-    MOEBATCH_GROUP_CASE(2)
-    MOEBATCH_GROUP_CASE(3)
-    MOEBATCH_GROUP_CASE(4)
-    MOEBATCH_GROUP_CASE(5)
-    MOEBATCH_GROUP_CASE(6)
-    MOEBATCH_GROUP_CASE(7)
-    MOEBATCH_GROUP_CASE(8)
-#undef MOEBATCH_GROUP_CASE
-    default:
-      return;
-  }
+  WithGroup(group, [&](auto tag) {
+    AttendGroupT<Ops, T, decltype(tag)::value>(kv, block_table, kv_head, first, last, q, acc, m, l);
+  });
 }
 
 template <class Ops>
