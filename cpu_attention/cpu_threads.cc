@@ -28,18 +28,25 @@ const std::vector<int>& AllowedCpus() {
   return cpus;
 }
 
-absl::Status ConfigureCpuThreads(int num_threads, bool pin) {
-  const std::vector<int>& cpus = AllowedCpus();
-  const int allowed = static_cast<int>(cpus.size());
+absl::Status CheckCpuThreads(int num_threads, bool pin) {
+  const int allowed = static_cast<int>(AllowedCpus().size());
   if (num_threads < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cpu_threads must be >= 0 (0: one per CPU), got ", num_threads));
+        absl::StrCat("cpu_threads: must be >= 0 (0: one per CPU), got ", num_threads));
   }
-  const int threads = num_threads == 0 ? allowed : num_threads;
-  if (pin && threads > allowed) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot pin ", threads, " CPU threads to the ",
-                                                   allowed, " CPUs this process may use"));
+  if (pin && num_threads > allowed) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu_threads: cannot pin ", num_threads,
+                                                   " threads to the ", allowed,
+                                                   " CPUs this process may use"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ConfigureCpuThreads(int num_threads, bool pin) {
+  absl::Status valid = CheckCpuThreads(num_threads, pin);
+  if (!valid.ok()) return valid;
+  const std::vector<int>& cpus = AllowedCpus();
+  const int threads = num_threads == 0 ? static_cast<int>(cpus.size()) : num_threads;
   omp_set_num_threads(threads);
   std::atomic<int> error{0};
 #pragma omp parallel num_threads(threads)

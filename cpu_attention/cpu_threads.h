@@ -17,11 +17,14 @@ namespace moebatch {
 // CPUs this process may run on (sched_getaffinity at the first call, in ascending order).
 const std::vector<int>& AllowedCpus();
 
+// Checks a (num_threads, pin) request without applying it: InvalidArgument for num_threads < 0,
+// or for pin with more threads than allowed CPUs (the message names `cpu_threads`).
+absl::Status CheckCpuThreads(int num_threads, bool pin);
+
 // Sizes the calling thread's OpenMP pool to `num_threads` (0: one per allowed CPU) and, with
 // `pin`, binds pool thread i to the i-th allowed CPU (the calling thread is thread 0); without it,
 // lets every pool thread run on all allowed CPUs again.
-// Errors: InvalidArgument for num_threads < 0, or for pin with more threads than allowed CPUs;
-// Internal when the OS refuses an affinity change.
+// Errors: CheckCpuThreads's; Internal when the OS refuses an affinity change.
 absl::Status ConfigureCpuThreads(int num_threads, bool pin);
 
 }  // namespace moebatch

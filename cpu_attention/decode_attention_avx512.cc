@@ -21,7 +21,7 @@ namespace {
 
 // --- Tiled kernel for head_dim % 32 == 0 (every real model) ------------------------------------
 //
-// Faster than the generic template in three ways, each measured with bench_attention_bandwidth:
+// Faster than the generic template (docs/performance.md has the figures) in these ways:
 //  * bf16 rows are widened without shuffles: a 64-byte load holds 32 bf16; `x << 16` gives the
 //    even elements as f32 and `x & 0xffff0000` the odd ones. The query and the accumulators are
 //    kept in the same (even, odd) order per 32 elements and put back in order at the end.

@@ -50,15 +50,9 @@ Engine::~Engine() = default;
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
-  if (options.cpu_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu_threads: must be >= 0 (0: one per CPU), got ", options.cpu_threads));
-  }
-  if (options.pin_cpu_threads && options.cpu_threads > static_cast<int>(AllowedCpus().size())) {
-    return absl::InvalidArgumentError(absl::StrCat("cpu_threads: cannot pin ", options.cpu_threads,
-                                                   " threads to the ", AllowedCpus().size(),
-                                                   " CPUs this process may use"));
-  }
+  // Bad thread options fail here, at start-up, rather than at the first Step.
+  absl::Status threads = CheckCpuThreads(options.cpu_threads, options.pin_cpu_threads);
+  if (!threads.ok()) return threads;
   auto checkpoint = Checkpoint::Load(options.model_dir);
   if (!checkpoint.ok()) return checkpoint.status();
   engine->checkpoint_ = *std::move(checkpoint);

@@ -82,6 +82,8 @@ class PagedKvCache {
   // Stores the K and V rows of one token at absolute `position` of the sequence whose block table
   // is `block_table` (which must already cover the position). k, v: [kv_heads, head_dim] f32,
   // converted to the cache dtype (round to nearest even).
+  // The scalar one-token path (ConvertFromF32): the engine stores whole passes with
+  // cpu_attention/kv_append.h's AppendKv, which the tests check against this.
   void Write(int64_t layer, const std::vector<int32_t>& block_table, int64_t position,
              const float* k, const float* v);
 
