@@ -3,7 +3,7 @@
 //   bench_engine_throughput --model tests/fixtures/tiny-mixtral [--batch 64 --prompt_tokens 128
 //       --gen_tokens 64 --compute_dtype f32]
 //
-// Prints, for the model forward (CpuModel, one pass at a time):
+// Prints, for the model forward (ModelRunner over CpuDevice, one pass at a time):
 //   prefill: --batch prompts of --prompt_tokens tokens in one pass -> tokens/s
 //   decode : --batch sequences, one token each per pass, context growing from --prompt_tokens
 //            -> tokens/s (averaged over --gen_tokens passes)
@@ -20,7 +20,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/cpu_model.h"
+#include "engine/cpu_device.h"
+#include "engine/model_runner.h"
 #include "engine/engine.h"
 #include "spdlog/spdlog.h"
 
@@ -109,11 +110,12 @@ int Run() {
     return 1;
   }
   const ModelConfig& c = (*checkpoint)->config();
-  auto model = CpuModel::Create(**checkpoint, CpuModelOptions{dtype});
-  if (!model.ok()) {
-    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+  auto device = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{dtype});
+  if (!device.ok()) {
+    std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
   }
+  auto model = std::make_unique<ModelRunner>(*std::move(device));
   const int64_t bs = 16;
   const int64_t blocks_per_seq = BlocksForTokens(prompt + gen, bs);
   KvCacheConfig kc{
@@ -142,11 +144,11 @@ int Run() {
     prefill.seqs.push_back(ForwardSequence{&tables[s], s * prompt, prompt, prompt, true});
   }
   std::vector<float> logits;
-  (void)(*model)->Forward(prefill, **cache, &logits);  // warm-up (primitive creation)
+  (void)model->Forward(prefill, **cache, &logits);  // warm-up (primitive creation)
   const int reps = 3;
   double t0 = Now();
   for (int r = 0; r < reps; ++r) {
-    if (!(*model)->Forward(prefill, **cache, &logits).ok()) return 1;
+    if (!model->Forward(prefill, **cache, &logits).ok()) return 1;
   }
   const double prefill_s = (Now() - t0) / reps;
   const double prefill_tokens = double(batch) * prompt;
@@ -166,7 +168,7 @@ int Run() {
       d.seqs.push_back(ForwardSequence{&tables[s], s, 1, prompt + step + 1, true});
     }
     t0 = Now();
-    if (!(*model)->Forward(d, **cache, &logits).ok()) return 1;
+    if (!model->Forward(d, **cache, &logits).ok()) return 1;
     decode_s += Now() - t0;
     decode_flops += batch * TokenFlops(c, prompt + step + 1, true);
   }

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/cpu_threads.h"
+#include "engine/cpu_device.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -68,11 +69,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
 
-  auto model =
-      CpuModel::Create(*engine->checkpoint_,
-                       CpuModelOptions{options.compute_dtype, options.widened_weight_budget_bytes});
-  if (!model.ok()) return model.status();
-  engine->model_ = *std::move(model);
+  auto device = CpuDevice::Create(
+      c, engine->checkpoint_->weights(),
+      CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
+  if (!device.ok()) return device.status();
+  engine->model_ = std::make_unique<ModelRunner>(*std::move(device));
 
   if (options.kv_block_size <= 0) {
     return absl::InvalidArgumentError(

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/checkpoint.h"
-#include "engine/cpu_model.h"
+#include "engine/model_runner.h"
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -121,7 +121,7 @@ class Engine {
   std::thread::id cpu_pool_owner_;  // the thread whose pool ConfigureCpuThreads set up
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<BlockAllocator> allocator_;
   std::unique_ptr<Scheduler> scheduler_;

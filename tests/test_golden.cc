@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_model.h"
+#include "engine/cpu_device.h"
+#include "engine/model_runner.h"
 #include "engine/engine.h"
 
 using namespace moebatch;
@@ -183,8 +184,10 @@ void CheckLogits(const std::string& fixture) {
   const auto golden = LoadGolden(dir);
   auto checkpoint = Checkpoint::Load(dir);
   REQUIRE(checkpoint.ok());
-  auto model = CpuModel::Create(**checkpoint, CpuModelOptions{DType::kF32});
-  REQUIRE(model.ok());
+  auto device = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
+                                  CpuDeviceOptions{DType::kF32});
+  REQUIRE(device.ok());
+  auto model = std::make_unique<ModelRunner>(*std::move(device));
   const ModelConfig& c = (*checkpoint)->config();
   KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 64, DType::kF32};
   auto cache = PagedKvCache::Create(kc);
@@ -200,7 +203,7 @@ void CheckLogits(const std::string& fixture) {
     const int64_t n = static_cast<int64_t>(g.prompt_ids.size());
     batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
     std::vector<float> logits;
-    REQUIRE((*model)->Forward(batch, **cache, &logits).ok());
+    REQUIRE(model->Forward(batch, **cache, &logits).ok());
     REQUIRE(logits.size() == g.last_logits.size());
     double max_err = 0, max_ref = 0;
     for (size_t v = 0; v < logits.size(); ++v) {

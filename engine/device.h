@@ -1,0 +1,69 @@
+// The device interface: the matrix work of one pass, split where the CPU attends (MoE-Lens §6.4).
+//
+// Per layer, MoE-Lens runs
+//   task A (device):  x = RMSNorm(h); q, k, v = x Wqᵀ, x Wkᵀ, x Wvᵀ; RoPE(q, k)
+//   CPU task:         new K/V rows into the paged cache; attention of q over it (cpu_attention/)
+//   task B (device):  h += attn Woᵀ; x = RMSNorm(h); router softmax -> top-k -> experts; h += moe
+// and, around the layers, the embedding gather and the final RMSNorm + lm_head. A Device does the
+// device side of that; engine/model_runner.h drives the layer loop and the CPU task, the same code
+// for every backend (the cpu backend, engine/cpu_device.h, and the cuda backend in cuda/). Nothing
+// here names CUDA.
+//
+// Micro-batches: a pass may be split into up to kMaxMicroBatches micro-batches (VSLPipe's alpha and
+// beta, MoE-Lens §6.4), each with its own hidden state on the device, so that task A/B of one can
+// run while the CPU attends for the other. Every call names its micro-batch.
+//
+// Buffers crossing the interface are host memory, f32, row-major: the device copies them as it
+// needs (the cuda backend: D2H of q/k/v after task A, H2D of attention outputs before task B).
+// Calls are synchronous: when one returns, its outputs are in the host buffers.
+//
+// Threading: one thread at a time calls a Device (implementations share scratch between
+// micro-batches). Errors: InvalidArgument for bad arguments (a micro-batch index out of range, a
+// token id outside the vocabulary), Internal / ResourceExhausted for device failures.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/model_config.h"
+
+namespace moebatch {
+
+inline constexpr int kMaxMicroBatches = 2;
+
+// Per-pass counters the device fills in task B (engine statistics; S-MBU / S-MFU later).
+struct ForwardStats {
+  int64_t tokens = 0;
+  int64_t expert_token_pairs = 0;  // sum over layers of tokens routed to each expert (top-k each)
+  int64_t experts_touched = 0;     // sum over layers of experts with at least one token
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cpu" or "cuda".
+  virtual const char* name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  // Starts micro-batch `micro_batch` with `tokens` tokens: h = embed_tokens[token_ids]
+  // ([tokens, hidden]), and remembers each token's absolute position (for RoPE in task A).
+  // token_ids [tokens] int32 in [0, vocab_size); positions [tokens] int64 >= 0. The caller has
+  // validated both (engine/model_runner.cc).
+  virtual absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
+                             int64_t tokens) = 0;
+
+  // Task A of `layer` for the micro-batch: writes q [tokens, num_heads, head_dim] and
+  // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k).
+  virtual absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) = 0;
+
+  // Task B of `layer`: attn [tokens, num_heads * head_dim] f32 is the attention output; updates
+  // the micro-batch's hidden state. Adds the routing counts to *stats when not null.
+  virtual absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
+                             ForwardStats* stats) = 0;
+
+  // logits [n, vocab_size] f32 = RMSNorm(h[rows[i]]) lm_headᵀ for rows of the micro-batch.
+  virtual absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) = 0;
+};
+
+}  // namespace moebatch
