@@ -11,6 +11,13 @@
 
 namespace moebatch {
 
+std::optional<EngineOptions::WeightSource> WeightSourceFromString(std::string_view name) {
+  if (name == "mapped") return EngineOptions::WeightSource::kMapped;
+  if (name == "host") return EngineOptions::WeightSource::kHostCopy;
+  if (name == "synthetic") return EngineOptions::WeightSource::kSynthetic;
+  return std::nullopt;
+}
+
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop:
@@ -54,10 +61,36 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // Bad thread options fail here, at start-up, rather than at the first Step.
   absl::Status threads = CheckCpuThreads(options.cpu_threads, options.pin_cpu_threads);
   if (!threads.ok()) return threads;
-  auto checkpoint = Checkpoint::Load(options.model_dir);
-  if (!checkpoint.ok()) return checkpoint.status();
-  engine->checkpoint_ = *std::move(checkpoint);
-  const ModelConfig& c = engine->checkpoint_->config();
+  using WeightSource = EngineOptions::WeightSource;
+  WeightStoreOptions store_options;
+  store_options.dtype = options.weight_dtype;
+  store_options.host_budget_bytes = options.host_memory_bytes;
+  store_options.reserved_bytes = options.kv_cache_bytes;
+  const ModelWeights* weights = nullptr;
+  if (options.weights == WeightSource::kSynthetic) {
+    auto config = LoadModelConfig(options.model_dir);
+    if (!config.ok()) return config.status();
+    auto store = WeightStore::Synthetic(*config, options.synthetic_layers, options.synthetic_seed,
+                                        store_options);
+    if (!store.ok()) return store.status();
+    engine->weight_store_ = *std::move(store);
+  } else {
+    auto checkpoint = Checkpoint::Load(options.model_dir);
+    if (!checkpoint.ok()) return checkpoint.status();
+    engine->checkpoint_ = *std::move(checkpoint);
+    if (options.weights == WeightSource::kHostCopy) {
+      auto store = WeightStore::Load(*engine->checkpoint_, store_options);
+      if (!store.ok()) return store.status();
+      engine->weight_store_ = *std::move(store);
+    }
+  }
+  if (engine->weight_store_ != nullptr) {
+    weights = &engine->weight_store_->weights();
+  } else {
+    weights = &engine->checkpoint_->weights();
+  }
+  const ModelConfig& c = engine->weight_store_ != nullptr ? engine->weight_store_->config()
+                                                          : engine->checkpoint_->config();
 
   auto tokenizer =
       Tokenizer::Load(options.model_dir + "/tokenizer.model", c.bos_token_id, c.eos_token_id);
@@ -70,8 +103,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
 
   auto device = CpuDevice::Create(
-      c, engine->checkpoint_->weights(),
-      CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
+      c, *weights, CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
   if (!device.ok()) return device.status();
   engine->model_ = std::make_unique<ModelRunner>(*std::move(device));
 

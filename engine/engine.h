@@ -13,17 +13,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/checkpoint.h"
-#include "engine/model_runner.h"
 #include "engine/kv_cache.h"
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
+#include "engine/weight_store.h"
 
 namespace moebatch {
 
@@ -43,7 +45,23 @@ struct EngineOptions {
   // (0: one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
   int cpu_threads = 0;
   bool pin_cpu_threads = false;
+  // Where the weights live (engine/weight_store.h):
+  //   kMapped     the checkpoint's safetensors files, read in place (memory-mapped)
+  //   kHostCopy   copied into one contiguous host region per layer (what the cuda backend streams)
+  //   kSynthetic  generated from model_dir/config.json, no safetensors needed (benchmarks):
+  //               synthetic_layers of them (0: all), values a function of synthetic_seed
+  enum class WeightSource { kMapped, kHostCopy, kSynthetic };
+  WeightSource weights = WeightSource::kMapped;
+  int64_t synthetic_layers = 0;
+  uint64_t synthetic_seed = 0;
+  std::optional<DType> weight_dtype;  // kHostCopy / kSynthetic: stored dtype (default: the model's)
+  // Host memory the weights (kHostCopy, kSynthetic) and the KV cache must fit in, bytes;
+  // 0: MemAvailable. Checked before anything large is allocated.
+  int64_t host_memory_bytes = 0;
 };
+
+// "mapped", "host", "synthetic" (the --weights flag's spelling); nullopt for anything else.
+std::optional<EngineOptions::WeightSource> WeightSourceFromString(std::string_view name);
 
 enum class FinishReason { kNone, kStop, kLength, kAborted };
 // "stop", "length", "aborted" ("" for kNone): the OpenAI spelling.
@@ -80,9 +98,11 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Loads the checkpoint (Checkpoint::Load errors), the tokenizer (`<model_dir>/tokenizer.model`;
-  // NotFound "missing tokenizer"), builds the model and allocates the KV cache
-  // (InvalidArgument when kv_cache_bytes holds less than one block).
+  // Loads the checkpoint (Checkpoint::Load errors; with synthetic weights only config.json), the
+  // tokenizer (`<model_dir>/tokenizer.model`; NotFound "missing tokenizer"), places the weights
+  // (WeightStore errors: ResourceExhausted when they and the KV cache exceed host_memory_bytes),
+  // builds the model and allocates the KV cache (InvalidArgument when kv_cache_bytes holds less
+  // than one block).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
   ~Engine();
 
@@ -103,7 +123,7 @@ class Engine {
 
   bool HasUnfinished() const { return !sequences_.empty(); }
   EngineStats stats() const;
-  const ModelConfig& config() const { return checkpoint_->config(); }
+  const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const EngineOptions& options() const { return options_; }
   // Longest sequence (prompt + generated) the engine can hold: min(max_position_embeddings,
@@ -118,8 +138,9 @@ class Engine {
   void AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out);
 
   EngineOptions options_;
-  std::thread::id cpu_pool_owner_;  // the thread whose pool ConfigureCpuThreads set up
-  std::unique_ptr<Checkpoint> checkpoint_;
+  std::thread::id cpu_pool_owner_;             // the thread whose pool ConfigureCpuThreads set up
+  std::unique_ptr<Checkpoint> checkpoint_;     // null with synthetic weights
+  std::unique_ptr<WeightStore> weight_store_;  // kHostCopy, kSynthetic
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<PagedKvCache> cache_;

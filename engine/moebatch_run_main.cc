@@ -24,8 +24,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cuda/device_probe.h"
 #include "engine/engine.h"
+#include "engine/engine_flags.h"
 #include "engine/openai_batch.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -35,16 +35,6 @@ ABSL_FLAG(std::string, model, "",
           "tokenizer.model)");
 ABSL_FLAG(std::string, input, "", "input JSONL file, OpenAI batch format ('-' for stdin)");
 ABSL_FLAG(std::string, output, "", "output JSONL file, OpenAI batch output format");
-ABSL_FLAG(std::string, backend, "auto", "auto or cpu (the cuda backend arrives with issue 5)");
-ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
-ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
-ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
-ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
-ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
-ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per forward pass");
-ABSL_FLAG(int32_t, cpu_threads, 0,
-          "CPU threads for attention and the CPU matmuls (0: one per CPU)");
-ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for lines that give none");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
 ABSL_FLAG(bool, progress, true, "show a progress bar on stderr");
@@ -104,43 +94,12 @@ int Run() {
     std::cerr << "moebatch-run: --model, --input and --output are required (see --help)\n";
     return 2;
   }
-  EngineOptions options;
-  options.model_dir = model_dir;
-  auto compute = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype));
-  if (!compute || (*compute != DType::kF32 && *compute != DType::kBF16)) {
-    std::cerr << "moebatch-run: --compute_dtype must be f32 or bf16\n";
+  auto options = EngineOptionsFromFlags(model_dir);
+  if (!options.ok()) {
+    std::cerr << "moebatch-run: " << options.status().message() << "\n";
     return 2;
   }
-  options.compute_dtype = *compute;
-  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
-    options.kv_dtype = DTypeFromString(kv);
-    if (!options.kv_dtype) {
-      std::cerr << "moebatch-run: --kv_dtype must be f32, bf16 or f16\n";
-      return 2;
-    }
-  }
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "auto" && backend != "cpu") {
-    std::cerr << "moebatch-run: --backend must be auto or cpu in this version\n";
-    return 2;
-  }
-  if (backend == "auto") {
-    auto gpus = ProbeGpus();
-    if (gpus.ok() && !gpus->empty()) {
-      spdlog::info("found {} GPU(s) ({}); this version runs the cpu backend", gpus->size(),
-                   (*gpus)[0].name);
-    } else {
-      spdlog::info("no GPU in use: cpu backend");
-    }
-  }
-  options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * (1LL << 30));
-  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
-  options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
-
-  auto engine_or = Engine::Create(options);
+  auto engine_or = Engine::Create(*options);
   if (!engine_or.ok()) {
     std::cerr << "moebatch-run: cannot load model: " << engine_or.status() << "\n";
     return 1;
@@ -273,6 +232,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "moebatch-run --model DIR --input IN.jsonl --output OUT.jsonl [flags]\n"
       "Runs an OpenAI-batch JSONL file through a Mixtral checkpoint on this host.");
+  moebatch::ShowEngineFlagsInHelp();
   absl::ParseCommandLine(argc, argv);
   const std::string level = absl::GetFlag(FLAGS_log_level);
   spdlog::set_default_logger(spdlog::stderr_color_mt("moebatch-run"));

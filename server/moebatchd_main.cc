@@ -22,8 +22,8 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "cuda/device_probe.h"
 #include "engine/engine.h"
+#include "engine/engine_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -41,15 +41,6 @@ ABSL_FLAG(std::string, model_name, "", "the model's name in the API (default: th
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address HOST:PORT");
 ABSL_FLAG(std::string, data_dir, "", "directory of the job store (moebatch.db)");
 ABSL_FLAG(std::string, config, "", "JSON file of flag values; the command line overrides it");
-ABSL_FLAG(std::string, backend, "auto", "auto or cpu (the cuda backend arrives with issue 5)");
-ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16");
-ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
-ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
-ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
-ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per pass");
-ABSL_FLAG(int32_t, cpu_threads, 0,
-          "CPU threads for attention and the CPU matmuls (0: one per CPU)");
-ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
 ABSL_FLAG(int64_t, max_in_flight, 512, "requests handed to the engine at once");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for requests that give none");
 ABSL_FLAG(int64_t, max_requests_per_job, 100000, "requests per job at most");
@@ -130,19 +121,10 @@ int Run(const std::set<std::string>& given) {
     std::cerr << "moebatchd: --model and --data-dir are required (see --help)\n";
     return 2;
   }
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "auto" && backend != "cpu") {
-    std::cerr << "moebatchd: --backend must be auto or cpu in this version\n";
+  auto options = EngineOptionsFromFlags(model_dir);
+  if (!options.ok()) {
+    std::cerr << "moebatchd: " << options.status().message() << "\n";
     return 2;
-  }
-  auto compute = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype));
-  if (!compute || (*compute != DType::kF32 && *compute != DType::kBF16)) {
-    std::cerr << "moebatchd: --compute-dtype must be f32 or bf16\n";
-    return 2;
-  }
-  if (auto gpus = ProbeGpus(); gpus.ok() && !gpus->empty()) {
-    spdlog::info("found {} GPU(s) ({}); this version runs the cpu backend", gpus->size(),
-                 (*gpus)[0].name);
   }
 
   auto store = JobStore::Open(data_dir);
@@ -150,16 +132,7 @@ int Run(const std::set<std::string>& given) {
     std::cerr << "moebatchd: job store: " << store.status() << "\n";
     return 1;
   }
-  EngineOptions options;
-  options.model_dir = model_dir;
-  options.compute_dtype = *compute;
-  options.kv_cache_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_cache_gb) * (1LL << 30));
-  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
-  options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
-  auto engine = Engine::Create(options);
+  auto engine = Engine::Create(*options);
   if (!engine.ok()) {
     std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
     return 1;
@@ -224,6 +197,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before OpenMP, gRPC or the engine start threads
   absl::SetProgramUsageMessage(
       "moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]");
+  moebatch::ShowEngineFlagsInHelp();
   std::set<std::string> given;
   std::vector<std::string> args = moebatch::NormalizeFlagNames(argc, argv, &given);
   std::vector<char*> ptrs;

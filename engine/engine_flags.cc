@@ -1,0 +1,120 @@
+#include "engine/engine_flags.h"
+
+#include <cmath>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/device_probe.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, backend, "auto", "auto or cpu (the cuda backend is being built: issue 5)");
+ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
+ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
+ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
+ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
+ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
+ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per forward pass");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "CPU threads for attention and the cpu backend (0: one per CPU this process may use)");
+ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
+ABSL_FLAG(std::string, weights, "mapped",
+          "where the weights live: mapped (the safetensors files, read in place), host (copied "
+          "into one host region per layer, as the cuda backend streams them) or synthetic "
+          "(generated from config.json, for benchmarks without the checkpoint)");
+ABSL_FLAG(std::string, weight_dtype, "",
+          "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
+ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
+ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
+ABSL_FLAG(double, host_memory_gb, 0.0,
+          "host memory the weights (host|synthetic) and the KV cache must fit in, GiB (0: what "
+          "the kernel reports available)");
+
+namespace moebatch {
+
+void ShowEngineFlagsInHelp() {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "_main.cc") || absl::EndsWith(file, "engine_flags.cc");
+  };
+  absl::SetFlagsUsageConfig(config);
+}
+
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_dir) {
+  EngineOptions options;
+  options.model_dir = model_dir;
+  auto compute = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute || (*compute != DType::kF32 && *compute != DType::kBF16)) {
+    return absl::InvalidArgumentError(absl::StrCat("--compute_dtype: must be f32 or bf16, got '",
+                                                   absl::GetFlag(FLAGS_compute_dtype), "'"));
+  }
+  options.compute_dtype = *compute;
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
+    options.kv_dtype = DTypeFromString(kv);
+    if (!options.kv_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_dtype: must be f32, bf16 or f16, got '", kv, "'"));
+    }
+  }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "auto" && backend != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: must be auto or cpu in this version, got '", backend, "'"));
+  }
+  if (backend == "auto") {
+    auto gpus = ProbeGpus();
+    if (gpus.ok() && !gpus->empty()) {
+      spdlog::info("found {} GPU(s) ({}); this version runs the cpu backend", gpus->size(),
+                   (*gpus)[0].name);
+    } else {
+      spdlog::info("no GPU in use: cpu backend");
+    }
+  }
+  const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
+  if (!(kv_gb > 0) || !std::isfinite(kv_gb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_gb: must be positive, got ", kv_gb));
+  }
+  options.kv_cache_bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
+  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
+
+  const std::string weights = absl::GetFlag(FLAGS_weights);
+  auto source = WeightSourceFromString(weights);
+  if (!source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weights: must be mapped, host or synthetic, got '", weights, "'"));
+  }
+  options.weights = *source;
+  if (const std::string wd = absl::GetFlag(FLAGS_weight_dtype); !wd.empty()) {
+    options.weight_dtype = DTypeFromString(wd);
+    if (!options.weight_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--weight_dtype: must be bf16, f16 or f32, got '", wd, "'"));
+    }
+    if (options.weights == EngineOptions::WeightSource::kMapped) {
+      return absl::InvalidArgumentError(
+          "--weight_dtype: needs --weights=host or --weights=synthetic (mapped weights are read "
+          "as stored)");
+    }
+  }
+  options.synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
+  if (options.synthetic_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--synthetic_layers: must be >= 0, got ", options.synthetic_layers));
+  }
+  options.synthetic_seed = absl::GetFlag(FLAGS_synthetic_seed);
+  const double host_gb = absl::GetFlag(FLAGS_host_memory_gb);
+  if (host_gb < 0 || !std::isfinite(host_gb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_memory_gb: must be >= 0, got ", host_gb));
+  }
+  options.host_memory_bytes = static_cast<int64_t>(host_gb * (int64_t{1} << 30));
+  return options;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,26 @@
+// The engine's command-line flags (Abseil flags), shared by moebatch-run and moebatchd so both take
+// the same options with the same names, defaults and checks (the daemon's --config JSON file sets
+// them too):
+//   --backend --compute_dtype --kv_dtype --kv_cache_gb --kv_block_size --max_num_seqs
+//   --max_tokens_per_pass --cpu_threads --pin_cpu_threads --weights --weight_dtype
+//   --synthetic_layers --synthetic_seed --host_memory_gb
+// `<program> --help` lists them with their help text.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+
+namespace moebatch {
+
+// EngineOptions for `model_dir` from the flags' values. InvalidArgument naming the flag and the
+// reason for a bad value (e.g. "--weights: must be mapped, host or synthetic, got 'disk'").
+// Logs which backend runs (with --backend=auto, the GPUs found).
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_dir);
+
+// Makes --help list the program's own flags (files ending in _main.cc) and these; call before
+// absl::ParseCommandLine.
+void ShowEngineFlagsInHelp();
+
+}  // namespace moebatch
