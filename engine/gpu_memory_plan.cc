@@ -1,0 +1,82 @@
+#include "engine/gpu_memory_plan.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace moebatch {
+namespace {
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
+
+int64_t FixedBytes(const ModelConfig& c, DType dtype, int64_t max_layer_bytes) {
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t resident = (c.vocab_size + 1) * c.hidden_size * elem;
+  return 2 * max_layer_bytes + resident + GpuMemoryPlan::kWorkspaceBytes;
+}
+
+}  // namespace
+
+std::string GpuMemoryPlan::ToString() const {
+  return absl::StrCat("2 x ", GiB(weight_slot_bytes), " weight slots + ", GiB(resident_bytes),
+                      " lm_head + ", GiB(activation_bytes), " activations (", tokens_per_pass,
+                      " tokens/pass) + ", GiB(workspace_bytes), " workspace = ", GiB(total_bytes));
+}
+
+int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
+  const int64_t e = static_cast<int64_t>(DTypeSize(dtype)), f = 4;
+  const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
+  const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size;
+  int64_t bytes = 0;
+  bytes += 2 * hidden * f;           // h of each micro-batch (kMaxMicroBatches = 2)
+  bytes += hidden * e;               // x = RMSNorm(h), GEMM input
+  bytes += (q + 2 * kv) * f;         // q, k, v
+  bytes += q * f + q * e;            // attention output, and as GEMM input
+  bytes += hidden * f;               // o-proj output
+  bytes += c.num_local_experts * f;  // router logits
+  bytes += k * 12;                   // top-k ids, weights, slots
+  bytes += k * hidden * e;           // expert inputs (rows sorted by expert)
+  bytes += k * 2 * ffn * f;          // gate and up
+  bytes += k * ffn * e;              // silu(gate) * up, GEMM input
+  bytes += k * hidden * f;           // expert outputs
+  bytes += c.vocab_size * f;         // logits
+  return bytes;
+}
+
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
+                                            int64_t max_layer_bytes, int64_t tokens_per_pass,
+                                            int64_t budget_bytes) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    return absl::InvalidArgumentError("GPU compute dtype: must be bf16, f16 or f32");
+  }
+  if (max_layer_bytes <= 0 || tokens_per_pass <= 0 || budget_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU memory plan: layer bytes (", max_layer_bytes, "), tokens per pass (",
+                     tokens_per_pass, ") and budget (", budget_bytes, ") must be positive"));
+  }
+  GpuMemoryPlan plan;
+  plan.tokens_per_pass = tokens_per_pass;
+  plan.weight_slot_bytes = max_layer_bytes;
+  plan.resident_bytes = (c.vocab_size + 1) * c.hidden_size * static_cast<int64_t>(DTypeSize(dtype));
+  plan.activation_bytes = tokens_per_pass * GpuActivationBytesPerToken(c, dtype);
+  plan.workspace_bytes = GpuMemoryPlan::kWorkspaceBytes;
+  plan.total_bytes = 2 * plan.weight_slot_bytes + plan.resident_bytes + plan.activation_bytes +
+                     plan.workspace_bytes;
+  if (plan.total_bytes > budget_bytes) {
+    const int64_t fit = MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU memory: ", plan.ToString(), " exceeds the budget of ", GiB(budget_bytes),
+                     fit > 0 ? absl::StrCat("; at most ", fit, " tokens per pass fit")
+                             : std::string("; the two weight slots and lm_head alone do not fit")));
+  }
+  return plan;
+}
+
+int64_t MaxTokensPerPassForBudget(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                                  int64_t budget_bytes) {
+  const int64_t left = budget_bytes - FixedBytes(c, dtype, max_layer_bytes);
+  if (left <= 0) return 0;
+  return left / GpuActivationBytesPerToken(c, dtype);
+}
+
+}  // namespace moebatch

@@ -1,0 +1,60 @@
+// The GPU memory budget (--gpu_memory_gb): every byte the cuda backend allocates on the device,
+// planned before it allocates anything, so a T4 (16 GB) or L4 (24 GB) can be emulated on a larger
+// GPU and the engine never exceeds the budget. The cuda backend makes one cudaMalloc of
+// `total_bytes` and carves the buffers below out of it (MoE-Lens §6.5: a two-slot weight buffer,
+// 2 x one layer).
+//
+// Buffers (bytes; T = tokens per pass, `c` the compute dtype's size, f = 4):
+//   weight_slots   2 x the largest layer region (engine/weight_store.h)
+//   resident       lm_head [vocab, hidden] c + final norm [hidden] c
+//   activations    per token: hidden state h [hidden] f for each of kMaxMicroBatches micro-batches,
+//                  plus the scratch of one task at a time: x [hidden] c, q/k/v [q + 2 kv] f,
+//                  attention in [q] f and [q] c, o-proj out [hidden] f, router logits [E] f,
+//                  top-k ids/weights/slots [k] x 12, expert inputs [k, hidden] c, gate and up
+//                  [k, 2 x ffn] f, SiLU-mul out [k, ffn] c, expert outputs [k, hidden] f,
+//                  logits [vocab] f (one row per token at most)
+//   workspace      cuBLAS workspace and the expert offsets (fixed: kWorkspaceBytes)
+// The CUDA context itself (a few hundred MiB, driver-managed) is outside cudaMalloc and outside
+// the budget; docs/performance.md says so next to each figure.
+//
+// Pure arithmetic: no CUDA here. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/dtype.h"
+#include "engine/model_config.h"
+
+namespace moebatch {
+
+struct GpuMemoryPlan {
+  static constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
+
+  int64_t tokens_per_pass = 0;    // T the activations are sized for
+  int64_t weight_slot_bytes = 0;  // one slot; two are allocated
+  int64_t resident_bytes = 0;
+  int64_t activation_bytes = 0;
+  int64_t workspace_bytes = 0;
+  int64_t total_bytes = 0;  // 2 x weight_slot + resident + activations + workspace
+
+  std::string ToString() const;  // "2 x 2.80 GiB weight slots + ... = 6.1 GiB"
+};
+
+// Bytes of activations per token of a pass (see above).
+int64_t GpuActivationBytesPerToken(const ModelConfig& config, DType compute_dtype);
+
+// The plan for `tokens_per_pass` tokens. ResourceExhausted when it exceeds budget_bytes, naming
+// the parts and, when the weights alone fit, the largest tokens_per_pass that would;
+// InvalidArgument for non-positive sizes or a compute dtype other than bf16/f16/f32.
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType compute_dtype,
+                                            int64_t max_layer_bytes, int64_t tokens_per_pass,
+                                            int64_t budget_bytes);
+
+// The largest tokens per pass whose plan fits in budget_bytes (0 when even the weight slots and
+// resident weights do not fit).
+int64_t MaxTokensPerPassForBudget(const ModelConfig& config, DType compute_dtype,
+                                  int64_t max_layer_bytes, int64_t budget_bytes);
+
+}  // namespace moebatch

@@ -1,0 +1,82 @@
+// engine/gpu_memory_plan.h on the Mixtral-8x7B shape: the budget of a T4 / L4.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "engine/gpu_memory_plan.h"
+#include "engine/weight_store.h"
+
+namespace moebatch {
+namespace {
+
+// Mixtral-8x7B-v0.1's config.json.
+ModelConfig Mixtral8x7B() {
+  ModelConfig c;
+  c.architecture = "MixtralForCausalLM";
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.num_local_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.max_position_embeddings = 32768;
+  return c;
+}
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+TEST_CASE("GPU memory plan: Mixtral-8x7B on a 16 GiB and a 24 GiB budget", "[gpu_memory]") {
+  const ModelConfig c = Mixtral8x7B();
+  const int64_t layer = WeightStore::RequiredBytes(c, 1, DType::kBF16) -
+                        WeightStore::RequiredBytes(c, 0, DType::kBF16);
+  // 8 experts x 3 x [14336, 4096] bf16 + attention (q, o 32 MiB; k, v 8 MiB) + norms and router.
+  REQUIRE(layer == 8 * 3 * int64_t{14336} * 4096 * 2 + 2 * 32 * (int64_t{1} << 20) +
+                       2 * 8 * (int64_t{1} << 20) + 2 * 4096 * 2 + 8 * 4096 * 2);
+
+  auto plan = PlanGpuMemory(c, DType::kBF16, layer, 4096, 16 * kGiB);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->total_bytes ==
+          2 * layer + plan->resident_bytes + plan->activation_bytes + plan->workspace_bytes);
+  REQUIRE(plan->total_bytes <= 16 * kGiB);
+  REQUIRE(plan->resident_bytes == int64_t{32001} * 4096 * 2);
+  REQUIRE(plan->activation_bytes == 4096 * GpuActivationBytesPerToken(c, DType::kBF16));
+  INFO(plan->ToString());
+  REQUIRE(plan->ToString().find("4096 tokens/pass") != std::string::npos);
+
+  for (int64_t budget : {16 * kGiB, 24 * kGiB}) {
+    const int64_t most = MaxTokensPerPassForBudget(c, DType::kBF16, layer, budget);
+    INFO("budget " << budget << ": " << most << " tokens");
+    REQUIRE(most > 4096);
+    REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, most, budget).ok());
+    auto over = PlanGpuMemory(c, DType::kBF16, layer, most + 1, budget);
+    REQUIRE(over.status().code() == absl::StatusCode::kResourceExhausted);
+    REQUIRE(over.status().message().find("at most " + std::to_string(most) + " tokens") !=
+            std::string::npos);
+  }
+  REQUIRE(MaxTokensPerPassForBudget(c, DType::kBF16, layer, 24 * kGiB) >
+          MaxTokensPerPassForBudget(c, DType::kBF16, layer, 16 * kGiB));
+  // f16 (T4) takes the same bytes as bf16; f32 activations and weights take more.
+  REQUIRE(GpuActivationBytesPerToken(c, DType::kF16) ==
+          GpuActivationBytesPerToken(c, DType::kBF16));
+  REQUIRE(GpuActivationBytesPerToken(c, DType::kF32) > GpuActivationBytesPerToken(c, DType::kBF16));
+}
+
+TEST_CASE("GPU memory plan: budgets too small and bad arguments", "[gpu_memory]") {
+  const ModelConfig c = Mixtral8x7B();
+  const int64_t layer = int64_t{3} << 30;
+  auto small = PlanGpuMemory(c, DType::kBF16, layer, 1, 4 * kGiB);
+  REQUIRE(small.status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(small.status().message().find("alone do not fit") != std::string::npos);
+  REQUIRE(MaxTokensPerPassForBudget(c, DType::kBF16, layer, 4 * kGiB) == 0);
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, 0, 16 * kGiB).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, 0, 16, 16 * kGiB).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, 16, -1).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moebatch
