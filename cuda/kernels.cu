@@ -1,0 +1,775 @@
+// CUDA kernels of the MoE-Lens §6.4 GPU tasks; see cuda/kernels.h for shapes and semantics.
+//
+// Layout of this file: device helpers (dtype conversion, warp/block sums), then each kernel with
+// its host launcher. Launchers validate sizes (InvalidArgument, nothing launched), pick the
+// template instance for the dtypes, launch on the caller's stream and check cudaGetLastError.
+//
+// Numerics: f32 everywhere, IEEE division and sqrt (nvcc's defaults; this file must not be built
+// with --use_fast_math), cosf/sinf/expf rather than the __ intrinsics. Where the CPU reference
+// (engine/cpu_device.cc) does a product and a sum separately, the kernels use __fmul_rn /
+// __fadd_rn so nvcc cannot contract them into an FMA, which keeps RoPE, SiLU-mul and the combine
+// equal to the CPU's rounding. Reductions (RMSNorm, q.k) run as trees, so they differ from the
+// CPU's sequential sums by rounding only.
+//
+// Run the checks: build test_cuda_kernels and run it on a machine with a GPU (ctest -L gpu).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/kernels.h"
+
+namespace moebatch::gpu {
+namespace {
+
+constexpr int64_t kMaxGridX = std::numeric_limits<int32_t>::max();  // gridDim.x limit (2^31 - 1)
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+constexpr int kElementwiseThreads = 256;
+constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;  // then grid-stride loops
+
+// --- Host helpers --------------------------------------------------------------------------------
+
+template <typename... Args>
+absl::Status Invalid(const char* fn, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(fn, ": ", args...));
+}
+
+bool ValidDType(GpuDType t) {
+  return t == GpuDType::kF16 || t == GpuDType::kBF16 || t == GpuDType::kF32;
+}
+
+absl::Status CheckDType(const char* fn, const char* what, GpuDType t) {
+  if (ValidDType(t)) return absl::OkStatus();
+  return Invalid(fn, what, " has an unknown GpuDType (", static_cast<int>(t), ")");
+}
+
+// After a launch: the launch's own error, or an earlier asynchronous one.
+absl::Status CheckLaunch(const char* fn) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(fn, ": kernel launch failed: ", cudaGetErrorName(err),
+                                          " (", cudaGetErrorString(err), ")"));
+}
+
+unsigned ElementwiseBlocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>(
+      (n + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks));
+}
+
+// Calls f(Tag<T>{}) with T the element type of `t` (validated by the caller).
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+template <typename F>
+auto Dispatch(GpuDType t, F&& f) {
+  switch (t) {
+    case GpuDType::kF16:
+      return f(Tag<__half>{});
+    case GpuDType::kBF16:
+      return f(Tag<__nv_bfloat16>{});
+    case GpuDType::kF32:
+      break;
+  }
+  return f(Tag<float>{});
+}
+
+// --- Device helpers ------------------------------------------------------------------------------
+
+__device__ __forceinline__ float ToF32(float v) { return v; }
+__device__ __forceinline__ float ToF32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromF32(float v);
+template <>
+__device__ __forceinline__ float FromF32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromF32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Sum over the 32 lanes of a warp (butterfly: every lane gets the same, deterministic result).
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum of v over the block, returned to every thread. blockDim.x a multiple of 32; call at most
+// once per kernel (the shared slots are not re-armed).
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0f;
+    v = WarpSum(v);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// --- Embedding gather ----------------------------------------------------------------------------
+
+constexpr int kRowThreads = 256;  // one block per row: embedding, RMSNorm, gather, combine
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    EmbeddingGatherKernel(const T* __restrict__ table, int64_t vocab, int64_t hidden,
+                          const int32_t* __restrict__ token_ids, float* __restrict__ h) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = token_ids[t];
+  const bool valid = id >= 0 && id < vocab;
+  const T* src = table + (valid ? static_cast<int64_t>(id) : 0) * hidden;
+  float* dst = h + t * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    dst[i] = valid ? ToF32(src[i]) : 0.0f;
+  }
+}
+
+}  // namespace
+
+absl::Status EmbeddingGather(const void* table, GpuDType table_dtype, int64_t vocab, int64_t hidden,
+                             const int32_t* token_ids, int64_t tokens, float* h,
+                             cudaStream_t stream) {
+  constexpr const char* kFn = "EmbeddingGather";
+  if (auto st = CheckDType(kFn, "table_dtype", table_dtype); !st.ok()) return st;
+  if (vocab < 1 || hidden < 1 || tokens < 0 || tokens > kMaxGridX) {
+    return Invalid(kFn, "bad sizes vocab=", vocab, " hidden=", hidden, " tokens=", tokens);
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (table == nullptr || token_ids == nullptr || h == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  Dispatch(table_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    EmbeddingGatherKernel<T><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(table), vocab, hidden, token_ids, h);
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- RMSNorm -------------------------------------------------------------------------------------
+
+namespace {
+
+// No __restrict__: out may alias in (f32). Every read of a row precedes BlockSum's barrier, and the
+// second pass reads x[i] before writing y[i] in the same thread.
+template <typename W, typename O>
+__global__ void __launch_bounds__(kRowThreads)
+    RmsNormKernel(const float* in, const W* weight, int64_t n, float eps, O* out) {
+  const int64_t r = blockIdx.x;
+  const float* x = in + r * n;
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_sq += x[i] * x[i];
+  sum_sq = BlockSum(sum_sq);
+  const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(n) + eps);
+  O* y = out + r * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    y[i] = FromF32<O>(__fmul_rn(ToF32(weight[i]), __fmul_rn(x[i], inv)));
+  }
+}
+
+}  // namespace
+
+absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                     int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  constexpr const char* kFn = "RmsNorm";
+  if (auto st = CheckDType(kFn, "weight_dtype", weight_dtype); !st.ok()) return st;
+  if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
+  if (rows < 0 || rows > kMaxGridX || n < 1) {
+    return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  }
+  if (!(eps >= 0.0f) || !std::isfinite(eps)) return Invalid(kFn, "bad eps ", eps);
+  if (rows == 0) return absl::OkStatus();
+  if (in == nullptr || weight == nullptr || out == nullptr) return Invalid(kFn, "null pointer");
+  if (out_dtype != GpuDType::kF32 && out == static_cast<const void*>(in)) {
+    return Invalid(kFn, "in-place only with out_dtype f32");
+  }
+  Dispatch(weight_dtype, [&](auto wtag) {
+    using W = typename decltype(wtag)::type;
+    Dispatch(out_dtype, [&](auto otag) {
+      using O = typename decltype(otag)::type;
+      RmsNormKernel<W, O><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          in, static_cast<const W*>(weight), n, eps, static_cast<O*>(out));
+    });
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- RoPE ----------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kRopeThreads = 128;
+constexpr int64_t kMaxRopeHeadDim = 1024;
+
+// One block per token: cos/sin of the token's position into shared memory, then every (head, i)
+// pair of the row.
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKernel(float* __restrict__ x, int heads, int half, const int64_t* __restrict__ positions,
+               const float* __restrict__ inv_freq) {
+  extern __shared__ float cos_sin[];  // cos [half], then sin [half]
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float freq = __fmul_rn(pos, inv_freq[i]);
+    cos_sin[i] = cosf(freq);
+    cos_sin[half + i] = sinf(freq);
+  }
+  __syncthreads();
+  float* row = x + t * heads * 2 * half;
+  const int work = heads * half;
+  for (int w = threadIdx.x; w < work; w += blockDim.x) {
+    const int h = w / half, i = w - h * half;
+    float* v = row + h * 2 * half;
+    const float a = v[i], b = v[i + half];
+    const float c = cos_sin[i], s = cos_sin[half + i];
+    v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+}  // namespace
+
+absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
+                       const float* inv_freq, cudaStream_t stream) {
+  constexpr const char* kFn = "ApplyRope";
+  if (tokens < 0 || tokens > kMaxGridX || heads < 1 || d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim ||
+      heads * d > kMaxInt) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " heads=", heads, " d=", d,
+                   " (d even, 2 <= d <= ", kMaxRopeHeadDim, ")");
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (x == nullptr || positions == nullptr || inv_freq == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  const int half = static_cast<int>(d / 2);
+  RopeKernel<<<static_cast<unsigned>(tokens), kRopeThreads, 2 * half * sizeof(float), stream>>>(
+      x, static_cast<int>(heads), half, positions, inv_freq);
+  return CheckLaunch(kFn);
+}
+
+// --- Router top-k --------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kRouterThreads = 128;
+
+// One thread per token, in the CPU's order of operations: max, exp and sum in expert order,
+// divide, then top_k passes of "largest untaken, lower id on ties", summing the chosen
+// probabilities in descending order.
+__global__ void __launch_bounds__(kRouterThreads)
+    RouterTopKKernel(const float* __restrict__ logits, int64_t tokens, int experts, int top_k,
+                     int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  const float* logit = logits + t * experts;
+  float probs[kMaxRouterExperts];
+  float max_logit = logit[0];
+  for (int e = 1; e < experts; ++e) {
+    if (logit[e] > max_logit) max_logit = logit[e];
+  }
+  float sum = 0.0f;
+  for (int e = 0; e < experts; ++e) {
+    probs[e] = expf(logit[e] - max_logit);
+    sum += probs[e];
+  }
+  for (int e = 0; e < experts; ++e) probs[e] /= sum;
+
+  uint64_t taken = 0;
+  float chosen[kMaxRouterExperts];
+  float top_sum = 0.0f;
+  int32_t* id_row = ids + t * top_k;
+  for (int j = 0; j < top_k; ++j) {
+    int best = -1;
+    for (int e = 0; e < experts; ++e) {
+      if ((taken >> e) & 1u) continue;
+      if (best < 0 || probs[e] > probs[best]) best = e;  // strict: ties keep the lower id
+    }
+    taken |= uint64_t{1} << best;
+    chosen[j] = probs[best];
+    top_sum += chosen[j];
+    id_row[j] = best;
+  }
+  float* weight_row = weights + t * top_k;
+  for (int j = 0; j < top_k; ++j) weight_row[j] = chosen[j] / top_sum;
+}
+
+}  // namespace
+
+absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                        int32_t* ids, float* weights, cudaStream_t stream) {
+  constexpr const char* kFn = "RouterTopK";
+  if (tokens < 0 || experts < 1 || experts > kMaxRouterExperts || top_k < 1 || top_k > experts) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " experts=", experts, " top_k=", top_k,
+                   " (1 <= top_k <= experts <= ", kMaxRouterExperts, ")");
+  }
+  const int64_t blocks = (tokens + kRouterThreads - 1) / kRouterThreads;
+  if (blocks > kMaxGridX) return Invalid(kFn, "too many tokens: ", tokens);
+  if (tokens == 0) return absl::OkStatus();
+  if (logits == nullptr || ids == nullptr || weights == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  RouterTopKKernel<<<static_cast<unsigned>(blocks), kRouterThreads, 0, stream>>>(
+      logits, tokens, static_cast<int>(experts), static_cast<int>(top_k), ids, weights);
+  return CheckLaunch(kFn);
+}
+
+// --- Expert permutation --------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kPermThreads = 1024;
+constexpr int kPermWarps = kPermThreads / 32;
+
+// One block. (1) counts per expert (shared atomics: the counts do not depend on their order),
+// (2) exclusive scan by thread 0, (3) the pairs in chunks of 1024 in pair order: within a warp a
+// pair's rank among the lanes with the same expert comes from __match_any_sync; per-warp counts go
+// to shared memory and one thread per expert turns them into each warp's first row, continuing
+// from the expert's running cursor. Pair order is token order, so each expert's rows are in
+// increasing token order.
+__global__ void __launch_bounds__(kPermThreads)
+    ExpertPermutationKernel(const int32_t* __restrict__ ids, int pairs, int top_k, int experts,
+                            int32_t* __restrict__ expert_offsets,
+                            int32_t* __restrict__ sorted_token, int32_t* __restrict__ slot_of) {
+  __shared__ int cursor[kMaxPermutationExperts];                  // counts, then next free row
+  __shared__ int warp_rows[kPermWarps * kMaxPermutationExperts];  // [warp][expert]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  for (int e = tid; e < experts; e += kPermThreads) cursor[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kPermThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&cursor[e], 1);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+    for (int e = 0; e < experts; ++e) {
+      const int count = cursor[e];
+      expert_offsets[e] = run;
+      cursor[e] = run;
+      run += count;
+    }
+    expert_offsets[experts] = run;
+  }
+  __syncthreads();
+
+  for (int base = 0; base < pairs; base += kPermThreads) {
+    for (int i = tid; i < kPermWarps * experts; i += kPermThreads) warp_rows[i] = 0;
+    __syncthreads();
+    const int p = base + tid;
+    int e = p < pairs ? ids[p] : -1;
+    const bool valid = e >= 0 && e < experts;
+    if (!valid) e = -1;
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (valid && rank == 0) warp_rows[warp * experts + e] = __popc(same);
+    __syncthreads();
+    if (tid < experts) {
+      int run = cursor[tid];
+      for (int w = 0; w < kPermWarps; ++w) {
+        const int count = warp_rows[w * experts + tid];
+        warp_rows[w * experts + tid] = run;
+        run += count;
+      }
+      cursor[tid] = run;
+    }
+    __syncthreads();
+    if (valid) {
+      const int slot = warp_rows[warp * experts + e] + rank;
+      sorted_token[slot] = p / top_k;
+      slot_of[p] = slot;
+    } else if (p < pairs) {
+      slot_of[p] = -1;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+absl::Status BuildExpertPermutation(const int32_t* ids, int64_t tokens, int64_t top_k,
+                                    int64_t experts, int32_t* expert_offsets, int32_t* sorted_token,
+                                    int32_t* slot_of, cudaStream_t stream) {
+  constexpr const char* kFn = "BuildExpertPermutation";
+  if (tokens < 0 || top_k < 1 || top_k > kMaxInt || experts < 1 ||
+      experts > kMaxPermutationExperts || tokens > kMaxInt / top_k) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k, " experts=", experts,
+                   " (1 <= experts <= ", kMaxPermutationExperts, ", tokens * top_k < 2^31)");
+  }
+  if (expert_offsets == nullptr) return Invalid(kFn, "null pointer");
+  if (tokens > 0 && (ids == nullptr || sorted_token == nullptr || slot_of == nullptr)) {
+    return Invalid(kFn, "null pointer");
+  }
+  // Launched even for zero tokens: expert_offsets becomes all zeros.
+  ExpertPermutationKernel<<<1, kPermThreads, 0, stream>>>(
+      ids, static_cast<int>(tokens * top_k), static_cast<int>(top_k), static_cast<int>(experts),
+      expert_offsets, sorted_token, slot_of);
+  return CheckLaunch(kFn);
+}
+
+// --- Row gather ----------------------------------------------------------------------------------
+
+namespace {
+
+// V: the copy unit (uint4 when rows are 16-byte multiples and aligned, else one element).
+template <typename V>
+__global__ void __launch_bounds__(kRowThreads)
+    GatherRowsKernel(const V* __restrict__ src, int64_t src_rows, int64_t row_units,
+                     const int32_t* __restrict__ row_index, V* __restrict__ dst) {
+  const int64_t r = blockIdx.x;
+  const int32_t s = row_index[r];
+  const bool valid = s >= 0 && s < src_rows;
+  const V* from = src + (valid ? static_cast<int64_t>(s) : 0) * row_units;
+  V* to = dst + r * row_units;
+  for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) to[i] = valid ? from[i] : V{};
+}
+
+}  // namespace
+
+absl::Status GatherRows(const void* src, GpuDType dtype, int64_t src_rows, int64_t n,
+                        const int32_t* row_index, int64_t rows, void* dst, cudaStream_t stream) {
+  constexpr const char* kFn = "GatherRows";
+  if (auto st = CheckDType(kFn, "dtype", dtype); !st.ok()) return st;
+  if (src_rows < 0 || n < 1 || rows < 0 || rows > kMaxGridX) {
+    return Invalid(kFn, "bad sizes src_rows=", src_rows, " n=", n, " rows=", rows);
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (src == nullptr || row_index == nullptr || dst == nullptr) return Invalid(kFn, "null pointer");
+  const int64_t row_bytes = n * static_cast<int64_t>(GpuDTypeSize(dtype));
+  const bool vector = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const unsigned blocks = static_cast<unsigned>(rows);
+  if (vector) {
+    GatherRowsKernel<uint4><<<blocks, kRowThreads, 0, stream>>>(static_cast<const uint4*>(src),
+                                                                src_rows, row_bytes / 16, row_index,
+                                                                static_cast<uint4*>(dst));
+  } else if (GpuDTypeSize(dtype) == 4) {
+    GatherRowsKernel<uint32_t><<<blocks, kRowThreads, 0, stream>>>(
+        static_cast<const uint32_t*>(src), src_rows, n, row_index, static_cast<uint32_t*>(dst));
+  } else {
+    GatherRowsKernel<uint16_t><<<blocks, kRowThreads, 0, stream>>>(
+        static_cast<const uint16_t*>(src), src_rows, n, row_index, static_cast<uint16_t*>(dst));
+  }
+  return CheckLaunch(kFn);
+}
+
+// --- SiLU-mul ------------------------------------------------------------------------------------
+
+namespace {
+
+// No __restrict__: out may alias gate or up (same dtype); each element is read before it is
+// written, by the same thread.
+template <typename I, typename O>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    SiluMulKernel(const I* gate, const I* up, int64_t n, O* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float g = ToF32(gate[i]), u = ToF32(up[i]);
+    out[i] = FromF32<O>(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
+  }
+}
+
+}  // namespace
+
+absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_t rows,
+                     int64_t inter, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  constexpr const char* kFn = "SiluMul";
+  if (auto st = CheckDType(kFn, "in_dtype", in_dtype); !st.ok()) return st;
+  if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
+  if (rows < 0 || inter < 1 || rows > std::numeric_limits<int64_t>::max() / inter) {
+    return Invalid(kFn, "bad sizes rows=", rows, " inter=", inter);
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (gate == nullptr || up == nullptr || out == nullptr) return Invalid(kFn, "null pointer");
+  if (out_dtype != in_dtype && (out == gate || out == up)) {
+    return Invalid(kFn, "in-place only with out_dtype == in_dtype");
+  }
+  const int64_t n = rows * inter;
+  Dispatch(in_dtype, [&](auto itag) {
+    using I = typename decltype(itag)::type;
+    Dispatch(out_dtype, [&](auto otag) {
+      using O = typename decltype(otag)::type;
+      SiluMulKernel<I, O><<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(
+          static_cast<const I*>(gate), static_cast<const I*>(up), n, static_cast<O*>(out));
+    });
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- Combine -------------------------------------------------------------------------------------
+
+namespace {
+
+// One block per token: thread 0 orders the token's choices by expert id (stable insertion sort
+// of at most 64), then each thread sums its columns in that order and adds the sum to h.
+__global__ void __launch_bounds__(kRowThreads)
+    CombineExpertsKernel(const float* __restrict__ expert_out, const int32_t* __restrict__ slot_of,
+                         const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                         int top_k, int64_t hidden, int64_t num_slots, float* __restrict__ h) {
+  __shared__ int32_t slots[kMaxCombineTopK];
+  __shared__ float slot_weight[kMaxCombineTopK];
+  __shared__ int count;
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    int32_t expert[kMaxCombineTopK];
+    int m = 0;
+    for (int j = 0; j < top_k; ++j) {
+      const int32_t slot = slot_of[t * top_k + j];
+      if (slot < 0 || slot >= num_slots) continue;
+      const int32_t id = ids[t * top_k + j];
+      const float w = weights[t * top_k + j];
+      int at = m;
+      while (at > 0 && expert[at - 1] > id) {
+        expert[at] = expert[at - 1];
+        slots[at] = slots[at - 1];
+        slot_weight[at] = slot_weight[at - 1];
+        --at;
+      }
+      expert[at] = id;
+      slots[at] = slot;
+      slot_weight[at] = w;
+      ++m;
+    }
+    count = m;
+  }
+  __syncthreads();
+  const int m = count;
+  float* row = h + t * hidden;
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float moe = 0.0f;
+    for (int j = 0; j < m; ++j) {
+      moe = __fadd_rn(moe, __fmul_rn(expert_out[slots[j] * hidden + c], slot_weight[j]));
+    }
+    row[c] = __fadd_rn(row[c], moe);
+  }
+}
+
+}  // namespace
+
+absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
+                            const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
+                            float* h, cudaStream_t stream) {
+  constexpr const char* kFn = "CombineExperts";
+  if (tokens < 0 || tokens > kMaxGridX || top_k < 1 || top_k > kMaxCombineTopK || hidden < 1 ||
+      tokens > kMaxInt / top_k) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k, " hidden=", hidden,
+                   " (1 <= top_k <= ", kMaxCombineTopK, ")");
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (expert_out == nullptr || slot_of == nullptr || ids == nullptr || weights == nullptr ||
+      h == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  CombineExpertsKernel<<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      expert_out, slot_of, ids, weights, static_cast<int>(top_k), hidden, tokens * top_k, h);
+  return CheckLaunch(kFn);
+}
+
+// --- Elementwise ---------------------------------------------------------------------------------
+
+namespace {
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    AddResidualKernel(float* __restrict__ h, const float* __restrict__ x, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    h[i] = __fadd_rn(h[i], x[i]);
+  }
+}
+
+template <typename I, typename O>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ConvertKernel(const I* __restrict__ src, int64_t n, O* __restrict__ dst) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    dst[i] = FromF32<O>(ToF32(src[i]));
+  }
+}
+
+}  // namespace
+
+absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t stream) {
+  constexpr const char* kFn = "AddResidual";
+  if (n < 0) return Invalid(kFn, "bad size n=", n);
+  if (n == 0) return absl::OkStatus();
+  if (h == nullptr || x == nullptr) return Invalid(kFn, "null pointer");
+  AddResidualKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(h, x, n);
+  return CheckLaunch(kFn);
+}
+
+absl::Status ConvertF32To(const float* src, int64_t n, void* dst, GpuDType dst_dtype,
+                          cudaStream_t stream) {
+  constexpr const char* kFn = "ConvertF32To";
+  if (auto st = CheckDType(kFn, "dst_dtype", dst_dtype); !st.ok()) return st;
+  if (n < 0) return Invalid(kFn, "bad size n=", n);
+  if (n == 0) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) return Invalid(kFn, "null pointer");
+  Dispatch(dst_dtype, [&](auto tag) {
+    using O = typename decltype(tag)::type;
+    ConvertKernel<float, O>
+        <<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(src, n, static_cast<O*>(dst));
+  });
+  return CheckLaunch(kFn);
+}
+
+absl::Status ConvertToF32(const void* src, GpuDType src_dtype, int64_t n, float* dst,
+                          cudaStream_t stream) {
+  constexpr const char* kFn = "ConvertToF32";
+  if (auto st = CheckDType(kFn, "src_dtype", src_dtype); !st.ok()) return st;
+  if (n < 0) return Invalid(kFn, "bad size n=", n);
+  if (n == 0) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) return Invalid(kFn, "null pointer");
+  Dispatch(src_dtype, [&](auto tag) {
+    using I = typename decltype(tag)::type;
+    ConvertKernel<I, float><<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(
+        static_cast<const I*>(src), n, dst);
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- Prefill attention ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kAttnTile = 64;  // keys per tile
+constexpr int kAttnDimsPerThread =
+    static_cast<int>((kMaxAttentionHeadDim + kAttnThreads - 1) / kAttnThreads);
+
+// One block per (query row, head). Per tile of keys: warps compute scores (a warp per key, lanes
+// over d), every thread takes the tile max and the new running max, threads < n_keys write
+// p = exp(score - max), then each thread rescales and accumulates its output dimensions. Two
+// barriers per tile suffice: scores are last read before the second, probabilities are next
+// written after the first barrier of the following tile.
+__global__ void __launch_bounds__(kAttnThreads)
+    PrefillAttentionKernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, const int32_t* __restrict__ cu_seqlens,
+                           int num_seqs, int heads, int kv_heads, int d, float scale,
+                           int64_t window, float* __restrict__ out) {
+  __shared__ float q_s[kMaxAttentionHeadDim];
+  __shared__ float score[kAttnTile];
+  __shared__ float prob[kAttnTile];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.x / heads;
+  const int head = static_cast<int>(blockIdx.x % heads);
+
+  // The sequence holding `row`: u = first index with cu_seqlens[u] > row; the sequence is u - 1.
+  int lo = 0, hi = num_seqs + 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (cu_seqlens[mid] <= row) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0 || lo > num_seqs) return;  // outside every sequence (uniform over the block)
+  const int64_t start = cu_seqlens[lo - 1];
+  const int64_t pos = row - start;
+  const int64_t first = start + (window > 0 && pos >= window ? pos - window + 1 : 0);
+  const int64_t last = row;
+
+  const int kv_head = head / (heads / kv_heads);
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * d;  // between consecutive tokens
+  const float* k_head = k + static_cast<int64_t>(kv_head) * d;
+  const float* v_head = v + static_cast<int64_t>(kv_head) * d;
+  const float* q_row = q + (row * heads + head) * d;
+  for (int c = tid; c < d; c += kAttnThreads) q_s[c] = q_row[c];
+  __syncthreads();
+
+  float running_max = -INFINITY, running_sum = 0.0f;
+  float acc[kAttnDimsPerThread];
+#pragma unroll
+  for (int i = 0; i < kAttnDimsPerThread; ++i) acc[i] = 0.0f;
+
+  for (int64_t tile = first; tile <= last; tile += kAttnTile) {
+    const int n_keys = last + 1 - tile < kAttnTile ? static_cast<int>(last + 1 - tile) : kAttnTile;
+    for (int kk = warp; kk < n_keys; kk += kAttnWarps) {
+      const float* key = k_head + (tile + kk) * kv_stride;
+      float dot = 0.0f;
+      for (int c = lane; c < d; c += 32) dot += q_s[c] * key[c];
+      dot = WarpSum(dot);
+      if (lane == 0) score[kk] = dot * scale;
+    }
+    __syncthreads();
+    float tile_max = -INFINITY;
+    for (int kk = 0; kk < n_keys; ++kk) tile_max = fmaxf(tile_max, score[kk]);
+    const float new_max = fmaxf(running_max, tile_max);
+    const float correction = expf(running_max - new_max);  // 0 on the first tile
+    if (tid < n_keys) prob[tid] = expf(score[tid] - new_max);
+    __syncthreads();
+    float tile_sum = 0.0f;
+    for (int kk = 0; kk < n_keys; ++kk) tile_sum += prob[kk];
+    running_sum = running_sum * correction + tile_sum;
+    running_max = new_max;
+#pragma unroll
+    for (int i = 0; i < kAttnDimsPerThread; ++i) {
+      const int c = tid + i * kAttnThreads;
+      if (c < d) {
+        float a = acc[i] * correction;
+        const float* value = v_head + tile * kv_stride + c;
+        for (int kk = 0; kk < n_keys; ++kk) a += prob[kk] * value[kk * kv_stride];
+        acc[i] = a;
+      }
+    }
+  }
+  const float inv = 1.0f / running_sum;
+  float* out_row = out + (row * heads + head) * d;
+#pragma unroll
+  for (int i = 0; i < kAttnDimsPerThread; ++i) {
+    const int c = tid + i * kAttnThreads;
+    if (c < d) out_row[c] = acc[i] * inv;
+  }
+}
+
+}  // namespace
+
+absl::Status PrefillAttention(const float* q, const float* k, const float* v,
+                              const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
+                              int64_t heads, int64_t kv_heads, int64_t d, float scale,
+                              int64_t sliding_window, float* out, cudaStream_t stream) {
+  constexpr const char* kFn = "PrefillAttention";
+  if (tokens < 0 || num_seqs < 0 || num_seqs >= kMaxInt || heads < 1 || kv_heads < 1 ||
+      heads > kMaxInt || heads % kv_heads != 0 || d < 1 || d > kMaxAttentionHeadDim ||
+      sliding_window < 0 || tokens > kMaxGridX / heads) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " num_seqs=", num_seqs, " heads=", heads,
+                   " kv_heads=", kv_heads, " d=", d, " sliding_window=", sliding_window,
+                   " (heads a multiple of kv_heads, 1 <= d <= ", kMaxAttentionHeadDim, ")");
+  }
+  if (!std::isfinite(scale)) return Invalid(kFn, "bad scale ", scale);
+  if (tokens == 0 || num_seqs == 0) return absl::OkStatus();
+  if (q == nullptr || k == nullptr || v == nullptr || cu_seqlens == nullptr || out == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  PrefillAttentionKernel<<<static_cast<unsigned>(tokens * heads), kAttnThreads, 0, stream>>>(
+      q, k, v, cu_seqlens, static_cast<int>(num_seqs), static_cast<int>(heads),
+      static_cast<int>(kv_heads), static_cast<int>(d), scale, sliding_window, out);
+  return CheckLaunch(kFn);
+}
+
+}  // namespace moebatch::gpu

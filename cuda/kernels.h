@@ -1,0 +1,164 @@
+// CUDA kernels of the GPU tasks of one forward pass (MoE-Lens §6.4), cuBLAS GEMMs excepted:
+//   task A: RMSNorm, RoPE, prefill attention;
+//   task B: router softmax / top-k, permutation of tokens by expert, SiLU-mul, weighted combine,
+//           residual adds;
+// plus the embedding gather and dtype conversions.
+//
+// The math is the cpu backend's (engine/cpu_device.cc, CpuDevice), which follows Hugging Face
+// transformers' models/mixtral/modeling_mixtral.py; each function names the transformers code it
+// implements. tests/test_cuda_kernels.cc checks every kernel against a CPU loop.
+//
+// Conventions, for every function below:
+// - Pointers are device memory; tensors are dense and row-major, shapes written [rows, cols].
+// - The hidden state h is f32 on the GPU. GEMM inputs are in the compute dtype: bf16 (sm_80+) or
+//   f16 (sm_75, T4). `const void*` / `void*` tensors are typed by the GpuDType argument next to
+//   them. All arithmetic is f32 (float accumulators, no fast-math intrinsics).
+// - Each call enqueues its work on `stream` and returns without waiting. InvalidArgument when a
+//   size is out of range or a pointer is null with a non-zero size (nothing is launched); Internal
+//   when the launch fails (cudaGetLastError, which also reports earlier asynchronous failures).
+//   Errors inside a kernel surface at the caller's next synchronisation. Zero rows: OK, nothing
+//   launched.
+// - Thread-safe: the functions keep no state; ordering is the stream's.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace moebatch::gpu {
+
+// Element type of a device tensor: f16 = __half, bf16 = __nv_bfloat16, f32 = float.
+enum class GpuDType : uint8_t { kF16, kBF16, kF32 };
+
+// Bytes per element.
+constexpr size_t GpuDTypeSize(GpuDType t) { return t == GpuDType::kF32 ? 4 : 2; }
+
+// Largest router width RouterTopK accepts (Mixtral has 8 experts).
+inline constexpr int64_t kMaxRouterExperts = 64;
+// Largest expert count BuildExpertPermutation accepts.
+inline constexpr int64_t kMaxPermutationExperts = 256;
+// Largest top_k CombineExperts accepts.
+inline constexpr int64_t kMaxCombineTopK = 64;
+// Largest head_dim PrefillAttention accepts.
+inline constexpr int64_t kMaxAttentionHeadDim = 256;
+
+// --- Embedding -----------------------------------------------------------------------------------
+
+// h[t] = f32(table[token_ids[t]]): MixtralModel.embed_tokens (nn.Embedding) then the f32 hidden
+// state. table [vocab, hidden] in table_dtype; token_ids [tokens] int32; h [tokens, hidden] f32.
+// Ids outside [0, vocab) (which callers validate first, like CpuDevice::Embed) give a zero row
+// rather than an out-of-bounds read.
+absl::Status EmbeddingGather(const void* table, GpuDType table_dtype, int64_t vocab, int64_t hidden,
+                             const int32_t* token_ids, int64_t tokens, float* h,
+                             cudaStream_t stream);
+
+// --- Task A --------------------------------------------------------------------------------------
+
+// MixtralRMSNorm.forward: out = weight * (x * 1/sqrt(mean(x^2) + eps)) per row, the mean in f32
+// (a block reduction per row; the CPU sums in order, so results differ by rounding only).
+// in [rows, n] f32; weight [n] in weight_dtype; out [rows, n] in out_dtype (f32 for the residual
+// path, the compute dtype for a GEMM input). out may be `in` when out_dtype is f32. eps is used as
+// f32, as on the CPU (static_cast<float>(config.rms_norm_eps)).
+absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                     int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream);
+
+// apply_rotary_pos_emb with rotate_half (cos/sin of MixtralRotaryEmbedding, default rope type), in
+// place on x [tokens, heads, d] f32; call once for q (heads = num_attention_heads) and once for k
+// (heads = num_key_value_heads). positions [tokens] int64 (absolute positions); inv_freq [d/2] f32
+// (1 / theta^(2i/d), as CpuDevice::Create computes it). For i < d/2, with
+// f = float(pos) * inv_freq[i], c = cosf(f), s = sinf(f) (accurate f32 cosf/sinf, not __cosf):
+//   y[i] = x[i] c - x[i + d/2] s,   y[i + d/2] = x[i + d/2] c + x[i] s,
+// each product and sum rounded separately (no FMA), like the CPU. d even, 2 <= d <= 1024.
+absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
+                       const float* inv_freq, cudaStream_t stream);
+
+// Causal self-attention of variable-length prefill sequences whose whole context is in this call
+// (MixtralAttention.forward with eager_attention_forward: repeat_kv for GQA, causal and sliding
+// window masks, softmax in f32). q [tokens, heads, d], k and v [tokens, kv_heads, d], out [tokens,
+// heads, d], all f32. cu_seqlens [num_seqs + 1] int32, non-decreasing: sequence s is rows
+// [cu_seqlens[s], cu_seqlens[s + 1]) at positions 0, 1, ... within it; rows outside every
+// sequence are left untouched. Query head h reads kv head h / (heads / kv_heads). Query i sees
+// key j of its sequence iff j <= i and (sliding_window == 0 or i - sliding_window < j) (positions
+// within the sequence; the same set as cpu_attention's max(0, p - window + 1) <= j <= p).
+// scale: usually 1/sqrt(d). heads a multiple of kv_heads; 1 <= d <= 256; sliding_window >= 0.
+//
+// This is the correctness-first kernel: one 128-thread block per (query row, head), keys in tiles
+// of 64 (scores and probabilities in shared memory, one warp per key for q.k), an online softmax
+// across tiles in f32. It reads K/V once per query and has no tensor cores: O(len^2) memory
+// traffic per head. A FlashAttention-style kernel (query tiles, MMA) replaces it when it shows up
+// in the profile; it is checked against this one.
+absl::Status PrefillAttention(const float* q, const float* k, const float* v,
+                              const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
+                              int64_t heads, int64_t kv_heads, int64_t d, float scale,
+                              int64_t sliding_window, float* out, cudaStream_t stream);
+
+// --- Task B --------------------------------------------------------------------------------------
+
+// The router of MixtralSparseMoeBlock.forward: routing_weights = softmax(router_logits) in f32
+// (max subtracted, sum in expert order); the top_k experts by probability, ties to the lower expert
+// id, in descending probability order; weights renormalised to sum 1 over the top-k (sum taken in
+// that order), as CpuDevice::TaskB. logits [tokens, experts] f32; ids [tokens, top_k] int32;
+// weights [tokens, top_k] f32. 1 <= experts <= 64, 1 <= top_k <= experts. One thread per token.
+absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                        int32_t* ids, float* weights, cudaStream_t stream);
+
+// Sorts the (token, choice) pairs by expert, replacing MixtralSparseMoeBlock's one_hot expert_mask
+// and `torch.where(expert_mask[expert_idx])`: expert e owns rows [expert_offsets[e],
+// expert_offsets[e + 1]) of the expert-sorted buffer, in increasing token order. Deterministic (a
+// single-block counting sort: per-warp ranks by __match_any_sync, no atomics order dependence);
+// meant for tokens * top_k up to a few 10^4 pairs.
+// ids [tokens, top_k] int32 (RouterTopK's; a token names an expert at most once);
+// expert_offsets [experts + 1] int32, the exclusive prefix sum of the per-expert counts (copying it
+// to the host, for the per-expert GEMM sizes, is the caller's business); sorted_token
+// [tokens * top_k] int32: the token each sorted row comes from; slot_of [tokens, top_k] int32: the
+// sorted row of each (token, choice). An id outside [0, experts) gets slot_of = -1 and no row (then
+// expert_offsets[experts] < tokens * top_k). 1 <= experts <= 256; tokens * top_k < 2^31.
+absl::Status BuildExpertPermutation(const int32_t* ids, int64_t tokens, int64_t top_k,
+                                    int64_t experts, int32_t* expert_offsets, int32_t* sorted_token,
+                                    int32_t* slot_of, cudaStream_t stream);
+
+// dst[r] = src[row_index[r]]: the expert-input buffer (`hidden_states[None, top_x]` in
+// MixtralSparseMoeBlock.forward) when row_index is BuildExpertPermutation's sorted_token.
+// src [src_rows, n] and dst [rows, n] in dtype (a copy, no conversion); row_index [rows] int32. An
+// index outside [0, src_rows) gives a zero row.
+absl::Status GatherRows(const void* src, GpuDType dtype, int64_t src_rows, int64_t n,
+                        const int32_t* row_index, int64_t rows, void* dst, cudaStream_t stream);
+
+// MixtralBlockSparseTop2MLP.forward's act_fn(w1(x)) * w3(x) with act_fn = SiLU:
+// out = gate / (1 + expf(-gate)) * up, in f32, rounded once to out_dtype. gate and up [rows, inter]
+// in in_dtype (the w1 and w3 GEMM outputs); out [rows, inter] in out_dtype (the compute dtype, the
+// w2 GEMM input). out may be gate or up when out_dtype == in_dtype.
+absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_t rows,
+                     int64_t inter, void* out, GpuDType out_dtype, cudaStream_t stream);
+
+// The end of MixtralSparseMoeBlock.forward (expert output * routing weight, index_add_ into
+// final_hidden_states) and the residual add of MixtralDecoderLayer.forward, in the CPU's order:
+// for each token, moe = 0.0f, then moe += expert_out[slot] * weight over its choices taken in
+// increasing expert id order, then h += moe (products and sums rounded separately, no FMA, so the
+// f32 result equals CpuDevice::TaskB's when expert_out does). No atomics: one block per token.
+// expert_out [tokens * top_k, hidden] f32, row = slot (the w2 GEMM output over the sorted buffer);
+// slot_of, ids [tokens, top_k] int32 (BuildExpertPermutation's, RouterTopK's); weights
+// [tokens, top_k] f32; h [tokens, hidden] f32, updated. A slot outside [0, tokens * top_k) is
+// skipped. 1 <= top_k <= 64.
+absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
+                            const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
+                            float* h, cudaStream_t stream);
+
+// --- Elementwise ---------------------------------------------------------------------------------
+
+// h[i] += x[i] for i < n (MixtralDecoderLayer.forward's `residual + hidden_states`, e.g. after
+// o_proj). h, x [n] f32.
+absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t stream);
+
+// dst = src rounded to nearest even in dst_dtype (`Tensor.to(dtype)`); src [n] f32, dst [n].
+absl::Status ConvertF32To(const float* src, int64_t n, void* dst, GpuDType dst_dtype,
+                          cudaStream_t stream);
+
+// dst = f32(src), exact; src [n] in src_dtype, dst [n] f32.
+absl::Status ConvertToF32(const void* src, GpuDType src_dtype, int64_t n, float* dst,
+                          cudaStream_t stream);
+
+}  // namespace moebatch::gpu
