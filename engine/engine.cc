@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/cpu_threads.h"
+#include "cuda/cuda_backend.h"
 #include "engine/cpu_device.h"
 #include "spdlog/spdlog.h"
 
@@ -62,12 +63,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   absl::Status threads = CheckCpuThreads(options.cpu_threads, options.pin_cpu_threads);
   if (!threads.ok()) return threads;
   using WeightSource = EngineOptions::WeightSource;
+  const bool cuda = options.backend == EngineOptions::Backend::kCuda;
   WeightStoreOptions store_options;
   store_options.dtype = options.weight_dtype;
+  EngineOptions::WeightSource weight_source = options.weights;
+  if (cuda) {
+    store_options.allocator = PinnedHostAllocator();
+    if (store_options.allocator == nullptr) return CudaComputeDType(options.gpu_device).status();
+    if (!store_options.dtype) {
+      auto dtype = CudaComputeDType(options.gpu_device);
+      if (!dtype.ok()) return dtype.status();
+      store_options.dtype = *dtype;
+    }
+    if (weight_source == WeightSource::kMapped) weight_source = WeightSource::kHostCopy;
+  }
   store_options.host_budget_bytes = options.host_memory_bytes;
   store_options.reserved_bytes = options.kv_cache_bytes;
   const ModelWeights* weights = nullptr;
-  if (options.weights == WeightSource::kSynthetic) {
+  if (weight_source == WeightSource::kSynthetic) {
     auto config = LoadModelConfig(options.model_dir);
     if (!config.ok()) return config.status();
     auto store = WeightStore::Synthetic(*config, options.synthetic_layers, options.synthetic_seed,
@@ -78,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     auto checkpoint = Checkpoint::Load(options.model_dir);
     if (!checkpoint.ok()) return checkpoint.status();
     engine->checkpoint_ = *std::move(checkpoint);
-    if (options.weights == WeightSource::kHostCopy) {
+    if (weight_source == WeightSource::kHostCopy) {
       auto store = WeightStore::Load(*engine->checkpoint_, store_options);
       if (!store.ok()) return store.status();
       engine->weight_store_ = *std::move(store);
@@ -102,10 +115,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
 
-  auto device = CpuDevice::Create(
-      c, *weights, CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
-  if (!device.ok()) return device.status();
-  engine->model_ = std::make_unique<ModelRunner>(*std::move(device));
+  if (cuda) {
+    CudaBackendOptions cuda_options;
+    cuda_options.device = options.gpu_device;
+    cuda_options.gpu_memory_bytes = options.gpu_memory_bytes;
+    cuda_options.max_tokens_per_pass = options.max_tokens_per_pass;
+    cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
+    auto device = CreateCudaDevice(*engine->weight_store_, cuda_options);
+    if (!device.ok()) return device.status();
+    engine->model_ = std::make_unique<ModelRunner>(*std::move(device));
+  } else {
+    auto device = CpuDevice::Create(
+        c, *weights, CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
+    if (!device.ok()) return device.status();
+    engine->model_ = std::make_unique<ModelRunner>(*std::move(device));
+  }
 
   if (options.kv_block_size <= 0) {
     return absl::InvalidArgumentError(
@@ -135,11 +159,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       engine->allocator_.get());
   engine->max_context_ = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
   spdlog::info(
-      "engine: {} layers, {} experts (top-{}), compute {}, KV cache {} blocks x {} tokens ({} "
+      "engine: {} backend, {} layers, {} experts (top-{}), compute {}, KV cache {} blocks x {} "
+      "tokens ({} "
       "MiB, {}), max context {} tokens",
-      c.num_hidden_layers, c.num_local_experts, c.num_experts_per_tok,
-      DTypeName(options.compute_dtype), kv.num_blocks, kv.block_size,
-      engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype), engine->max_context_);
+      engine->model_->device().name(), c.num_hidden_layers, c.num_local_experts,
+      c.num_experts_per_tok,
+      cuda ? DTypeName(engine->weight_store_->dtype()) : DTypeName(options.compute_dtype),
+      kv.num_blocks, kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype),
+      engine->max_context_);
   return engine;
 }
 

@@ -58,6 +58,14 @@ struct EngineOptions {
   // Host memory the weights (kHostCopy, kSynthetic) and the KV cache must fit in, bytes;
   // 0: MemAvailable. Checked before anything large is allocated.
   int64_t host_memory_bytes = 0;
+  // Where tasks A and B run (engine/device.h): kCpu (engine/cpu_device.h) or kCuda
+  // (cuda/cuda_backend.h: the weights go to pinned host memory, kMapped becoming kHostCopy, in
+  // the GPU's compute dtype unless weight_dtype says otherwise, and stream to the GPU per layer).
+  enum class Backend { kCpu, kCuda };
+  Backend backend = Backend::kCpu;
+  int gpu_device = 0;
+  int64_t gpu_memory_bytes = 0;                     // the GPU budget; 0: the device's free memory
+  int64_t weight_packet_bytes = int64_t{64} << 20;  // the data mover's packet
 };
 
 // "mapped", "host", "synthetic" (the --weights flag's spelling); nullopt for anything else.

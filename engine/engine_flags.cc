@@ -10,7 +10,14 @@
 #include "cuda/device_probe.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, backend, "auto", "auto or cpu (the cuda backend is being built: issue 5)");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto, cpu or cuda. auto runs the cpu backend: the cuda backend is compiled but not yet "
+          "validated on a GPU (docs/performance.md), so it runs only when asked for");
+ABSL_FLAG(int32_t, gpu_device, 0, "CUDA device ordinal for --backend=cuda");
+ABSL_FLAG(double, gpu_memory_gb, 0.0,
+          "--backend=cuda: GPU memory the engine may use, GiB, a hard budget (16 emulates a T4, "
+          "24 an L4); 0: the device's free memory");
+ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packet size, MiB");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
@@ -59,19 +66,35 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
     }
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "auto" && backend != "cpu") {
+  if (backend != "auto" && backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--backend: must be auto or cpu in this version, got '", backend, "'"));
+        absl::StrCat("--backend: must be auto, cpu or cuda, got '", backend, "'"));
   }
-  if (backend == "auto") {
+  if (backend == "cuda") {
+    options.backend = EngineOptions::Backend::kCuda;
+  } else if (backend == "auto") {
     auto gpus = ProbeGpus();
     if (gpus.ok() && !gpus->empty()) {
-      spdlog::info("found {} GPU(s) ({}); this version runs the cpu backend", gpus->size(),
-                   (*gpus)[0].name);
+      spdlog::info(
+          "found {} GPU(s) ({}); --backend=auto runs the cpu backend until the cuda "
+          "backend is validated (--backend=cuda to use it)",
+          gpus->size(), (*gpus)[0].name);
     } else {
       spdlog::info("no GPU in use: cpu backend");
     }
   }
+  options.gpu_device = absl::GetFlag(FLAGS_gpu_device);
+  const double gpu_gb = absl::GetFlag(FLAGS_gpu_memory_gb);
+  if (gpu_gb < 0 || !std::isfinite(gpu_gb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu_memory_gb: must be >= 0, got ", gpu_gb));
+  }
+  options.gpu_memory_bytes = static_cast<int64_t>(gpu_gb * (int64_t{1} << 30));
+  const int64_t packet_mb = absl::GetFlag(FLAGS_weight_packet_mb);
+  if (packet_mb <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_packet_mb: must be positive, got ", packet_mb));
+  }
+  options.weight_packet_bytes = packet_mb << 20;
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb > 0) || !std::isfinite(kv_gb)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_gb: must be positive, got ", kv_gb));

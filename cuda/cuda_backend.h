@@ -1,0 +1,51 @@
+// The cuda backend behind a CUDA-free interface: engine/ creates it through these functions and
+// sees only a Device (engine/device.h), so no engine logic includes a CUDA header. Builds without
+// nvcc link cuda_backend_none.cc, where every function says so (Unavailable).
+//
+// What the backend is (cuda/cuda_device.cc; MoE-Lens §6.4-6.5):
+//  * one cudaMalloc of the GpuMemoryPlan (engine/gpu_memory_plan.h) for the budget, carved into
+//    the two-slot weight buffer, the resident lm_head and final norm, the activations of
+//    max_tokens_per_pass tokens and the cuBLAS workspace: nothing else is allocated on the device;
+//  * the weights in page-locked host memory (a WeightStore made with PinnedHostAllocator()),
+//    streamed layer by layer into the slots by the DataMover (engine/data_mover.h) with a copy
+//    engine on its own CUDA stream, packet by packet; layer L uses slot L % 2 and the next layer
+//    is prefetched while L computes;
+//  * task A and task B as cuda/kernels.h kernels plus cuBLAS GEMMs (f32 accumulation) on a compute
+//    stream; q/k/v to the host and attention outputs back on a transfer stream, so they never
+//    queue behind a weight packet.
+// Precision: the compute dtype is the WeightStore's: bf16 on sm_80 and later, f16 on sm_75 (the
+// T4 has no bf16 tensor cores; the store converts at load), f32 for the exactness checks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/device.h"
+#include "engine/dtype.h"
+#include "engine/weight_store.h"
+
+namespace moebatch {
+
+struct CudaBackendOptions {
+  int device = 0;                // CUDA device ordinal
+  int64_t gpu_memory_bytes = 0;  // the hard budget (--gpu_memory_gb); 0: the device's free memory
+  int64_t max_tokens_per_pass = 2048;
+  size_t packet_bytes = size_t{64} << 20;  // the data mover's packet
+};
+
+// Page-locked host memory (cudaHostAlloc, portable); null in builds without CUDA. Process-wide.
+HostAllocator* PinnedHostAllocator();
+
+// The compute dtype for `device`: bf16 on sm_80 and later, f16 below. Unavailable without CUDA or
+// without that device.
+absl::StatusOr<DType> CudaComputeDType(int device);
+
+// The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).
+// ResourceExhausted when the GpuMemoryPlan exceeds the budget (naming the parts and how many tokens
+// per pass would fit), Unavailable without CUDA or a device, Internal for CUDA/cuBLAS failures.
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
+                                                         const CudaBackendOptions& options);
+
+}  // namespace moebatch

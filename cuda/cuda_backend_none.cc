@@ -1,0 +1,21 @@
+// cuda/cuda_backend.h in builds without nvcc.
+#include "absl/status/status.h"
+#include "cuda/cuda_backend.h"
+
+namespace moebatch {
+namespace {
+absl::Status NoCuda() {
+  return absl::UnavailableError("this build of moebatch has no CUDA code (nvcc was not found)");
+}
+}  // namespace
+
+HostAllocator* PinnedHostAllocator() { return nullptr; }
+
+absl::StatusOr<DType> CudaComputeDType(int device) { return NoCuda(); }
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
+                                                         const CudaBackendOptions& options) {
+  return NoCuda();
+}
+
+}  // namespace moebatch

@@ -1,0 +1,665 @@
+// The cuda backend (cuda/cuda_backend.h): pinned host memory, the data mover's CUDA copy engine and
+// the Device that runs tasks A and B with cuda/kernels.h and cuBLAS (MoE-Lens §6.4-6.5).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
+#include "engine/data_mover.h"
+#include "engine/gpu_memory_plan.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+namespace {
+
+using gpu::GpuDType;
+
+absl::Status CudaError(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+absl::Status CublasError(cublasStatus_t err, const char* what) {
+  if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(err)));
+}
+
+#define MB_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    absl::Status mb_status_ = (expr);        \
+    if (!mb_status_.ok()) return mb_status_; \
+  } while (0)
+
+GpuDType ToGpu(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return GpuDType::kF16;
+    case DType::kBF16:
+      return GpuDType::kBF16;
+    case DType::kF32:
+      break;
+  }
+  return GpuDType::kF32;
+}
+
+cudaDataType_t CudaType(GpuDType t) {
+  switch (t) {
+    case GpuDType::kF16:
+      return CUDA_R_16F;
+    case GpuDType::kBF16:
+      return CUDA_R_16BF;
+    case GpuDType::kF32:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
+// --- Pinned host memory -------------------------------------------------------------------------
+
+class Pinned final : public HostAllocator {
+ public:
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot pin ", bytes, " bytes of host memory (cudaHostAlloc: ", cudaGetErrorString(err),
+          "; is LimitMEMLOCK infinity?)"));
+    }
+    return static_cast<std::byte*>(p);
+  }
+  void Free(std::byte* data, size_t bytes) override { cudaFreeHost(data); }
+  const char* name() const override { return "pinned"; }
+};
+
+// --- The data mover's copy engine ---------------------------------------------------------------
+
+// Device slots filled from pinned memory on the mover's own stream, one packet in flight at a time
+// (each packet's event is waited for before the next is issued, MoE-Lens §6.5). A fill is ordered
+// after the consumer's release of the slot: OnRelease records an event on the compute stream, and
+// BeforeFill makes the mover stream wait for it.
+class CudaCopyEngine final : public CopyEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaCopyEngine>> Create(int device,
+                                                                std::vector<std::byte*> slots,
+                                                                size_t slot_bytes,
+                                                                cudaStream_t consumer) {
+    std::unique_ptr<CudaCopyEngine> e(new CudaCopyEngine());
+    e->device_ = device;
+    e->slots_ = std::move(slots);
+    e->slot_bytes_ = slot_bytes;
+    e->consumer_ = consumer;
+    MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device), "cudaSetDevice"));
+    MB_RETURN_IF_ERROR(CudaError(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking),
+                                 "data mover stream"));
+    MB_RETURN_IF_ERROR(CudaError(cudaEventCreateWithFlags(&e->packet_, cudaEventDisableTiming),
+                                 "data mover event"));
+    e->released_.assign(e->slots_.size(), nullptr);
+    e->ever_released_.assign(e->slots_.size(), false);
+    for (cudaEvent_t& ev : e->released_) {
+      MB_RETURN_IF_ERROR(
+          CudaError(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "slot event"));
+    }
+    return e;
+  }
+  ~CudaCopyEngine() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t ev : released_) {
+      if (ev != nullptr) cudaEventDestroy(ev);
+    }
+    if (packet_ != nullptr) cudaEventDestroy(packet_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int num_slots() const override { return static_cast<int>(slots_.size()); }
+  size_t slot_bytes() const override { return slot_bytes_; }
+
+  absl::Status BeforeFill(int slot) override {
+    MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device_), "cudaSetDevice (data mover)"));
+    if (!ever_released_[slot]) return absl::OkStatus();
+    return CudaError(cudaStreamWaitEvent(stream_, released_[slot], 0), "wait for slot release");
+  }
+  absl::Status CopyPacket(int slot, size_t offset, const std::byte* src, size_t bytes) override {
+    MB_RETURN_IF_ERROR(CudaError(
+        cudaMemcpyAsync(slots_[slot] + offset, src, bytes, cudaMemcpyHostToDevice, stream_),
+        "weight packet H2D"));
+    MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(packet_, stream_), "packet event"));
+    return CudaError(cudaEventSynchronize(packet_), "weight packet");
+  }
+  absl::Status AfterFill(int slot) override { return absl::OkStatus(); }
+  void OnRelease(int slot) override {
+    // Called on the compute thread (the device is current there).
+    cudaEventRecord(released_[slot], consumer_);
+    ever_released_[slot] = true;
+  }
+
+ private:
+  CudaCopyEngine() = default;
+  int device_ = 0;
+  std::vector<std::byte*> slots_;
+  size_t slot_bytes_ = 0;
+  cudaStream_t consumer_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t packet_ = nullptr;
+  std::vector<cudaEvent_t> released_;
+  // Written by the compute thread before DataMover::Release, read by the mover thread after the
+  // mover saw that release (DataMover's mutex orders the two).
+  std::vector<bool> ever_released_;
+};
+
+// --- The device
+// -----------------------------------------------------------------------------------
+
+// Layer region layout (engine/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per expert.
+enum LayerTensor { kInputNorm = 0, kQ, kK, kV, kO, kPostNorm, kRouter, kFirstExpert };
+
+class CudaDevice final : public Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<Device>> Create(const WeightStore& store,
+                                                        const CudaBackendOptions& options);
+  ~CudaDevice() override;
+
+  const char* name() const override { return "cuda"; }
+  const ModelConfig& config() const override { return store_.config(); }
+  absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
+                     int64_t tokens) override;
+  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) override;
+  absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
+                     ForwardStats* stats) override;
+  absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+
+ private:
+  explicit CudaDevice(const WeightStore& store) : store_(store) {}
+
+  // Bump allocation inside the one budgeted cudaMalloc.
+  template <typename T>
+  T* Carve(int64_t count) {
+    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
+    std::byte* p = arena_ + arena_used_;
+    arena_used_ += bytes;
+    return reinterpret_cast<T*>(p);
+  }
+  absl::Status CheckCall(int micro_batch, int64_t layer, int64_t tokens) const;
+  // Weight slots. Layers are visited in order 0, 1, ..., n-1, 0, ... (one micro-batch: task A and
+  // task B of a layer, then the next layer); visit i uses slot i % 2, so a layer's slot changes
+  // between passes when n is odd. At most two visits are live: the layer computing and the one
+  // prefetched.
+  struct Visit {
+    int64_t layer;
+    int slot;
+    uint64_t ticket;  // 0: the slot already held this layer, nothing copied
+    bool waited;
+  };
+  // The live visit of `layer`, queuing its fill when it has none. FailedPrecondition when two other
+  // layers are live (layers out of order).
+  absl::StatusOr<Visit*> Queue(int64_t layer);
+  // The slot holding `layer`, its fill complete (the host waits on the mover); prefetches the next
+  // layer into the other slot.
+  absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
+  // After task B of `layer`: its slot is released and the layer after next is queued into it.
+  absl::Status LayerDone(int64_t layer);
+  // y[m, n] (f32) = x[m, k] (dtype_) wᵀ with w [n, k] (dtype_) on the compute stream.
+  absl::Status Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y);
+  const void* Tensor(const std::byte* slot, int64_t layer, int index) const {
+    return slot + store_.layer(layer).tensors[index].offset;
+  }
+
+  const WeightStore& store_;
+  GpuDType dtype_ = GpuDType::kBF16;
+  size_t elem_ = 2;
+  int device_ = 0;
+  GpuMemoryPlan plan_;
+  std::byte* arena_ = nullptr;
+  size_t arena_used_ = 0;
+  cudaStream_t compute_ = nullptr, transfer_ = nullptr;
+  cudaEvent_t computed_ = nullptr, transferred_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<CudaCopyEngine> copy_engine_;
+  std::unique_ptr<DataMover> mover_;
+  std::byte* slots_[2] = {nullptr, nullptr};
+  int64_t slot_content_[2] = {-1, -1};  // the layer last filled into each slot
+  std::deque<Visit> visits_;
+  int next_slot_ = 0;
+
+  // Resident.
+  void* lm_head_ = nullptr;
+  void* final_norm_ = nullptr;
+  float* inv_freq_ = nullptr;
+  // Per micro-batch.
+  float* h_[kMaxMicroBatches] = {};
+  int64_t* positions_[kMaxMicroBatches] = {};
+  int64_t tokens_[kMaxMicroBatches] = {};
+  // Scratch (one task at a time).
+  void* x_ = nullptr;  // [T, hidden] dtype
+  float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_f_ = nullptr, *proj_ = nullptr;
+  void* attn_c_ = nullptr;
+  float* router_ = nullptr;
+  int32_t *ids_ = nullptr, *slot_of_ = nullptr, *sorted_token_ = nullptr, *offsets_ = nullptr;
+  float* route_w_ = nullptr;
+  void* expert_in_ = nullptr;  // [T k, hidden] dtype
+  float *gate_ = nullptr, *up_ = nullptr, *expert_out_ = nullptr;
+  void* act_ = nullptr;  // [T k, ffn] dtype
+  float* logits_ = nullptr;
+  int32_t* rows_ = nullptr;
+  std::byte* workspace_ = nullptr;
+  std::vector<std::byte> embed_rows_;  // host staging of the embedding gather
+  std::vector<int32_t> host_offsets_;
+};
+
+absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& store,
+                                                           const CudaBackendOptions& options) {
+  const ModelConfig& c = store.config();
+  std::unique_ptr<CudaDevice> d(new CudaDevice(store));
+  d->device_ = options.device;
+  d->dtype_ = ToGpu(store.dtype());
+  d->elem_ = gpu::GpuDTypeSize(d->dtype_);
+  MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
+  int64_t budget = options.gpu_memory_bytes;
+  if (budget <= 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    MB_RETURN_IF_ERROR(CudaError(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    budget = static_cast<int64_t>(free_bytes) - (int64_t{256} << 20);  // leave the driver room
+  }
+  auto plan = PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
+                            options.max_tokens_per_pass, budget);
+  if (!plan.ok()) return plan.status();
+  d->plan_ = *plan;
+  // Room for 256-byte alignment of every carved buffer (a few dozen of them).
+  const size_t arena_bytes = static_cast<size_t>(d->plan_.total_bytes) + (size_t{64} << 10);
+  if (static_cast<int64_t>(arena_bytes) > budget) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU memory: ", d->plan_.ToString(), " plus alignment exceeds the budget"));
+  }
+  void* arena = nullptr;
+  MB_RETURN_IF_ERROR(CudaError(cudaMalloc(&arena, arena_bytes), "cudaMalloc (the GPU budget)"));
+  d->arena_ = static_cast<std::byte*>(arena);
+
+  const int64_t T = options.max_tokens_per_pass, hidden = c.hidden_size;
+  const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size, E = c.num_local_experts;
+  d->slots_[0] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
+  d->slots_[1] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
+  d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_);
+  d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_);
+  d->inv_freq_ = d->Carve<float>(c.head_dim / 2);
+  for (int mb = 0; mb < kMaxMicroBatches; ++mb) {
+    d->h_[mb] = d->Carve<float>(T * hidden);
+    d->positions_[mb] = d->Carve<int64_t>(T);
+  }
+  d->x_ = d->Carve<std::byte>(T * hidden * d->elem_);
+  d->q_ = d->Carve<float>(T * c.q_size());
+  d->k_ = d->Carve<float>(T * c.kv_size());
+  d->v_ = d->Carve<float>(T * c.kv_size());
+  d->attn_f_ = d->Carve<float>(T * c.q_size());
+  d->attn_c_ = d->Carve<std::byte>(T * c.q_size() * d->elem_);
+  d->proj_ = d->Carve<float>(T * hidden);
+  d->router_ = d->Carve<float>(T * E);
+  d->ids_ = d->Carve<int32_t>(T * k);
+  d->route_w_ = d->Carve<float>(T * k);
+  d->slot_of_ = d->Carve<int32_t>(T * k);
+  d->sorted_token_ = d->Carve<int32_t>(T * k);
+  d->offsets_ = d->Carve<int32_t>(E + 1);
+  d->expert_in_ = d->Carve<std::byte>(T * k * hidden * d->elem_);
+  d->gate_ = d->Carve<float>(T * k * ffn);
+  d->up_ = d->Carve<float>(T * k * ffn);
+  d->act_ = d->Carve<std::byte>(T * k * ffn * d->elem_);
+  d->expert_out_ = d->Carve<float>(T * k * hidden);
+  d->logits_ = d->Carve<float>(T * c.vocab_size);
+  d->rows_ = d->Carve<int32_t>(T);
+  const size_t workspace_bytes = size_t{32} << 20;
+  d->workspace_ = d->Carve<std::byte>(static_cast<int64_t>(workspace_bytes));
+  if (d->arena_used_ > arena_bytes) {
+    return absl::InternalError(absl::StrCat("GPU memory: carved ", d->arena_used_,
+                                            " bytes out of an arena of ", arena_bytes));
+  }
+
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaStreamCreateWithFlags(&d->compute_, cudaStreamNonBlocking), "compute stream"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamCreateWithFlags(&d->transfer_, cudaStreamNonBlocking),
+                               "transfer stream"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaEventCreateWithFlags(&d->computed_, cudaEventDisableTiming), "event"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaEventCreateWithFlags(&d->transferred_, cudaEventDisableTiming), "event"));
+  MB_RETURN_IF_ERROR(CublasError(cublasCreate(&d->cublas_), "cublasCreate"));
+  MB_RETURN_IF_ERROR(CublasError(cublasSetStream(d->cublas_, d->compute_), "cublasSetStream"));
+  MB_RETURN_IF_ERROR(CublasError(cublasSetWorkspace(d->cublas_, d->workspace_, workspace_bytes),
+                                 "cublasSetWorkspace"));
+  // f32 means f32: no TF32 tensor-core rounding in the exactness mode.
+  MB_RETURN_IF_ERROR(
+      CublasError(cublasSetMathMode(d->cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+
+  // Resident weights: lm_head and the final norm; the RoPE inverse frequencies as the CPU has them.
+  const ModelWeights& w = store.weights();
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpy(d->lm_head_, w.lm_head->data, w.lm_head->nbytes, cudaMemcpyHostToDevice),
+                "lm_head H2D"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpy(d->final_norm_, w.norm->data, w.norm->nbytes, cudaMemcpyHostToDevice),
+                "final norm H2D"));
+  std::vector<float> inv_freq(c.head_dim / 2);
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    inv_freq[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
+  }
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpy(d->inv_freq_, inv_freq.data(),
+                                          inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
+                               "inv_freq H2D"));
+
+  auto engine =
+      CudaCopyEngine::Create(options.device, {d->slots_[0], d->slots_[1]},
+                             static_cast<size_t>(d->plan_.weight_slot_bytes), d->compute_);
+  if (!engine.ok()) return engine.status();
+  d->copy_engine_ = *std::move(engine);
+  d->mover_ = std::make_unique<DataMover>(d->copy_engine_.get(), options.packet_bytes);
+  d->host_offsets_.resize(E + 1);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, options.device);
+  spdlog::info("cuda backend: {} (sm_{}{}), {} compute, budget {:.2f} GiB: {}", prop.name,
+               prop.major, prop.minor, DTypeName(store.dtype()), budget / double(1 << 30),
+               d->plan_.ToString());
+  return std::unique_ptr<Device>(std::move(d));
+}
+
+CudaDevice::~CudaDevice() {
+  mover_.reset();  // stops after the packet in flight
+  copy_engine_.reset();
+  if (compute_ != nullptr) cudaStreamSynchronize(compute_);
+  if (transfer_ != nullptr) cudaStreamSynchronize(transfer_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (computed_ != nullptr) cudaEventDestroy(computed_);
+  if (transferred_ != nullptr) cudaEventDestroy(transferred_);
+  if (compute_ != nullptr) cudaStreamDestroy(compute_);
+  if (transfer_ != nullptr) cudaStreamDestroy(transfer_);
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+absl::Status CudaDevice::CheckCall(int micro_batch, int64_t layer, int64_t tokens) const {
+  if (micro_batch < 0 || micro_batch >= kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro_batch ", micro_batch, " outside [0, ", kMaxMicroBatches, ")"));
+  }
+  if (layer < 0 || layer >= store_.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " outside [0, ", store_.num_layers(), ")"));
+  }
+  if (tokens < 0 || tokens > plan_.tokens_per_pass) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tokens, " tokens in a micro-batch; the GPU budget was planned for ",
+                     plan_.tokens_per_pass));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaDevice::Visit*> CudaDevice::Queue(int64_t layer) {
+  for (Visit& v : visits_) {
+    if (v.layer == layer) return &v;
+  }
+  if (visits_.size() >= 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: layer ", layer, " asked for while layers ", visits_[0].layer, " and ",
+        visits_[1].layer, " hold both weight slots (layers must be visited in order)"));
+  }
+  const int slot = next_slot_;
+  next_slot_ ^= 1;
+  Visit v{layer, slot, 0, true};
+  if (slot_content_[slot] != layer) {
+    const WeightRegion& region = store_.layer(layer);
+    auto ticket = mover_->Enqueue(slot, region.data, region.bytes, layer);
+    if (!ticket.ok()) return ticket.status();
+    v.ticket = *ticket;
+    v.waited = false;
+    slot_content_[slot] = layer;
+  }
+  visits_.push_back(v);
+  return &visits_.back();
+}
+
+absl::StatusOr<const std::byte*> CudaDevice::AwaitLayer(int64_t layer) {
+  auto visit = Queue(layer);
+  if (!visit.ok()) return visit.status();
+  Visit& v = **visit;
+  if (!v.waited) {
+    if (absl::Status st = mover_->Wait(v.ticket); !st.ok()) {
+      slot_content_[v.slot] = -1;  // unknown content: refill on the next visit
+      return st;
+    }
+    v.waited = true;
+  }
+  const int slot = v.slot;
+  // Prefetch the next layer into the other slot (the fill starts once that slot is released).
+  if (store_.num_layers() > 1 && visits_.size() < 2) {
+    auto next = Queue((layer + 1) % store_.num_layers());
+    if (!next.ok()) return next.status();
+  }
+  return slots_[slot];
+}
+
+absl::Status CudaDevice::LayerDone(int64_t layer) {
+  if (store_.num_layers() == 1) return absl::OkStatus();  // the one layer stays resident
+  if (visits_.empty() || visits_.front().layer != layer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: layer ", layer, " finished out of order"));
+  }
+  const int slot = visits_.front().slot;
+  visits_.pop_front();
+  // After the compute stream's last use of the slot (OnRelease records the event there).
+  mover_->Release(slot);
+  // MoE-Lens §6.5: the weights after next are copied while the next layer computes.
+  return Queue((layer + 2) % store_.num_layers()).status();
+}
+
+absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
+                              float* y) {
+  if (m == 0) return absl::OkStatus();
+  // Row-major y[m, n] = x[m, k] w[n, k]ᵀ is column-major yᵀ[n, m] = w (k x n, transposed) x ...:
+  // cuBLAS C = op(A) op(B) with A = w (lda k, op T) and B = x (ldb k, op N).
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t t = CudaType(dtype_);
+  return CublasError(
+      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                   static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t,
+                   static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(n),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+absl::Status CudaDevice::Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
+                               int64_t tokens) {
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  const ModelConfig& c = config();
+  const TensorInfo& table = *store_.weights().embed_tokens;
+  const size_t row_bytes = static_cast<size_t>(c.hidden_size) * DTypeSize(*table.dtype);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (token_ids[t] < 0 || token_ids[t] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", token_ids[t], " outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  // The embedding table stays in host memory: gather the rows here, widen on the GPU.
+  embed_rows_.resize(static_cast<size_t>(tokens) * row_bytes);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(embed_rows_.data() + t * row_bytes, table.data + token_ids[t] * row_bytes,
+                row_bytes);
+  }
+  tokens_[micro_batch] = tokens;
+  if (tokens == 0) return absl::OkStatus();
+  // Stage the rows in the (not yet used) expert-input buffer, which is large enough:
+  // [T k, hidden] >= [T, hidden].
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(expert_in_, embed_rows_.data(), embed_rows_.size(),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "embedding rows H2D"));
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(positions_[micro_batch], positions,
+                                               static_cast<size_t>(tokens) * sizeof(int64_t),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "positions H2D"));
+  MB_RETURN_IF_ERROR(gpu::ConvertToF32(expert_in_, ToGpu(*table.dtype), tokens * c.hidden_size,
+                                       h_[micro_batch], compute_));
+  if (visits_.empty()) MB_RETURN_IF_ERROR(Queue(0).status());  // the first pass's first layer
+  return CudaError(cudaStreamSynchronize(compute_), "embedding");
+}
+
+absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
+  const ModelConfig& c = config();
+  auto slot = AwaitLayer(layer);
+  if (!slot.ok()) return slot.status();
+  if (tokens == 0) return absl::OkStatus();
+  const std::byte* s = *slot;
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  MB_RETURN_IF_ERROR(gpu::RmsNorm(h_[micro_batch], Tensor(s, layer, kInputNorm), dtype_, tokens,
+                                  hidden, eps, x_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kQ), tokens, c.q_size(), hidden, q_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kK), tokens, c.kv_size(), hidden, k_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kV), tokens, c.kv_size(), hidden, v_));
+  MB_RETURN_IF_ERROR(gpu::ApplyRope(q_, tokens, c.num_attention_heads, c.head_dim,
+                                    positions_[micro_batch], inv_freq_, compute_));
+  MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
+                                    positions_[micro_batch], inv_freq_, compute_));
+  // q/k/v to the host on the transfer stream, after the compute stream's work.
+  MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
+  const size_t qb = static_cast<size_t>(tokens * c.q_size()) * sizeof(float);
+  const size_t kvb = static_cast<size_t>(tokens * c.kv_size()) * sizeof(float);
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(q, q_, qb, cudaMemcpyDeviceToHost, transfer_), "q D2H"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(v, v_, kvb, cudaMemcpyDeviceToHost, transfer_), "v D2H"));
+  return CudaError(cudaStreamSynchronize(transfer_), "task A");
+}
+
+absl::Status CudaDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
+                               ForwardStats* stats) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
+  const ModelConfig& c = config();
+  auto slot = AwaitLayer(layer);
+  if (!slot.ok()) return slot.status();
+  const std::byte* s = *slot;
+  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
+  const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  float* h = h_[micro_batch];
+  if (tokens > 0) {
+    // Attention output to the device on the transfer stream; the compute stream waits for it.
+    MB_RETURN_IF_ERROR(CudaError(
+        cudaMemcpyAsync(attn_f_, attn, static_cast<size_t>(tokens * c.q_size()) * sizeof(float),
+                        cudaMemcpyHostToDevice, transfer_),
+        "attention H2D"));
+    MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(transferred_, transfer_), "event"));
+    MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(compute_, transferred_, 0), "event wait"));
+    MB_RETURN_IF_ERROR(gpu::ConvertF32To(attn_f_, tokens * c.q_size(), attn_c_, dtype_, compute_));
+    MB_RETURN_IF_ERROR(Gemm(attn_c_, Tensor(s, layer, kO), tokens, hidden, c.q_size(), proj_));
+    MB_RETURN_IF_ERROR(gpu::AddResidual(h, proj_, tokens * hidden, compute_));
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(h, Tensor(s, layer, kPostNorm), dtype_, tokens, hidden, eps, x_,
+                                    dtype_, compute_));
+    MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kRouter), tokens, E, hidden, router_));
+    MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_, compute_));
+    MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
+                                                   slot_of_, compute_));
+    MB_RETURN_IF_ERROR(
+        CudaError(cudaMemcpyAsync(host_offsets_.data(), offsets_, (E + 1) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, compute_),
+                  "expert offsets D2H"));
+    MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "router"));
+    const int64_t rows = host_offsets_[E];
+    MB_RETURN_IF_ERROR(
+        gpu::GatherRows(x_, dtype_, tokens, hidden, sorted_token_, rows, expert_in_, compute_));
+    const auto* in = static_cast<const std::byte*>(expert_in_);
+    auto* act = static_cast<std::byte*>(act_);
+    int64_t touched = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+      if (n == 0) continue;
+      ++touched;
+      const void* x = in + r0 * hidden * elem_;
+      MB_RETURN_IF_ERROR(
+          Gemm(x, Tensor(s, layer, kFirstExpert + 3 * e), n, ffn, hidden, gate_ + r0 * ffn));
+      MB_RETURN_IF_ERROR(
+          Gemm(x, Tensor(s, layer, kFirstExpert + 3 * e + 1), n, ffn, hidden, up_ + r0 * ffn));
+    }
+    MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+      if (n == 0) continue;
+      MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, Tensor(s, layer, kFirstExpert + 3 * e + 2), n,
+                              hidden, ffn, expert_out_ + r0 * hidden));
+    }
+    MB_RETURN_IF_ERROR(gpu::CombineExperts(expert_out_, slot_of_, ids_, route_w_, tokens, top_k,
+                                           hidden, h, compute_));
+    if (stats != nullptr) {
+      stats->expert_token_pairs += rows;
+      stats->experts_touched += touched;
+    }
+  }
+  MB_RETURN_IF_ERROR(LayerDone(layer));
+  return CudaError(cudaStreamSynchronize(compute_), "task B");
+}
+
+absl::Status CudaDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  const ModelConfig& c = config();
+  if (n == 0) return absl::OkStatus();
+  std::vector<int32_t> host_rows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits row ", rows[i], " outside the micro-batch's ", tokens, " tokens"));
+    }
+    host_rows[i] = static_cast<int32_t>(rows[i]);
+  }
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(rows_, host_rows.data(), n * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "rows H2D"));
+  // The rows' hidden states (f32) into proj_, normed into x_ (compute dtype), then lm_head.
+  MB_RETURN_IF_ERROR(gpu::GatherRows(h_[micro_batch], GpuDType::kF32, tokens, c.hidden_size, rows_,
+                                     n, proj_, compute_));
+  MB_RETURN_IF_ERROR(gpu::RmsNorm(proj_, final_norm_, dtype_, n, c.hidden_size,
+                                  static_cast<float>(c.rms_norm_eps), x_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(Gemm(x_, lm_head_, n, c.vocab_size, c.hidden_size, logits_));
+  MB_RETURN_IF_ERROR(CudaError(
+      cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n * c.vocab_size) * sizeof(float),
+                      cudaMemcpyDeviceToHost, compute_),
+      "logits D2H"));
+  return CudaError(cudaStreamSynchronize(compute_), "logits");
+}
+
+}  // namespace
+
+HostAllocator* PinnedHostAllocator() {
+  static Pinned* allocator = new Pinned();
+  return allocator;
+}
+
+absl::StatusOr<DType> CudaComputeDType(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(err)));
+  }
+  return prop.major >= 8 ? DType::kBF16 : DType::kF16;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
+                                                         const CudaBackendOptions& options) {
+  return CudaDevice::Create(store, options);
+}
+
+}  // namespace moebatch
