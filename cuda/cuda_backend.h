@@ -20,8 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/data_mover.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/weight_store.h"
@@ -47,5 +49,14 @@ absl::StatusOr<DType> CudaComputeDType(int device);
 // per pass would fit), Unavailable without CUDA or a device, Internal for CUDA/cuBLAS failures.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
                                                          const CudaBackendOptions& options);
+
+// The data mover's CUDA copy engine (what CudaDevice uses): fills `device_slots` (device pointers
+// of slot_bytes each) from pinned host memory on its own non-blocking stream, one packet in flight
+// (each packet's completion awaited before the next is issued), a fill ordered after the release
+// event that OnRelease records on `consumer_stream` (a cudaStream_t; null: the legacy default
+// stream). For the GPU tests and benchmarks. Unavailable without CUDA.
+absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCudaCopyEngine(
+    int device, const std::vector<std::byte*>& device_slots, size_t slot_bytes,
+    void* consumer_stream);
 
 }  // namespace moebatch

@@ -18,4 +18,10 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& stor
   return NoCuda();
 }
 
+absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCudaCopyEngine(
+    int device, const std::vector<std::byte*>& device_slots, size_t slot_bytes,
+    void* consumer_stream) {
+  return NoCuda();
+}
+
 }  // namespace moebatch

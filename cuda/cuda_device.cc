@@ -662,4 +662,13 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& stor
   return CudaDevice::Create(store, options);
 }
 
+absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCudaCopyEngine(
+    int device, const std::vector<std::byte*>& device_slots, size_t slot_bytes,
+    void* consumer_stream) {
+  auto engine = CudaCopyEngine::Create(device, device_slots, slot_bytes,
+                                       static_cast<cudaStream_t>(consumer_stream));
+  if (!engine.ok()) return engine.status();
+  return std::unique_ptr<CopyEngine>(*std::move(engine));
+}
+
 }  // namespace moebatch
