@@ -176,6 +176,10 @@ class CudaDevice final : public Device {
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+  DeviceCounters counters() const override {
+    const DataMoverStats s = mover_->stats();
+    return DeviceCounters{s.fills, s.bytes, s.busy_seconds};
+  }
 
  private:
   explicit CudaDevice(const WeightStore& store) : store_(store) {}

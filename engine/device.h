@@ -38,6 +38,14 @@ struct ForwardStats {
   int64_t experts_touched = 0;     // sum over layers of experts with at least one token
 };
 
+// What the device's weight transfers did so far (the cuda backend's data mover; zero on the cpu
+// backend, whose weights never move).
+struct DeviceCounters {
+  int64_t weight_fills = 0;        // layers copied into a weight slot
+  int64_t weight_bytes = 0;        // bytes copied
+  double weight_busy_seconds = 0;  // time the copies were in flight
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -64,6 +72,8 @@ class Device {
 
   // logits [n, vocab_size] f32 = RMSNorm(h[rows[i]]) lm_headᵀ for rows of the micro-batch.
   virtual absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) = 0;
+
+  virtual DeviceCounters counters() const { return {}; }
 };
 
 }  // namespace moebatch
