@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_probe.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu_device.h"
 #include "engine/engine.h"
@@ -274,6 +275,16 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
   options.host_memory_bytes = 1 << 20;  // the KV cache alone is 8 MiB
   auto refused = Engine::Create(options);
   REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+
+  // The cuda backend without a usable GPU (this machine, CI): a clear Unavailable, nothing loaded.
+  options = EngineOptions{};
+  options.model_dir = Fixture("tiny-mixtral");
+  options.backend = EngineOptions::Backend::kCuda;
+  if (auto gpus = ProbeGpus(); !gpus.ok() || gpus->empty()) {
+    auto no_gpu = Engine::Create(options);
+    INFO(no_gpu.status().ToString());
+    REQUIRE(no_gpu.status().code() == absl::StatusCode::kUnavailable);
+  }
 
   REQUIRE(WeightSourceFromString("host") == EngineOptions::WeightSource::kHostCopy);
   REQUIRE(!WeightSourceFromString("disk").has_value());
