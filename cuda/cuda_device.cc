@@ -176,6 +176,10 @@ class CudaDevice final : public Device {
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+  void BeginPass(int micro_batches) override {
+    micro_batches_in_pass_ = std::max(1, micro_batches);
+    task_b_calls_ = 0;
+  }
   DeviceCounters counters() const override {
     const DataMoverStats s = mover_->stats();
     return DeviceCounters{s.fills, s.bytes, s.busy_seconds};
@@ -233,6 +237,8 @@ class CudaDevice final : public Device {
   int64_t slot_content_[2] = {-1, -1};  // the layer last filled into each slot
   std::deque<Visit> visits_;
   int next_slot_ = 0;
+  int micro_batches_in_pass_ = 1;
+  int task_b_calls_ = 0;  // of the oldest live layer, this pass
 
   // Resident.
   void* lm_head_ = nullptr;
@@ -610,7 +616,11 @@ absl::Status CudaDevice::TaskB(int micro_batch, int64_t layer, const float* attn
       stats->experts_touched += touched;
     }
   }
-  MB_RETURN_IF_ERROR(LayerDone(layer));
+  // The layer's weights are done with once every micro-batch ran its task B.
+  if (++task_b_calls_ >= micro_batches_in_pass_) {
+    task_b_calls_ = 0;
+    MB_RETURN_IF_ERROR(LayerDone(layer));
+  }
   return CudaError(cudaStreamSynchronize(compute_), "task B");
 }
 

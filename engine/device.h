@@ -54,6 +54,11 @@ class Device {
   virtual const char* name() const = 0;
   virtual const ModelConfig& config() const = 0;
 
+  // A pass of `micro_batches` micro-batches (1 or 2) begins; their Embed calls follow. Layers are
+  // then visited in order, and a layer's task B runs once per micro-batch before the device may
+  // drop its weights (VSLPipe interleaves task A of layer i + 1 between them, MoE-Lens Fig. 9).
+  virtual void BeginPass(int micro_batches) {}
+
   // Starts micro-batch `micro_batch` with `tokens` tokens: h = embed_tokens[token_ids]
   // ([tokens, hidden]), and remembers each token's absolute position (for RoPE in task A).
   // token_ids [tokens] int32 in [0, vocab_size); positions [tokens] int64 >= 0. The caller has

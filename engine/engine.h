@@ -66,6 +66,9 @@ struct EngineOptions {
   int gpu_device = 0;
   int64_t gpu_memory_bytes = 0;                     // the GPU budget; 0: the device's free memory
   int64_t weight_packet_bytes = int64_t{64} << 20;  // the data mover's packet
+  // VSLPipe (engine/model_runner.h): passes of two or more sequences run as two micro-batches in
+  // a CPU/device pipeline.
+  bool vslpipe = true;
 };
 
 // "mapped", "host", "synthetic" (the --weights flag's spelling); nullopt for anything else.

@@ -1,24 +1,71 @@
 #include "engine/model_runner.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/decode_attention.h"
 
 namespace moebatch {
 
-ModelRunner::ModelRunner(std::unique_ptr<Device> device) : device_(std::move(device)) {}
+ModelRunner::PhaseWorker::PhaseWorker(int omp_threads) {
+  thread_ = std::thread([this, omp_threads] {
+    omp_set_num_threads(omp_threads);  // this thread's OpenMP team: the caller's size
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || (busy_ && task_); });
+      if (stop_) return;
+      std::function<void()> task = std::move(task_);
+      task_ = nullptr;
+      lock.unlock();
+      task();
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  });
+}
 
-absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache,
-                                  std::vector<float>* logits, ForwardStats* stats) {
+ModelRunner::PhaseWorker::~PhaseWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ModelRunner::PhaseWorker::Start(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    task_ = std::move(task);
+    busy_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ModelRunner::PhaseWorker::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !busy_; });
+}
+
+ModelRunner::ModelRunner(std::unique_ptr<Device> device, ModelRunnerOptions options)
+    : device_(std::move(device)), options_(options) {}
+
+ModelRunner::~ModelRunner() = default;
+
+absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& cache,
+                               int micro_batches) {
   const ModelConfig& c = config();
   const int64_t tokens = static_cast<int64_t>(batch.token_ids.size());
-  const int64_t d = c.head_dim;
-  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const int64_t num_seqs = static_cast<int64_t>(batch.seqs.size());
 
-  // Validate the batch and derive every token's position.
-  positions_.assign(tokens, -1);
-  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+  // Validate the batch.
+  std::vector<bool> covered(tokens, false);
+  for (int64_t s = 0; s < num_seqs; ++s) {
     const ForwardSequence& seq = batch.seqs[s];
     if (seq.num_tokens <= 0 || seq.token_start < 0 || seq.token_start + seq.num_tokens > tokens ||
         seq.context_len < seq.num_tokens || seq.block_table == nullptr ||
@@ -32,12 +79,10 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
           absl::StrCat("forward batch: sequence ", s, " reaches position ", seq.context_len - 1,
                        " beyond max_position_embeddings ", c.max_position_embeddings));
     }
-    for (int64_t i = 0; i < seq.num_tokens; ++i) {
-      positions_[seq.token_start + i] = seq.context_len - seq.num_tokens + i;
-    }
+    for (int64_t i = 0; i < seq.num_tokens; ++i) covered[seq.token_start + i] = true;
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    if (positions_[t] < 0) {
+    if (!covered[t]) {
       return absl::InvalidArgumentError(
           absl::StrCat("forward batch: token ", t, " has no sequence"));
     }
@@ -47,61 +92,174 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
     }
   }
 
-  // Where each token's K/V goes and what each sequence attends over (the same in every layer).
-  std::vector<AttentionSequence> attn_seqs;
-  attn_seqs.reserve(batch.seqs.size());
-  append_rows_.resize(static_cast<size_t>(tokens));
-  for (const ForwardSequence& seq : batch.seqs) {
-    for (int64_t i = 0; i < seq.num_tokens; ++i) {
-      const int64_t t = seq.token_start + i;
-      append_rows_[t] = KvAppendRow{seq.block_table->data(), positions_[t]};
+  // Assign sequences to micro-batches (VSLPipe: balanced in tokens; largest first to the lighter
+  // one), keeping batch order inside each.
+  std::vector<int> owner(num_seqs, 0);
+  if (micro_batches == 2) {
+    std::vector<int64_t> order(num_seqs);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return batch.seqs[a].num_tokens > batch.seqs[b].num_tokens;
+    });
+    int64_t load[2] = {0, 0}, count[2] = {0, 0};
+    for (int64_t s : order) {
+      const int m = load[1] < load[0] || (load[1] == load[0] && count[1] < count[0]) ? 1 : 0;
+      owner[s] = m;
+      load[m] += batch.seqs[s].num_tokens;
+      ++count[m];
     }
-    attn_seqs.push_back(AttentionSequence{seq.block_table->data(), seq.token_start, seq.num_tokens,
-                                          seq.context_len});
   }
-  q_.resize(static_cast<size_t>(tokens * heads * d));
-  k_.resize(static_cast<size_t>(tokens * kv_heads * d));
-  v_.resize(static_cast<size_t>(tokens * kv_heads * d));
-  attn_.resize(static_cast<size_t>(tokens * heads * d));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  num_micro_batches_ = micro_batches;
+  const int64_t q_row = c.q_size(), kv_row = c.kv_size();
+  size_t logits_out = 0;
+  for (int m = 0; m < micro_batches; ++m) {
+    MicroBatch& mb = micro_batches_[m];
+    mb.token_ids.clear();
+    mb.positions.clear();
+    mb.append_rows.clear();
+    mb.attn_seqs.clear();
+    mb.logit_rows.clear();
+    mb.logit_outputs.clear();
+  }
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const ForwardSequence& seq = batch.seqs[s];
+    MicroBatch& mb = micro_batches_[owner[s]];
+    const int64_t start = mb.tokens();
+    for (int64_t i = 0; i < seq.num_tokens; ++i) {
+      const int64_t position = seq.context_len - seq.num_tokens + i;
+      mb.token_ids.push_back(batch.token_ids[seq.token_start + i]);
+      mb.positions.push_back(position);
+      mb.append_rows.push_back(KvAppendRow{seq.block_table->data(), position});
+    }
+    mb.attn_seqs.push_back(
+        AttentionSequence{seq.block_table->data(), start, seq.num_tokens, seq.context_len});
+    if (seq.need_logits) {
+      mb.logit_rows.push_back(start + seq.num_tokens - 1);
+      mb.logit_outputs.push_back(logits_out++);
+    }
+  }
+  for (int m = 0; m < micro_batches; ++m) {
+    MicroBatch& mb = micro_batches_[m];
+    const size_t n = static_cast<size_t>(mb.tokens());
+    mb.q.resize(n * q_row);
+    mb.k.resize(n * kv_row);
+    mb.v.resize(n * kv_row);
+    mb.attn.resize(n * q_row);
+  }
+  return absl::OkStatus();
+}
 
-  constexpr int kMicroBatch = 0;  // one micro-batch per pass (VSLPipe's split: issue 6)
+void ModelRunner::CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache) {
+  const ModelConfig& c = config();
+  KvLayerView view;
+  view.base = cache.LayerBase(layer);
+  view.dtype = cache.config().dtype;
+  view.num_kv_heads = c.num_key_value_heads;
+  view.head_dim = c.head_dim;
+  view.block_size = cache.config().block_size;
+  view.block_stride_bytes = cache.block_stride_bytes();
+  view.value_offset_bytes = cache.value_offset_bytes();
+  AppendKv(view, mb.append_rows.data(), mb.tokens(), mb.k.data(), mb.v.data());
+  PagedAttention(view, mb.attn_seqs.data(), static_cast<int64_t>(mb.attn_seqs.size()), mb.q.data(),
+                 c.num_attention_heads, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                 c.sliding_window, mb.attn.data());
+}
+
+absl::Status ModelRunner::RunPlain(PagedKvCache& cache, ForwardStats* stats) {
   Device& device = *device_;
-  if (auto st = device.Embed(kMicroBatch, batch.token_ids.data(), positions_.data(), tokens);
-      !st.ok()) {
+  MicroBatch& mb = micro_batches_[0];
+  for (int64_t layer = 0; layer < config().num_hidden_layers; ++layer) {
+    if (auto st = device.TaskA(0, layer, mb.q.data(), mb.k.data(), mb.v.data()); !st.ok()) {
+      return st;
+    }
+    CpuTask(layer, mb, cache);  // MoE-Lens §6.6
+    if (auto st = device.TaskB(0, layer, mb.attn.data(), stats); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::RunPipelined(PagedKvCache& cache, ForwardStats* stats) {
+  Device& device = *device_;
+  MicroBatch& alpha = micro_batches_[0];
+  MicroBatch& beta = micro_batches_[1];
+  const int64_t n = config().num_hidden_layers;
+  if (worker_ == nullptr) worker_ = std::make_unique<PhaseWorker>(omp_get_max_threads());
+  auto task_a = [&](int m, int64_t layer) {
+    MicroBatch& mb = micro_batches_[m];
+    return device.TaskA(m, layer, mb.q.data(), mb.k.data(), mb.v.data());
+  };
+  auto task_b = [&](int m, int64_t layer) {
+    return device.TaskB(m, layer, micro_batches_[m].attn.data(), stats);
+  };
+  // One phase: the CPU task of (layer, mb) on the worker, the device work here; both end before
+  // the next phase (the exchange of Fig. 9).
+  auto phase = [&](int64_t cpu_layer, MicroBatch& cpu_mb,
+                   const std::function<absl::Status()>& device_work) {
+    worker_->Start([&, cpu_layer] { CpuTask(cpu_layer, cpu_mb, cache); });
+    absl::Status st = device_work();
+    worker_->Wait();
     return st;
+  };
+
+  // Prologue.
+  if (auto st = task_a(0, 0); !st.ok()) return st;
+  if (auto st = phase(0, alpha, [&] { return task_a(1, 0); }); !st.ok()) return st;
+  // Stages 0 .. n-2.
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    auto st = phase(i, beta, [&] {
+      absl::Status s = task_b(0, i);
+      return s.ok() ? task_a(0, i + 1) : s;
+    });
+    if (!st.ok()) return st;
+    st = phase(i + 1, alpha, [&] {
+      absl::Status s = task_b(1, i);
+      return s.ok() ? task_a(1, i + 1) : s;
+    });
+    if (!st.ok()) return st;
+  }
+  // Epilogue.
+  if (auto st = phase(n - 1, beta, [&] { return task_b(0, n - 1); }); !st.ok()) return st;
+  return task_b(1, n - 1);
+}
+
+absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache,
+                                  std::vector<float>* logits, ForwardStats* stats) {
+  const ModelConfig& c = config();
+  const int micro_batches = options_.vslpipe && batch.seqs.size() >= 2 ? 2 : 1;
+  if (auto st = Plan(batch, cache, micro_batches); !st.ok()) return st;
+  last_micro_batches_ = micro_batches;
+
+  Device& device = *device_;
+  device.BeginPass(micro_batches);
+  for (int m = 0; m < micro_batches; ++m) {
+    MicroBatch& mb = micro_batches_[m];
+    if (auto st = device.Embed(m, mb.token_ids.data(), mb.positions.data(), mb.tokens());
+        !st.ok()) {
+      return st;
+    }
   }
   ForwardStats local_stats;
-  local_stats.tokens = tokens;
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    if (auto st = device.TaskA(kMicroBatch, layer, q_.data(), k_.data(), v_.data()); !st.ok()) {
-      return st;
-    }
-    // The CPU task (MoE-Lens §6.6): K/V append, then attention of every token over its context.
-    KvLayerView view;
-    view.base = cache.LayerBase(layer);
-    view.dtype = cache.config().dtype;
-    view.num_kv_heads = kv_heads;
-    view.head_dim = d;
-    view.block_size = cache.config().block_size;
-    view.block_stride_bytes = cache.block_stride_bytes();
-    view.value_offset_bytes = cache.value_offset_bytes();
-    AppendKv(view, append_rows_.data(), tokens, k_.data(), v_.data());
-    PagedAttention(view, attn_seqs.data(), static_cast<int64_t>(attn_seqs.size()), q_.data(), heads,
-                   scale, c.sliding_window, attn_.data());
-    if (auto st = device.TaskB(kMicroBatch, layer, attn_.data(), &local_stats); !st.ok()) {
-      return st;
-    }
-  }
+  local_stats.tokens = static_cast<int64_t>(batch.token_ids.size());
+  absl::Status run =
+      micro_batches == 2 ? RunPipelined(cache, &local_stats) : RunPlain(cache, &local_stats);
+  if (!run.ok()) return run;
 
-  // Final norm and lm_head on the rows that need logits only.
-  std::vector<int64_t> rows;
-  for (const ForwardSequence& seq : batch.seqs) {
-    if (seq.need_logits) rows.push_back(seq.token_start + seq.num_tokens - 1);
+  // Final norm and lm_head on the rows that need logits only, back in batch order.
+  size_t rows = 0;
+  for (int m = 0; m < micro_batches; ++m) rows += micro_batches_[m].logit_rows.size();
+  logits->resize(rows * static_cast<size_t>(c.vocab_size));
+  for (int m = 0; m < micro_batches; ++m) {
+    MicroBatch& mb = micro_batches_[m];
+    const int64_t k = static_cast<int64_t>(mb.logit_rows.size());
+    mb.logits.resize(static_cast<size_t>(k * c.vocab_size));
+    if (auto st = device.Logits(m, mb.logit_rows.data(), k, mb.logits.data()); !st.ok()) {
+      return st;
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      std::copy_n(mb.logits.data() + i * c.vocab_size, c.vocab_size,
+                  logits->data() + mb.logit_outputs[i] * c.vocab_size);
+    }
   }
-  const int64_t n = static_cast<int64_t>(rows.size());
-  logits->resize(static_cast<size_t>(n * c.vocab_size));
-  if (auto st = device.Logits(kMicroBatch, rows.data(), n, logits->data()); !st.ok()) return st;
   if (stats != nullptr) *stats = local_stats;
   return absl::OkStatus();
 }

@@ -6,16 +6,33 @@
 // One pass may hold prefill chunks of many sequences of different lengths (no padding) and decode
 // tokens of others: every token carries its own position and block table.
 //
-// Threading: Forward is called from one thread at a time; it parallelises inside with OpenMP. The
-// device and the cache must outlive the call.
+// VSLPipe (MoE-Lens §6.4, Fig. 8-9), on by default for passes of two or more sequences: the
+// sequences are split into micro-batches alpha and beta, balanced in tokens, and run as a software
+// pipeline: a prologue (A_0(alpha); then C_0(alpha) beside A_0(beta)), N-1 stages of two phases
+//   phase 1:  CPU C_i(beta)        beside  device B_i(alpha), A_{i+1}(alpha)
+//   phase 2:  CPU C_{i+1}(alpha)   beside  device B_i(beta),  A_{i+1}(beta)
+// and an epilogue (C_{N-1}(beta) beside B_{N-1}(alpha); then B_{N-1}(beta)), where A/B are the
+// device's tasks and C the CPU task of a layer for a micro-batch. In each phase the CPU task runs
+// on the runner's worker thread while the calling thread drives the device; they meet at the
+// phase's end. Each micro-batch computes exactly what the plain pass computes for its tokens
+// (attention and K/V of a sequence never depend on other sequences), so the tokens are the same.
+//
+// Threading: Forward is called from one thread at a time; it parallelises inside with OpenMP (the
+// worker thread has its own OpenMP team of the caller's size). The device and the cache must
+// outlive the call.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "cpu_attention/kv_append.h"
+#include "cpu_attention/paged_attention.h"
 #include "engine/device.h"
 #include "engine/kv_cache.h"
 
@@ -37,9 +54,14 @@ struct ForwardBatch {
   std::vector<ForwardSequence> seqs;
 };
 
+struct ModelRunnerOptions {
+  bool vslpipe = true;  // two micro-batches in a pipeline when the pass has >= 2 sequences
+};
+
 class ModelRunner {
  public:
-  explicit ModelRunner(std::unique_ptr<Device> device);
+  explicit ModelRunner(std::unique_ptr<Device> device, ModelRunnerOptions options = {});
+  ~ModelRunner();
 
   // Runs all layers over `batch`, writing each token's K/V into `cache` at its position, and
   // returns in `logits` a [n, vocab] f32 row-major block, one row per sequence with need_logits (in
@@ -51,13 +73,51 @@ class ModelRunner {
 
   Device& device() { return *device_; }
   const ModelConfig& config() const { return device_->config(); }
+  const ModelRunnerOptions& options() const { return options_; }
+  // Micro-batches of the last Forward (1: plain pass, 2: VSLPipe).
+  int last_micro_batches() const { return last_micro_batches_; }
 
  private:
+  // One micro-batch's share of the pass, in its own row numbering.
+  struct MicroBatch {
+    std::vector<int32_t> token_ids;
+    std::vector<int64_t> positions;
+    std::vector<KvAppendRow> append_rows;
+    std::vector<AttentionSequence> attn_seqs;
+    std::vector<int64_t> logit_rows;    // rows of this micro-batch that need logits
+    std::vector<size_t> logit_outputs;  // their row in the pass's logits
+    std::vector<float> q, k, v, attn;   // task A outputs, attention output
+    std::vector<float> logits;
+    int64_t tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  };
+
+  // A thread that runs the CPU task of a phase while the caller drives the device.
+  class PhaseWorker {
+   public:
+    explicit PhaseWorker(int omp_threads);
+    ~PhaseWorker();
+    void Start(std::function<void()> task);
+    void Wait();
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::function<void()> task_;
+    bool busy_ = false, stop_ = false;
+    std::thread thread_;
+  };
+
+  absl::Status Plan(const ForwardBatch& batch, const PagedKvCache& cache, int micro_batches);
+  void CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache);
+  absl::Status RunPlain(PagedKvCache& cache, ForwardStats* stats);
+  absl::Status RunPipelined(PagedKvCache& cache, ForwardStats* stats);
+
   std::unique_ptr<Device> device_;
-  // Scratch, reused across passes.
-  std::vector<int64_t> positions_;
-  std::vector<float> q_, k_, v_, attn_;
-  std::vector<KvAppendRow> append_rows_;
+  ModelRunnerOptions options_;
+  MicroBatch micro_batches_[kMaxMicroBatches];
+  int num_micro_batches_ = 1;
+  int last_micro_batches_ = 0;
+  std::unique_ptr<PhaseWorker> worker_;
 };
 
 }  // namespace moebatch
