@@ -31,11 +31,19 @@ namespace moebatch {
 
 inline constexpr int kMaxMicroBatches = 2;
 
-// Per-pass counters the device fills in task B (engine statistics; S-MBU / S-MFU later).
+// Per-pass counters: routing (the device fills them in task B) and where the time went (the
+// runner, engine/model_runner.h). Busy times are wall time of the calls; in VSLPipe the device and
+// CPU times overlap, so they may add up to more than the pass.
 struct ForwardStats {
   int64_t tokens = 0;
   int64_t expert_token_pairs = 0;  // sum over layers of tokens routed to each expert (top-k each)
   int64_t experts_touched = 0;     // sum over layers of experts with at least one token
+  int micro_batches = 0;
+  double pass_seconds = 0;             // the whole Forward
+  double device_seconds = 0;           // inside Device calls (tasks A/B, embedding, lm_head)
+  double cpu_attention_seconds = 0;    // inside the CPU task (K/V append + attention)
+  double weight_transfer_seconds = 0;  // weight copies in flight (Device::counters)
+  int64_t weight_bytes = 0;            // weight bytes copied to the device
 };
 
 // What the device's weight transfers did so far (the cuda backend's data mover; zero on the cpu

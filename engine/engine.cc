@@ -54,7 +54,20 @@ struct Engine::Sequence {
   }
 };
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (trace_ != nullptr) {
+    if (absl::Status st = WriteTrace(); !st.ok()) spdlog::warn("{}", st.ToString());
+  }
+}
+
+absl::Status Engine::WriteTrace() const {
+  if (trace_ == nullptr) return absl::FailedPreconditionError("no trace_file was set");
+  absl::Status st = trace_->WriteChromeTrace(options_.trace_file);
+  if (st.ok()) {
+    spdlog::info("trace: {} events written to {}", trace_->size(), options_.trace_file);
+  }
+  return st;
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine());
@@ -160,6 +173,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       SchedulerConfig{options.max_num_seqs, options.max_tokens_per_pass, kv.block_size},
       engine->allocator_.get());
   engine->max_context_ = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
+  if (!options.trace_file.empty()) {
+    engine->trace_ = std::make_unique<PipelineTrace>();
+    engine->model_->SetTrace(engine->trace_.get());
+  }
   spdlog::info(
       "engine: {} backend, {} layers, {} experts (top-{}), compute {}, KV cache {} blocks x {} "
       "tokens ({} "
@@ -292,9 +309,17 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
     if (fs.need_logits) need_logits.push_back(s);
   }
   const auto start = std::chrono::steady_clock::now();
-  if (auto st = model_->Forward(batch, *cache_, &logits_); !st.ok()) return st;
+  ForwardStats pass;
+  if (auto st = model_->Forward(batch, *cache_, &logits_, &pass); !st.ok()) return st;
   stats_.forward_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.device_seconds += pass.device_seconds;
+  stats_.cpu_attention_seconds += pass.cpu_attention_seconds;
+  stats_.weight_transfer_seconds += pass.weight_transfer_seconds;
+  stats_.weight_bytes += pass.weight_bytes;
+  stats_.expert_token_pairs += pass.expert_token_pairs;
+  stats_.experts_touched += pass.experts_touched;
+  stats_.last_pass = pass;
   ++stats_.passes;
   stats_.prefill_tokens += plan.num_prefill_tokens;
   stats_.decode_tokens += plan.num_decode_tokens;

@@ -69,6 +69,9 @@ struct EngineOptions {
   // VSLPipe (engine/model_runner.h): passes of two or more sequences run as two micro-batches in
   // a CPU/device pipeline.
   bool vslpipe = true;
+  // When set: every pass's device calls and CPU tasks are recorded and written to this file as a
+  // Chrome trace (chrome://tracing, Perfetto) when the engine is destroyed or WriteTrace is called.
+  std::string trace_file;
 };
 
 // "mapped", "host", "synthetic" (the --weights flag's spelling); nullopt for anything else.
@@ -105,6 +108,12 @@ struct EngineStats {
   int64_t waiting = 0, running = 0;
   int64_t kv_blocks_total = 0, kv_blocks_free = 0;
   double forward_seconds = 0.0;  // wall time inside the model forward
+  // Where the forward time went (ForwardStats summed over passes; device and CPU overlap under
+  // VSLPipe): inside device calls, inside the CPU task, weight copies in flight.
+  double device_seconds = 0.0, cpu_attention_seconds = 0.0, weight_transfer_seconds = 0.0;
+  int64_t weight_bytes = 0;
+  int64_t expert_token_pairs = 0, experts_touched = 0;  // routing, summed over layers and passes
+  ForwardStats last_pass;
 };
 
 class Engine {
@@ -137,6 +146,8 @@ class Engine {
   const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const EngineOptions& options() const { return options_; }
+  // Writes the trace recorded so far to options().trace_file (FailedPrecondition when unset).
+  absl::Status WriteTrace() const;
   // Longest sequence (prompt + generated) the engine can hold: min(max_position_embeddings,
   // KV blocks * block size).
   int64_t max_context_tokens() const { return max_context_; }
@@ -153,6 +164,7 @@ class Engine {
   std::unique_ptr<Checkpoint> checkpoint_;     // null with synthetic weights
   std::unique_ptr<WeightStore> weight_store_;  // kHostCopy, kSynthetic
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<PipelineTrace> trace_;
   std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<BlockAllocator> allocator_;

@@ -18,6 +18,9 @@ ABSL_FLAG(double, gpu_memory_gb, 0.0,
           "--backend=cuda: GPU memory the engine may use, GiB, a hard budget (16 emulates a T4, "
           "24 an L4); 0: the device's free memory");
 ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packet size, MiB");
+ABSL_FLAG(std::string, trace_file, "",
+          "write a Chrome trace (chrome://tracing, Perfetto) of every pass's device calls and CPU "
+          "tasks to this file when the engine stops");
 ABSL_FLAG(bool, vslpipe, true,
           "run passes of two or more sequences as two micro-batches in the VSLPipe CPU/device "
           "pipeline (MoE-Lens §6.4)");
@@ -99,6 +102,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   }
   options.weight_packet_bytes = packet_mb << 20;
   options.vslpipe = absl::GetFlag(FLAGS_vslpipe);
+  options.trace_file = absl::GetFlag(FLAGS_trace_file);
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb > 0) || !std::isfinite(kv_gb)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_gb: must be positive, got ", kv_gb));

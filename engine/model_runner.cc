@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -150,6 +151,7 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
 }
 
 void ModelRunner::CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache) {
+  const auto start = PipelineTrace::Clock::now();
   const ModelConfig& c = config();
   KvLayerView view;
   view.base = cache.LayerBase(layer);
@@ -163,17 +165,45 @@ void ModelRunner::CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache) {
   PagedAttention(view, mb.attn_seqs.data(), static_cast<int64_t>(mb.attn_seqs.size()), mb.q.data(),
                  c.num_attention_heads, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                  c.sliding_window, mb.attn.data());
+  const auto end = PipelineTrace::Clock::now();
+  cpu_seconds_ += std::chrono::duration<double>(end - start).count();
+  if (trace_ != nullptr) {
+    trace_->Add(PipelineTrace::kCpuRow, "C" + std::to_string(layer), start, end, layer,
+                static_cast<int>(&mb - micro_batches_), mb.tokens());
+  }
+}
+
+template <typename F>
+absl::Status ModelRunner::DeviceCall(const char* name, int64_t layer, int micro_batch,
+                                     ForwardStats* stats, F&& call) {
+  const auto start = PipelineTrace::Clock::now();
+  absl::Status st = call();
+  const auto end = PipelineTrace::Clock::now();
+  stats->device_seconds += std::chrono::duration<double>(end - start).count();
+  if (trace_ != nullptr) {
+    trace_->Add(PipelineTrace::kDeviceRow,
+                layer >= 0 ? absl::StrCat(name, layer) : std::string(name), start, end, layer,
+                micro_batch, micro_batches_[micro_batch].tokens());
+  }
+  return st;
 }
 
 absl::Status ModelRunner::RunPlain(PagedKvCache& cache, ForwardStats* stats) {
   Device& device = *device_;
   MicroBatch& mb = micro_batches_[0];
   for (int64_t layer = 0; layer < config().num_hidden_layers; ++layer) {
-    if (auto st = device.TaskA(0, layer, mb.q.data(), mb.k.data(), mb.v.data()); !st.ok()) {
+    if (auto st = DeviceCall(
+            "A", layer, 0, stats,
+            [&] { return device.TaskA(0, layer, mb.q.data(), mb.k.data(), mb.v.data()); });
+        !st.ok()) {
       return st;
     }
     CpuTask(layer, mb, cache);  // MoE-Lens §6.6
-    if (auto st = device.TaskB(0, layer, mb.attn.data(), stats); !st.ok()) return st;
+    if (auto st = DeviceCall("B", layer, 0, stats,
+                             [&] { return device.TaskB(0, layer, mb.attn.data(), stats); });
+        !st.ok()) {
+      return st;
+    }
   }
   return absl::OkStatus();
 }
@@ -186,10 +216,13 @@ absl::Status ModelRunner::RunPipelined(PagedKvCache& cache, ForwardStats* stats)
   if (worker_ == nullptr) worker_ = std::make_unique<PhaseWorker>(omp_get_max_threads());
   auto task_a = [&](int m, int64_t layer) {
     MicroBatch& mb = micro_batches_[m];
-    return device.TaskA(m, layer, mb.q.data(), mb.k.data(), mb.v.data());
+    return DeviceCall("A", layer, m, stats, [&] {
+      return device.TaskA(m, layer, mb.q.data(), mb.k.data(), mb.v.data());
+    });
   };
   auto task_b = [&](int m, int64_t layer) {
-    return device.TaskB(m, layer, micro_batches_[m].attn.data(), stats);
+    return DeviceCall("B", layer, m, stats,
+                      [&] { return device.TaskB(m, layer, micro_batches_[m].attn.data(), stats); });
   };
   // One phase: the CPU task of (layer, mb) on the worker, the device work here; both end before
   // the next phase (the exchange of Fig. 9).
@@ -225,21 +258,27 @@ absl::Status ModelRunner::RunPipelined(PagedKvCache& cache, ForwardStats* stats)
 absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache,
                                   std::vector<float>* logits, ForwardStats* stats) {
   const ModelConfig& c = config();
+  const auto pass_start = PipelineTrace::Clock::now();
+  const DeviceCounters counters_before = device_->counters();
+  cpu_seconds_ = 0;
   const int micro_batches = options_.vslpipe && batch.seqs.size() >= 2 ? 2 : 1;
   if (auto st = Plan(batch, cache, micro_batches); !st.ok()) return st;
   last_micro_batches_ = micro_batches;
 
   Device& device = *device_;
   device.BeginPass(micro_batches);
+  ForwardStats local_stats;
+  local_stats.tokens = static_cast<int64_t>(batch.token_ids.size());
+  local_stats.micro_batches = micro_batches;
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
-    if (auto st = device.Embed(m, mb.token_ids.data(), mb.positions.data(), mb.tokens());
+    if (auto st = DeviceCall(
+            "embed", -1, m, &local_stats,
+            [&] { return device.Embed(m, mb.token_ids.data(), mb.positions.data(), mb.tokens()); });
         !st.ok()) {
       return st;
     }
   }
-  ForwardStats local_stats;
-  local_stats.tokens = static_cast<int64_t>(batch.token_ids.size());
   absl::Status run =
       micro_batches == 2 ? RunPipelined(cache, &local_stats) : RunPlain(cache, &local_stats);
   if (!run.ok()) return run;
@@ -252,13 +291,29 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
     MicroBatch& mb = micro_batches_[m];
     const int64_t k = static_cast<int64_t>(mb.logit_rows.size());
     mb.logits.resize(static_cast<size_t>(k * c.vocab_size));
-    if (auto st = device.Logits(m, mb.logit_rows.data(), k, mb.logits.data()); !st.ok()) {
+    if (auto st =
+            DeviceCall("lm_head", -1, m, &local_stats,
+                       [&] { return device.Logits(m, mb.logit_rows.data(), k, mb.logits.data()); });
+        !st.ok()) {
       return st;
     }
     for (int64_t i = 0; i < k; ++i) {
       std::copy_n(mb.logits.data() + i * c.vocab_size, c.vocab_size,
                   logits->data() + mb.logit_outputs[i] * c.vocab_size);
     }
+  }
+  const auto pass_end = PipelineTrace::Clock::now();
+  const DeviceCounters counters_after = device_->counters();
+  local_stats.pass_seconds = std::chrono::duration<double>(pass_end - pass_start).count();
+  local_stats.cpu_attention_seconds = cpu_seconds_;
+  local_stats.weight_transfer_seconds =
+      counters_after.weight_busy_seconds - counters_before.weight_busy_seconds;
+  local_stats.weight_bytes = counters_after.weight_bytes - counters_before.weight_bytes;
+  if (trace_ != nullptr) {
+    trace_->Add(PipelineTrace::kPassRow,
+                absl::StrCat("pass: ", local_stats.tokens, " tokens, ", micro_batches,
+                             micro_batches == 2 ? " micro-batches (VSLPipe)" : " micro-batch"),
+                pass_start, pass_end, -1, -1, local_stats.tokens);
   }
   if (stats != nullptr) *stats = local_stats;
   return absl::OkStatus();

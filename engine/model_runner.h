@@ -35,6 +35,7 @@
 #include "cpu_attention/paged_attention.h"
 #include "engine/device.h"
 #include "engine/kv_cache.h"
+#include "engine/pipeline_trace.h"
 
 namespace moebatch {
 
@@ -74,6 +75,9 @@ class ModelRunner {
   Device& device() { return *device_; }
   const ModelConfig& config() const { return device_->config(); }
   const ModelRunnerOptions& options() const { return options_; }
+  // Records every device call and CPU task of later passes into `trace` (null: stop). The trace
+  // must outlive its use.
+  void SetTrace(PipelineTrace* trace) { trace_ = trace; }
   // Micro-batches of the last Forward (1: plain pass, 2: VSLPipe).
   int last_micro_batches() const { return last_micro_batches_; }
 
@@ -109,6 +113,10 @@ class ModelRunner {
 
   absl::Status Plan(const ForwardBatch& batch, const PagedKvCache& cache, int micro_batches);
   void CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache);
+  // Runs a device call, adding its time to stats->device_seconds and to the trace.
+  template <typename F>
+  absl::Status DeviceCall(const char* name, int64_t layer, int micro_batch, ForwardStats* stats,
+                          F&& call);
   absl::Status RunPlain(PagedKvCache& cache, ForwardStats* stats);
   absl::Status RunPipelined(PagedKvCache& cache, ForwardStats* stats);
 
@@ -118,6 +126,8 @@ class ModelRunner {
   int num_micro_batches_ = 1;
   int last_micro_batches_ = 0;
   std::unique_ptr<PhaseWorker> worker_;
+  PipelineTrace* trace_ = nullptr;
+  double cpu_seconds_ = 0;  // CPU task time of the current pass (one thread at a time writes it)
 };
 
 }  // namespace moebatch

@@ -1,9 +1,14 @@
 // VSLPipe (engine/model_runner.h, MoE-Lens §6.4) on the cpu backend: the plain pass's logits and KV
 // cache (within f32 rounding), the task order of Fig. 9, and the same greedy tokens end to end.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -11,6 +16,7 @@
 #include "engine/cpu_device.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/pipeline_trace.h"
 
 namespace moebatch {
 namespace {
@@ -210,6 +216,64 @@ TEST_CASE("VSLPipe: golden greedy tokens with the pipeline off and on", "[vslpip
   const auto on = run(true);
   for (const auto& tokens : off) REQUIRE(tokens.size() == 12);
   REQUIRE(on == off);
+}
+
+TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[vslpipe]") {
+  const std::string path = "/tmp/moebatch_test_trace_" + std::to_string(getpid()) + ".json";
+  EngineOptions options;
+  options.model_dir = Fixture("tiny-mixtral");
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.trace_file = path;
+  EngineStats stats;
+  {
+    auto engine = Engine::Create(options);
+    REQUIRE(engine.ok());
+    for (int r = 0; r < 8; ++r) {
+      GenerationRequest request;
+      for (int i = 0; i < 40 + r; ++i) request.prompt_token_ids.push_back(200 + 7 * i + r);
+      request.sampling.temperature = 0.0f;
+      request.sampling.max_tokens = 4;
+      request.sampling.ignore_eos = true;
+      REQUIRE((*engine)->AddRequest(request).ok());
+    }
+    while ((*engine)->HasUnfinished()) {
+      std::vector<GenerationOutput> step;
+      REQUIRE((*engine)->Step(&step).ok());
+    }
+    stats = (*engine)->stats();
+  }  // the trace is written here
+  REQUIRE(stats.device_seconds > 0);
+  REQUIRE(stats.cpu_attention_seconds > 0);
+  REQUIRE(stats.expert_token_pairs > 0);
+  REQUIRE(stats.last_pass.micro_batches == 2);
+  REQUIRE(stats.weight_bytes == 0);  // the cpu backend moves no weights
+
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  const auto doc = nlohmann::json::parse(in);
+  std::remove(path.c_str());
+  struct Span {
+    int64_t start, end;
+  };
+  std::vector<Span> device, cpu;
+  int passes = 0;
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const Span s{e.at("ts").get<int64_t>(), e.at("ts").get<int64_t>() + e.at("dur").get<int64_t>()};
+    const int row = e.at("tid").get<int>();
+    if (row == PipelineTrace::kDeviceRow) device.push_back(s);
+    if (row == PipelineTrace::kCpuRow) cpu.push_back(s);
+    if (row == PipelineTrace::kPassRow) ++passes;
+  }
+  REQUIRE(passes == stats.passes);
+  REQUIRE(!device.empty());
+  REQUIRE(!cpu.empty());
+  // Some CPU task ran while a device call ran (the phases of Fig. 9).
+  bool overlap = false;
+  for (const Span& c : cpu) {
+    for (const Span& d : device) overlap |= c.start < d.end && d.start < c.end;
+  }
+  REQUIRE(overlap);
 }
 
 }  // namespace
