@@ -21,8 +21,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "engine/cpu_device.h"
-#include "engine/model_runner.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "tests/fixtures/tiny-mixtral", "model directory");
@@ -30,6 +30,9 @@ ABSL_FLAG(int64_t, batch, 64, "sequences");
 ABSL_FLAG(int64_t, prompt_tokens, 128, "prompt length");
 ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequence");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
+ABSL_FLAG(bool, vslpipe, false,
+          "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
+          "on the cpu backend is off)");
 
 namespace moebatch {
 namespace {
@@ -115,7 +118,8 @@ int Run() {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
   }
-  auto model = std::make_unique<ModelRunner>(*std::move(device));
+  auto model = std::make_unique<ModelRunner>(*std::move(device),
+                                             ModelRunnerOptions{absl::GetFlag(FLAGS_vslpipe)});
   const int64_t bs = 16;
   const int64_t blocks_per_seq = BlocksForTokens(prompt + gen, bs);
   KvCacheConfig kc{
@@ -183,6 +187,7 @@ int Run() {
   o.model_dir = dir;
   o.compute_dtype = dtype;
   o.kv_cache_bytes = kc.bytes_per_block() * kc.num_blocks;
+  o.vslpipe = absl::GetFlag(FLAGS_vslpipe);
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());

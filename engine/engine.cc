@@ -136,14 +136,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
     auto device = CreateCudaDevice(*engine->weight_store_, cuda_options);
     if (!device.ok()) return device.status();
-    engine->model_ =
-        std::make_unique<ModelRunner>(*std::move(device), ModelRunnerOptions{options.vslpipe});
+    engine->model_ = std::make_unique<ModelRunner>(
+        *std::move(device), ModelRunnerOptions{options.vslpipe.value_or(cuda)});
   } else {
     auto device = CpuDevice::Create(
         c, *weights, CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
     if (!device.ok()) return device.status();
-    engine->model_ =
-        std::make_unique<ModelRunner>(*std::move(device), ModelRunnerOptions{options.vslpipe});
+    engine->model_ = std::make_unique<ModelRunner>(
+        *std::move(device), ModelRunnerOptions{options.vslpipe.value_or(cuda)});
   }
 
   if (options.kv_block_size <= 0) {

@@ -67,8 +67,9 @@ struct EngineOptions {
   int64_t gpu_memory_bytes = 0;                     // the GPU budget; 0: the device's free memory
   int64_t weight_packet_bytes = int64_t{64} << 20;  // the data mover's packet
   // VSLPipe (engine/model_runner.h): passes of two or more sequences run as two micro-batches in
-  // a CPU/device pipeline.
-  bool vslpipe = true;
+  // a CPU/device pipeline. nullopt: on for the cuda backend, off for the cpu backend, whose device
+  // tasks share the CPU with attention (measured slower with it: docs/performance.md).
+  std::optional<bool> vslpipe;
   // When set: every pass's device calls and CPU tasks are recorded and written to this file as a
   // Chrome trace (chrome://tracing, Perfetto) when the engine is destroyed or WriteTrace is called.
   std::string trace_file;

@@ -21,9 +21,11 @@ ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packe
 ABSL_FLAG(std::string, trace_file, "",
           "write a Chrome trace (chrome://tracing, Perfetto) of every pass's device calls and CPU "
           "tasks to this file when the engine stops");
-ABSL_FLAG(bool, vslpipe, true,
-          "run passes of two or more sequences as two micro-batches in the VSLPipe CPU/device "
-          "pipeline (MoE-Lens §6.4)");
+ABSL_FLAG(
+    std::string, vslpipe, "auto",
+    "on, off or auto: run passes of two or more sequences as two micro-batches in the VSLPipe "
+    "CPU/device pipeline (MoE-Lens §6.4); auto: on for the cuda backend, off for the cpu "
+    "backend");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
@@ -101,7 +103,14 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
         absl::StrCat("--weight_packet_mb: must be positive, got ", packet_mb));
   }
   options.weight_packet_bytes = packet_mb << 20;
-  options.vslpipe = absl::GetFlag(FLAGS_vslpipe);
+  if (const std::string v = absl::GetFlag(FLAGS_vslpipe); v == "on") {
+    options.vslpipe = true;
+  } else if (v == "off") {
+    options.vslpipe = false;
+  } else if (v != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vslpipe: must be on, off or auto, got '", v, "'"));
+  }
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb > 0) || !std::isfinite(kv_gb)) {

@@ -224,6 +224,7 @@ TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[v
   options.model_dir = Fixture("tiny-mixtral");
   options.kv_cache_bytes = int64_t{16} << 20;
   options.trace_file = path;
+  options.vslpipe = true;  // the cpu backend's default is off
   EngineStats stats;
   {
     auto engine = Engine::Create(options);
