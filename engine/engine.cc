@@ -156,7 +156,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   kv.head_dim = c.head_dim;
   kv.block_size = options.kv_block_size;
   kv.dtype = options.kv_dtype.value_or(options.compute_dtype);
-  kv.num_blocks = options.kv_cache_bytes / kv.bytes_per_block();
+  int64_t kv_bytes = options.kv_cache_bytes;
+  if (kv_bytes == 0) {
+    // MoE-Lens §5.1: fill what host memory is left with KV cache. 90% of what is available now
+    // (the weights are already placed), less 1 GiB for everything else, or the rest of an explicit
+    // host budget once the weights are counted.
+    const int64_t weights_bytes =
+        engine->weight_store_ != nullptr
+            ? static_cast<int64_t>(engine->weight_store_->total_bytes())
+            : static_cast<int64_t>(engine->checkpoint_->store().total_bytes());
+    const int64_t available = AvailableHostMemoryBytes();
+    kv_bytes = options.host_memory_bytes > 0
+                   ? options.host_memory_bytes - weights_bytes - (int64_t{1} << 30)
+                   : available / 10 * 9 - (int64_t{1} << 30);
+    spdlog::info("KV cache: {} MiB from the host memory {} ({} MiB available, weights {} MiB)",
+                 std::max<int64_t>(kv_bytes, 0) >> 20,
+                 options.host_memory_bytes > 0 ? "budget" : "available", available >> 20,
+                 weights_bytes >> 20);
+  }
+  kv.num_blocks = std::max<int64_t>(kv_bytes, 0) / kv.bytes_per_block();
   if (kv.num_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_bytes: ", options.kv_cache_bytes,
                                                    " bytes hold no KV block (one block takes ",

@@ -30,14 +30,17 @@
 namespace moebatch {
 
 struct EngineOptions {
-  std::string model_dir;                      // Hugging Face directory: config.json, safetensors,
-                                              // tokenizer.model
-  DType compute_dtype = DType::kF32;          // f32 (reference) or bf16
-  std::optional<DType> kv_dtype;              // KV cache element type; default: the compute dtype
-  int64_t kv_block_size = 16;                 // token slots per KV block
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // host memory for the KV cache (bytes)
-  int64_t max_num_seqs = 256;                 // sequences holding KV at once
-  int64_t max_tokens_per_pass = 2048;         // prefill + decode tokens per pass
+  std::string model_dir;              // Hugging Face directory: config.json, safetensors,
+                                      // tokenizer.model
+  DType compute_dtype = DType::kF32;  // f32 (reference) or bf16
+  std::optional<DType> kv_dtype;      // KV cache element type; default: the compute dtype
+  int64_t kv_block_size = 16;         // token slots per KV block
+  // Host memory for the KV cache (bytes). 0: what the host memory budget leaves after the weights
+  // (host_memory_bytes, else 90% of MemAvailable), less 1 GiB (MoE-Lens §5.1: KV capacity bounds
+  // throughput, so use the memory there is).
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int64_t max_num_seqs = 256;          // sequences holding KV at once
+  int64_t max_tokens_per_pass = 2048;  // prefill + decode tokens per pass
   // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
   // (engine/matmul.h); beyond it weights are widened on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;

@@ -28,7 +28,9 @@ ABSL_FLAG(
     "backend");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
-ABSL_FLAG(double, kv_cache_gb, 1.0, "host memory for the paged KV cache, GiB");
+ABSL_FLAG(double, kv_cache_gb, 1.0,
+          "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
+          "available, leaves after the weights, less 1 GiB)");
 ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
 ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
 ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per forward pass");
@@ -113,8 +115,9 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   }
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
-  if (!(kv_gb > 0) || !std::isfinite(kv_gb)) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_gb: must be positive, got ", kv_gb));
+  if (!(kv_gb >= 0) || !std::isfinite(kv_gb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_cache_gb: must be >= 0 (0: automatic), got ", kv_gb));
   }
   options.kv_cache_bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);

@@ -286,6 +286,24 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
     REQUIRE(no_gpu.status().code() == absl::StatusCode::kUnavailable);
   }
 
+  // kv_cache_bytes 0: the KV cache takes what the host budget leaves after the weights, less 1 GiB.
+  {
+    auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+    REQUIRE(checkpoint.ok());
+    const int64_t weights = static_cast<int64_t>((*checkpoint)->store().total_bytes());
+    EngineOptions automatic;
+    automatic.model_dir = Fixture("tiny-mixtral");
+    automatic.kv_cache_bytes = 0;
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + (int64_t{64} << 20);
+    auto engine = Engine::Create(automatic);
+    REQUIRE(engine.ok());
+    const ModelConfig& c = (*engine)->config();
+    const int64_t block = c.num_hidden_layers * 2 * c.num_key_value_heads * 16 * c.head_dim * 4;
+    REQUIRE((*engine)->stats().kv_blocks_total == (int64_t{64} << 20) / block);
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30);  // nothing left for KV
+    REQUIRE(Engine::Create(automatic).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+
   REQUIRE(WeightSourceFromString("host") == EngineOptions::WeightSource::kHostCopy);
   REQUIRE(!WeightSourceFromString("disk").has_value());
 }
