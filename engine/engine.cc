@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/cpu_threads.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/device_probe.h"
 #include "engine/cpu_device.h"
+#include "engine/pipeline_profiler.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -53,6 +55,71 @@ struct Engine::Sequence {
     return static_cast<int64_t>(slots.tokens.size()) - prompt_tokens;
   }
 };
+
+namespace {
+
+// MoE-Lens §6.3 on the cuda backend: n_real from a one-layer device (weights resident), the
+// layer's transfer time from the data mover's first fill. Cached under options.profile_dir.
+absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const EngineOptions& options) {
+  std::string gpu = "gpu" + std::to_string(options.gpu_device);
+  if (auto gpus = ProbeGpus(); gpus.ok()) {
+    for (const GpuInfo& g : *gpus) {
+      if (g.index == options.gpu_device) gpu = g.name;
+    }
+  }
+  const std::string key = ProfileKey(store.config(), gpu, options.gpu_memory_bytes);
+  if (!options.profile_dir.empty()) {
+    auto cached = LoadProfile(options.profile_dir, key);
+    if (cached.ok()) {
+      spdlog::info("pipeline profile {}: n_real {} tokens per pass (cached)", key, cached->n_real);
+      return cached->n_real;
+    }
+    if (cached.status().code() != absl::StatusCode::kNotFound) {
+      spdlog::warn("{}; profiling again", cached.status().ToString());
+    }
+  }
+  auto one_layer = WeightStore::View(store, 1);
+  if (!one_layer.ok()) return one_layer.status();
+  CudaBackendOptions cuda_options;
+  cuda_options.device = options.gpu_device;
+  cuda_options.gpu_memory_bytes = options.gpu_memory_bytes;
+  cuda_options.max_tokens_per_pass = options.max_tokens_per_pass;
+  cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
+  auto device = CreateCudaDevice(**one_layer, cuda_options);
+  if (!device.ok()) return device.status();
+  std::vector<int64_t> tokens;
+  for (int64_t n = 128; n <= options.max_tokens_per_pass; n *= 2) tokens.push_back(n);
+  if (tokens.size() < 2) tokens = {1, std::max<int64_t>(2, options.max_tokens_per_pass)};
+  PipelineProfile profile;
+  auto points = MeasureLayerTimes(**device, tokens, 3);
+  if (!points.ok()) return points.status();
+  profile.points = *std::move(points);
+  auto fit = FitLine(profile.points);
+  if (!fit.ok()) return fit.status();
+  profile.fit = *fit;
+  const DeviceCounters moved = (*device)->counters();
+  if (moved.weight_bytes <= 0 || moved.weight_busy_seconds <= 0) {
+    return absl::InternalError("pipeline profile: the layer's weights were never copied");
+  }
+  profile.layer_transfer_seconds = static_cast<double>(store.max_layer_bytes()) /
+                                   (moved.weight_bytes / moved.weight_busy_seconds);
+  auto n_real = TokensToSaturate(profile.fit, profile.layer_transfer_seconds);
+  if (!n_real.ok()) return n_real.status();
+  profile.n_real = *n_real;
+  spdlog::info(
+      "pipeline profile {}: layer time {:.3f} ms + {:.4f} ms/token (r2 {:.3f}), transfer {:.2f} "
+      "ms -> n_real {} tokens per pass",
+      key, profile.fit.intercept * 1e3, profile.fit.slope * 1e3, profile.fit.r2,
+      profile.layer_transfer_seconds * 1e3, profile.n_real);
+  if (!options.profile_dir.empty()) {
+    if (auto st = SaveProfile(options.profile_dir, key, profile); !st.ok()) {
+      spdlog::warn("{}", st.ToString());
+    }
+  }
+  return profile.n_real;
+}
+
+}  // namespace
 
 Engine::~Engine() {
   if (trace_ != nullptr) {
@@ -128,6 +195,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
 
+  int64_t token_budget = options.max_tokens_per_pass;
+  if (cuda && options.profile_token_budget) {
+    auto n_real = ProfileTokenBudget(*engine->weight_store_, options);
+    if (!n_real.ok()) return n_real.status();
+    token_budget = std::max<int64_t>(1, std::min(token_budget, *n_real));
+  }
   if (cuda) {
     CudaBackendOptions cuda_options;
     cuda_options.device = options.gpu_device;
@@ -188,8 +261,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_pass must be >= 1");
   }
   engine->scheduler_ = std::make_unique<Scheduler>(
-      SchedulerConfig{options.max_num_seqs, options.max_tokens_per_pass, kv.block_size},
-      engine->allocator_.get());
+      SchedulerConfig{options.max_num_seqs, token_budget, kv.block_size}, engine->allocator_.get());
   engine->max_context_ = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
   if (!options.trace_file.empty()) {
     engine->trace_ = std::make_unique<PipelineTrace>();

@@ -73,6 +73,11 @@ struct EngineOptions {
   // a CPU/device pipeline. nullopt: on for the cuda backend, off for the cpu backend, whose device
   // tasks share the CPU with attention (measured slower with it: docs/performance.md).
   std::optional<bool> vslpipe;
+  // cuda: run the pipeline profiler (engine/pipeline_profiler.h, MoE-Lens §6.3) at start-up and cap
+  // the scheduler's tokens per pass at its n_real (max_tokens_per_pass stays the ceiling the GPU
+  // memory is planned for). Profiles are cached under profile_dir when it is set.
+  bool profile_token_budget = true;
+  std::string profile_dir;
   // When set: every pass's device calls and CPU tasks are recorded and written to this file as a
   // Chrome trace (chrome://tracing, Perfetto) when the engine is destroyed or WriteTrace is called.
   std::string trace_file;

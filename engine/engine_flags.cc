@@ -18,6 +18,11 @@ ABSL_FLAG(double, gpu_memory_gb, 0.0,
           "--backend=cuda: GPU memory the engine may use, GiB, a hard budget (16 emulates a T4, "
           "24 an L4); 0: the device's free memory");
 ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packet size, MiB");
+ABSL_FLAG(bool, profile_token_budget, true,
+          "--backend=cuda: profile the pipeline at start-up (MoE-Lens §6.3) and cap the tokens per "
+          "pass at n_real");
+ABSL_FLAG(std::string, profile_dir, "",
+          "where pipeline profiles are cached (moebatchd: its --data_dir when unset)");
 ABSL_FLAG(std::string, trace_file, "",
           "write a Chrome trace (chrome://tracing, Perfetto) of every pass's device calls and CPU "
           "tasks to this file when the engine stops");
@@ -114,6 +119,8 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
         absl::StrCat("--vslpipe: must be on, off or auto, got '", v, "'"));
   }
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
+  options.profile_token_budget = absl::GetFlag(FLAGS_profile_token_budget);
+  options.profile_dir = absl::GetFlag(FLAGS_profile_dir);
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb >= 0) || !std::isfinite(kv_gb)) {
     return absl::InvalidArgumentError(

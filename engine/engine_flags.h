@@ -4,7 +4,7 @@
 //   --backend --compute_dtype --kv_dtype --kv_cache_gb --kv_block_size --max_num_seqs
 //   --max_tokens_per_pass --cpu_threads --pin_cpu_threads --weights --weight_dtype
 //   --synthetic_layers --synthetic_seed --host_memory_gb --gpu_device --gpu_memory_gb
-//   --weight_packet_mb --vslpipe --trace_file
+//   --weight_packet_mb --vslpipe --trace_file --profile_token_budget --profile_dir
 // `<program> --help` lists them with their help text.
 #pragma once
 

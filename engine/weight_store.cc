@@ -159,10 +159,30 @@ int64_t WeightStore::RequiredBytes(const ModelConfig& config, int64_t num_layers
 }
 
 WeightStore::~WeightStore() {
+  if (!owns_memory_) return;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (layers_[i].data != nullptr) allocator_->Free(layers_[i].data, allocated_[i]);
   }
   if (globals_.data != nullptr) allocator_->Free(globals_.data, allocated_.back());
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::View(const WeightStore& base,
+                                                               int64_t num_layers) {
+  if (num_layers < 1 || num_layers > base.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight store view: ", num_layers, " layers of ", base.num_layers()));
+  }
+  std::unique_ptr<WeightStore> view(new WeightStore());
+  view->config_ = base.config_;
+  view->config_.num_hidden_layers = num_layers;
+  view->dtype_ = base.dtype_;
+  view->allocator_ = base.allocator_;
+  view->owns_memory_ = false;
+  view->globals_ = base.globals_;
+  view->layers_.assign(base.layers_.begin(), base.layers_.begin() + num_layers);
+  view->weights_ = base.weights_;  // points at base's TensorInfos
+  view->weights_.layers.resize(num_layers);
+  return view;
 }
 
 size_t WeightStore::max_layer_bytes() const {

@@ -99,6 +99,12 @@ class WeightStore {
                                                                 int64_t num_layers, uint64_t seed,
                                                                 const WeightStoreOptions& options);
 
+  // A store of the first num_layers layers of `base` (and its globals), sharing base's memory: no
+  // copy; `base` must outlive it. For the pipeline profiler's one-layer device.
+  // InvalidArgument for num_layers outside [1, base.num_layers()].
+  static absl::StatusOr<std::unique_ptr<WeightStore>> View(const WeightStore& base,
+                                                           int64_t num_layers);
+
   // Bytes the regions of `config` (num_layers layers) take in `dtype` with `alignment`.
   static int64_t RequiredBytes(const ModelConfig& config, int64_t num_layers, DType dtype,
                                size_t alignment = 256);
@@ -126,6 +132,7 @@ class WeightStore {
   ModelConfig config_;
   DType dtype_ = DType::kBF16;
   HostAllocator* allocator_ = nullptr;
+  bool owns_memory_ = true;        // false for a View
   std::vector<size_t> allocated_;  // per region (globals last)
   WeightRegion globals_;
   std::vector<WeightRegion> layers_;

@@ -132,6 +132,7 @@ int Run(const std::set<std::string>& given) {
     std::cerr << "moebatchd: job store: " << store.status() << "\n";
     return 1;
   }
+  if (options->profile_dir.empty()) options->profile_dir = data_dir;
   auto engine = Engine::Create(*options);
   if (!engine.ok()) {
     std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
