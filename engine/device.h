@@ -44,6 +44,7 @@ struct ForwardStats {
   double cpu_attention_seconds = 0;    // inside the CPU task (K/V append + attention)
   double weight_transfer_seconds = 0;  // weight copies in flight (Device::counters)
   int64_t weight_bytes = 0;            // weight bytes copied to the device
+  int64_t kv_tokens_read = 0;          // sum of the sequences' context lengths (per layer)
 };
 
 // What the device's weight transfers did so far (the cuda backend's data mover; zero on the cpu

@@ -410,6 +410,14 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   stats_.expert_token_pairs += pass.expert_token_pairs;
   stats_.experts_touched += pass.experts_touched;
   stats_.last_pass = pass;
+  const double weight_elem = static_cast<double>(DTypeSize(
+      weight_store_ != nullptr ? weight_store_->dtype() : checkpoint_->config().torch_dtype));
+  stats_.last_utilization = ComputeSparseUtilization(
+      config(), weight_elem, static_cast<double>(DTypeSize(cache_->config().dtype)), pass,
+      options_.peak_memory_bytes_per_second, options_.peak_flops);
+  stats_.activated_bytes +=
+      stats_.last_utilization.activated_weight_bytes + stats_.last_utilization.kv_bytes;
+  stats_.sparse_flops += stats_.last_utilization.flops;
   ++stats_.passes;
   stats_.prefill_tokens += plan.num_prefill_tokens;
   stats_.decode_tokens += plan.num_decode_tokens;
@@ -431,6 +439,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
 
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
+  s.backend = model_->device().name();
   s.waiting = scheduler_->num_waiting();
   s.running = scheduler_->num_running();
   s.kv_blocks_total = allocator_->num_blocks();

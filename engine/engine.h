@@ -24,6 +24,7 @@
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/sparse_utilization.h"
 #include "engine/tokenizer.h"
 #include "engine/weight_store.h"
 
@@ -77,6 +78,10 @@ struct EngineOptions {
   // the scheduler's tokens per pass at its n_real (max_tokens_per_pass stays the ceiling the GPU
   // memory is planned for). Profiles are cached under profile_dir when it is set.
   bool profile_token_budget = true;
+  // Peaks for MoE-CAP's S-MBU / S-MFU (engine/sparse_utilization.h): the bandwidth of the memory
+  // weights and KV are read from (bytes/s) and the compute of the GEMMs (FLOP/s); 0: unknown.
+  double peak_memory_bytes_per_second = 0;
+  double peak_flops = 0;
   std::string profile_dir;
   // When set: every pass's device calls and CPU tasks are recorded and written to this file as a
   // Chrome trace (chrome://tracing, Perfetto) when the engine is destroyed or WriteTrace is called.
@@ -108,6 +113,7 @@ struct GenerationRequest {
 };
 
 struct EngineStats {
+  std::string backend;  // the device's name: "cpu", "cuda"
   int64_t passes = 0;
   int64_t prefill_tokens = 0;  // tokens prefilled (re-prefill after preemption included)
   int64_t decode_tokens = 0;
@@ -123,6 +129,9 @@ struct EngineStats {
   int64_t weight_bytes = 0;
   int64_t expert_token_pairs = 0, experts_touched = 0;  // routing, summed over layers and passes
   ForwardStats last_pass;
+  SparseUtilization last_utilization;  // S-MBU / S-MFU of the last pass
+  // Over all passes: activated weight + KV bytes and FLOPs (divide by forward_seconds for rates).
+  double activated_bytes = 0, sparse_flops = 0;
 };
 
 class Engine {

@@ -23,6 +23,10 @@ ABSL_FLAG(bool, profile_token_budget, true,
           "pass at n_real");
 ABSL_FLAG(std::string, profile_dir, "",
           "where pipeline profiles are cached (moebatchd: its --data_dir when unset)");
+ABSL_FLAG(
+    double, peak_memory_gbs, 0.0,
+    "peak bandwidth of the memory weights and KV are read from, GB/s, for S-MBU (0: unknown)");
+ABSL_FLAG(double, peak_tflops, 0.0, "peak GEMM compute, TFLOP/s, for S-MFU (0: unknown)");
 ABSL_FLAG(std::string, trace_file, "",
           "write a Chrome trace (chrome://tracing, Perfetto) of every pass's device calls and CPU "
           "tasks to this file when the engine stops");
@@ -121,6 +125,13 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   options.trace_file = absl::GetFlag(FLAGS_trace_file);
   options.profile_token_budget = absl::GetFlag(FLAGS_profile_token_budget);
   options.profile_dir = absl::GetFlag(FLAGS_profile_dir);
+  const double peak_gbs = absl::GetFlag(FLAGS_peak_memory_gbs);
+  const double peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  if (peak_gbs < 0 || peak_tflops < 0 || !std::isfinite(peak_gbs) || !std::isfinite(peak_tflops)) {
+    return absl::InvalidArgumentError("--peak_memory_gbs and --peak_tflops: must be >= 0");
+  }
+  options.peak_memory_bytes_per_second = peak_gbs * 1e9;
+  options.peak_flops = peak_tflops * 1e12;
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb >= 0) || !std::isfinite(kv_gb)) {
     return absl::InvalidArgumentError(

@@ -270,6 +270,7 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
   ForwardStats local_stats;
   local_stats.tokens = static_cast<int64_t>(batch.token_ids.size());
   local_stats.micro_batches = micro_batches;
+  for (const ForwardSequence& seq : batch.seqs) local_stats.kv_tokens_read += seq.context_len;
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
     if (auto st = DeviceCall(

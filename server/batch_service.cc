@@ -130,6 +130,27 @@ void BatchServiceImpl::FillProgress(const JobRecord& job, v1::JobProgress* p) {
       job.finished_at != 0 ? job.finished_at : static_cast<int64_t>(std::time(nullptr));
   const double elapsed = job.started_at != 0 ? static_cast<double>(end - job.started_at) : 0.0;
   p->set_tokens_per_second(elapsed > 0 ? generated / elapsed : 0.0);
+  const EngineStats e = worker_->engine_stats();
+  v1::EngineActivity* a = p->mutable_engine();
+  a->set_backend(e.backend);
+  a->set_passes(e.passes);
+  a->set_last_pass_tokens(e.last_pass.tokens);
+  a->set_last_pass_micro_batches(e.last_pass.micro_batches);
+  a->set_last_pass_seconds(e.last_pass.pass_seconds);
+  if (e.forward_seconds > 0) {
+    a->set_device_busy(e.device_seconds / e.forward_seconds);
+    a->set_cpu_attention_busy(e.cpu_attention_seconds / e.forward_seconds);
+    a->set_weight_transfer_busy(e.weight_transfer_seconds / e.forward_seconds);
+  }
+  a->set_kv_blocks_used(e.kv_blocks_total - e.kv_blocks_free);
+  a->set_kv_blocks_total(e.kv_blocks_total);
+  a->set_preemptions(e.preemptions);
+  a->set_prefill_tokens(e.prefill_tokens);
+  a->set_decode_tokens(e.decode_tokens);
+  a->set_s_mbu(e.last_utilization.s_mbu);
+  a->set_s_mfu(e.last_utilization.s_mfu);
+  a->set_achieved_gbs(e.last_utilization.bytes_per_second / 1e9);
+  a->set_achieved_tflops(e.last_utilization.flops_per_second / 1e12);
   const int64_t done = job.completed + job.failed;
   p->set_eta_seconds(done > 0 && !IsTerminal(job.state) && elapsed > 0
                          ? elapsed / done * static_cast<double>(job.total - done)

@@ -58,6 +58,11 @@ int64_t EngineWorker::version() {
   return version_;
 }
 
+EngineStats EngineWorker::engine_stats() {
+  absl::MutexLock lock(&mu_);
+  return engine_stats_;
+}
+
 absl::Status EngineWorker::health() {
   absl::MutexLock lock(&mu_);
   return health_;
@@ -193,6 +198,11 @@ void EngineWorker::Run() {
       ++version_;
       cv_.SignalAll();
       return;
+    }
+    {
+      const EngineStats snapshot = engine_->stats();
+      absl::MutexLock lock(&mu_);
+      engine_stats_ = snapshot;
     }
     bool committed = false;
     for (GenerationOutput& o : outputs) {

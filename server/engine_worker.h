@@ -55,6 +55,8 @@ class EngineWorker {
   int64_t version();
   // The last error of the engine thread, if it stopped on one.
   absl::Status health();
+  // The engine's statistics after its last pass (any thread).
+  EngineStats engine_stats();
 
  private:
   struct InFlight {
@@ -82,6 +84,7 @@ class EngineWorker {
   std::set<std::string> cancels_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
+  EngineStats engine_stats_ ABSL_GUARDED_BY(mu_);
 
   // Engine thread only.
   std::map<int64_t, InFlight> in_flight_;           // engine request id -> request

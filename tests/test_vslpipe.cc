@@ -248,6 +248,10 @@ TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[v
   REQUIRE(stats.expert_token_pairs > 0);
   REQUIRE(stats.last_pass.micro_batches == 2);
   REQUIRE(stats.weight_bytes == 0);  // the cpu backend moves no weights
+  REQUIRE(stats.activated_bytes > 0);
+  REQUIRE(stats.sparse_flops > 0);
+  REQUIRE(stats.last_utilization.bytes_per_second > 0);
+  REQUIRE(stats.last_utilization.s_mbu == 0);  // no peak given
 
   std::ifstream in(path);
   REQUIRE(in.good());

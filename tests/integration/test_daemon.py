@@ -49,6 +49,13 @@ def test_submit_watch_results_list(client):
     assert state_name(progress[-1].state) == "completed"
     assert progress[-1].request_counts.completed == len(lines)
     assert progress[-1].generated_tokens >= 32 * len(GOLDEN)
+    engine = progress[-1].engine  # the engine's activity rides along (issue 6 instrumentation)
+    assert engine.backend == "cpu"
+    assert engine.passes > 0 and engine.last_pass_tokens > 0
+    assert engine.decode_tokens > 0 and engine.prefill_tokens > 0
+    assert engine.kv_blocks_total > 0
+    assert 0 < engine.device_busy <= 1 and 0 < engine.cpu_attention_busy <= 1
+    assert engine.achieved_gbs > 0 and engine.achieved_tflops > 0
     results = list(client.results(job.id))
     assert [r["custom_id"] for r in results] == [json.loads(l)["custom_id"] for l in lines]
     for i, g in enumerate(GOLDEN):  # the daemon reproduces transformers' greedy tokens
