@@ -172,6 +172,7 @@ void EngineWorker::Run() {
   std::vector<GenerationOutput> outputs;
   bool feed = true;
   while (!stop_) {
+    last_loop_.store(std::chrono::steady_clock::now().time_since_epoch().count());
     absl::Status st = HandleCancels();
     {
       absl::MutexLock lock(&mu_);

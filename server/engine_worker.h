@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -57,6 +58,12 @@ class EngineWorker {
   absl::Status health();
   // The engine's statistics after its last pass (any thread).
   EngineStats engine_stats();
+  // When the engine thread last went round its loop (it does at least once a second when idle,
+  // and after every pass); for the systemd watchdog.
+  std::chrono::steady_clock::time_point last_loop() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_loop_.load()));
+  }
 
  private:
   struct InFlight {
@@ -76,6 +83,8 @@ class EngineWorker {
   WorkerOptions options_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::chrono::steady_clock::rep> last_loop_{
+      std::chrono::steady_clock::now().time_since_epoch().count()};
 
   absl::Mutex mu_;
   absl::CondVar cv_;

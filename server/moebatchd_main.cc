@@ -6,8 +6,9 @@
 // run left unfinished, and serves moebatch.v1.BatchService, grpc.health.v1 and server reflection.
 // SIGINT/SIGTERM stop it: in-flight calls end, the engine thread stops; unfinished requests stay
 // pending in the store for the next start. Flags may be spelt with dashes or underscores. --config
-// names a JSON object of flag values ({"kv_cache_gb": 8, "listen": "0.0.0.0:50051"}); flags given
-// on the command line win over it.
+// names a JSON object of flag values ({"kv_cache_gb": 8, "listen": "0.0.0.0:50051"}; keys starting
+// with # are comments, as in deploy/moebatchd.json); flags given on the command line win over it.
+// Under systemd (Type=notify) it reports READY, STOPPING and watchdog pings (systemd_notify.h).
 #include <signal.h>
 
 #include <filesystem>
@@ -31,6 +32,7 @@
 #include "server/batch_service.h"
 #include "server/engine_worker.h"
 #include "server/job_store.h"
+#include "server/systemd_notify.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -80,7 +82,7 @@ absl::Status ApplyConfigFile(const std::string& path, const std::set<std::string
   for (const auto& [key, value] : j.items()) {
     std::string name = key;
     for (char& c : name) c = c == '-' ? '_' : c;
-    if (given.count(name) != 0 || name == "config") continue;
+    if (given.count(name) != 0 || name == "config" || name.rfind('#', 0) == 0) continue;
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) {
       return absl::InvalidArgumentError(
@@ -176,11 +178,17 @@ int Run(const std::set<std::string>& given) {
   worker.Start();
   spdlog::info("moebatchd: serving model '{}' on {} (port {}), data in {}", limits.model_name,
                absl::GetFlag(FLAGS_listen), port, data_dir);
+  NotifyReady(absl::StrCat("serving ", limits.model_name, " on ", absl::GetFlag(FLAGS_listen)));
+  // systemd's watchdog (WatchdogSec): pinged while the engine thread keeps looping and is healthy.
+  WatchdogPinger watchdog([&worker](std::chrono::microseconds interval) {
+    return worker.health().ok() && std::chrono::steady_clock::now() - worker.last_loop() < interval;
+  });
 
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("moebatchd: signal {}, stopping", sig);
+    NotifyStopping(absl::StrCat("stopping on signal ", sig));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   });
   server->Wait();

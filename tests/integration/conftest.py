@@ -28,11 +28,12 @@ def free_port() -> int:
 class Daemon:
     """A moebatchd process on a data dir; start/kill/stop it like an operator would."""
 
-    def __init__(self, data_dir: Path, extra_args=()):
+    def __init__(self, data_dir: Path, extra_args=(), env=None):
         self.data_dir = data_dir
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.extra_args = list(extra_args)
+        self.env = env
         self.proc = None
         self.log = data_dir / "moebatchd.log"
 
@@ -44,7 +45,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [str(binary), "--model", str(MODEL), "--listen", self.addr, "--data-dir",
              str(self.data_dir), "--kv-cache-gb", "0.25", *self.extra_args],
-            stdout=log, stderr=log)
+            stdout=log, stderr=log, env=self.env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             assert self.proc.poll() is None, f"moebatchd exited: {self.log.read_text()[-2000:]}"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs moebatchd as a systemd service (docs/operations.md):
+#   /usr/local/bin/moebatchd, moebatch-run, moebatch-plan   the programs (from --build-dir)
+#   /etc/systemd/system/moebatchd.service                   deploy/moebatchd.service
+#   /etc/moebatch/moebatchd.json                            deploy/moebatchd.json (kept if present)
+#   /usr/local/share/doc/moebatch/operations.md             docs/operations.md
+#   user and group `moebatch`; /var/lib/moebatch is the unit's StateDirectory
+# then `systemctl daemon-reload`. Run as root after ./scripts/build.sh. Start it with
+# `systemctl enable --now moebatchd` once the config names your model.
+#
+# Usage: deploy/install.sh [--build-dir DIR] [--destdir DIR]
+#   --destdir DIR   install under DIR (a staging root: no user, no systemctl), for packaging/tests
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$root/build"
+destdir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) build="$2"; shift 2 ;;
+    --destdir) destdir="$2"; shift 2 ;;
+    *) echo "install.sh: unknown argument $1 (see the header of deploy/install.sh)" >&2; exit 2 ;;
+  esac
+done
+for program in server/moebatchd engine/moebatch-run engine/moebatch-plan; do
+  if [ ! -x "$build/$program" ]; then
+    echo "install.sh: $build/$program is not built (run ./scripts/build.sh first)" >&2
+    exit 1
+  fi
+done
+if [ -z "$destdir" ] && [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: run as root (or with --destdir)" >&2
+  exit 1
+fi
+
+install -d "$destdir/usr/local/bin" "$destdir/etc/systemd/system" "$destdir/etc/moebatch" \
+  "$destdir/usr/local/share/doc/moebatch"
+install -m 0755 "$build/server/moebatchd" "$build/engine/moebatch-run" "$build/engine/moebatch-plan" \
+  "$destdir/usr/local/bin/"
+install -m 0644 "$root/deploy/moebatchd.service" "$destdir/etc/systemd/system/moebatchd.service"
+if [ -e "$destdir/etc/moebatch/moebatchd.json" ]; then
+  echo "install.sh: keeping the existing /etc/moebatch/moebatchd.json"
+else
+  install -m 0640 "$root/deploy/moebatchd.json" "$destdir/etc/moebatch/moebatchd.json"
+fi
+install -m 0644 "$root/docs/operations.md" "$destdir/usr/local/share/doc/moebatch/operations.md"
+
+if [ -z "$destdir" ]; then
+  if ! getent passwd moebatch >/dev/null; then
+    useradd --system --home-dir /var/lib/moebatch --shell /usr/sbin/nologin moebatch
+  fi
+  chgrp moebatch /etc/moebatch/moebatchd.json
+  systemctl daemon-reload
+  echo "install.sh: installed; edit /etc/moebatch/moebatchd.json, then: systemctl enable --now moebatchd"
+else
+  echo "install.sh: staged under $destdir"
+fi
