@@ -115,8 +115,8 @@ absl::Status ReadDType(const Json& j, ModelConfig* config) {
 }
 
 // rope_theta: the 4.x top-level key; transformers 5 moves it into `rope_parameters`. Scaled RoPE
-// (a `rope_scaling`, or a rope_type other than "default") is outside what moebatch computes: reject it rather
-// than compute a different model.
+// (a `rope_scaling`, or a rope_type other than "default") is outside what moebatch computes: reject
+// it rather than compute a different model.
 absl::Status ReadRope(const Json& j, ModelConfig* config) {
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const auto it = j.find(key);
@@ -250,6 +250,33 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
                 config->num_experts_per_tok, config->num_attention_heads,
                 config->num_key_value_heads, DTypeName(config->torch_dtype));
   return config;
+}
+
+std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
+  ModelConfig c;
+  c.architecture = "MixtralForCausalLM";
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 128;
+  c.num_local_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.max_position_embeddings = 32768;
+  if (name == "mixtral-8x7b") return c;
+  if (name == "mixtral-8x22b") {
+    // 140.6B parameters, 281.3 GB in bf16 (MoE-Lens §7: 141B, 282 GB).
+    c.vocab_size = 32768;
+    c.hidden_size = 6144;
+    c.intermediate_size = 16384;
+    c.num_hidden_layers = 56;
+    c.num_attention_heads = 48;
+    c.max_position_embeddings = 65536;
+    return c;
+  }
+  return std::nullopt;
 }
 
 }  // namespace moebatch

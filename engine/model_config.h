@@ -41,6 +41,12 @@ struct ModelConfig {
 // top-k larger than the number of experts, an architecture other than MixtralForCausalLM.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
 
+// The config.json of well-known models, for planning, benchmarks and tests without their files:
+// "mixtral-8x7b" (mistralai Mixtral-8x7B-v0.1 and -Instruct-v0.1, the same shapes as
+// bench/models/mixtral-8x7b/config.json) and "mixtral-8x22b" (Mixtral-8x22B-Instruct-v0.1: vocab
+// 32768; the base v0.1 has 32000). nullopt for any other name.
+std::optional<ModelConfig> KnownModelConfig(std::string_view name);
+
 // Reads `<model_dir>/config.json` (NotFound when absent) and parses it.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 

@@ -56,39 +56,6 @@ namespace {
 
 constexpr double kGB = 1e9;
 
-// Mixtral-8x7B-v0.1 / -Instruct-v0.1 config.json (mistralai on the Hugging Face hub; the same as
-// bench/models/mixtral-8x7b/config.json).
-ModelConfig Mixtral8x7B() {
-  ModelConfig c;
-  c.architecture = "MixtralForCausalLM";
-  c.vocab_size = 32000;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_hidden_layers = 32;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.num_local_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.max_position_embeddings = 32768;
-  return c;
-}
-
-// Mixtral-8x22B-Instruct-v0.1 config.json (mistralai on the hub; the base v0.1 has vocab 32000,
-// 9.4M fewer parameters). 140.6B parameters, 281.3 GB in bf16 (the paper, §7: 141B, 282 GB).
-ModelConfig Mixtral8x22B() {
-  ModelConfig c = Mixtral8x7B();
-  c.vocab_size = 32768;
-  c.hidden_size = 6144;
-  c.intermediate_size = 16384;
-  c.num_hidden_layers = 56;
-  c.num_attention_heads = 48;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.max_position_embeddings = 65536;
-  return c;
-}
-
 struct GpuPreset {
   const char* name;
   const char* description;
@@ -162,10 +129,8 @@ int Run(int argc, char** argv) {
   ModelConfig config;
   std::string model_name;
   if (!preset.empty()) {
-    if (preset == "mixtral-8x7b") {
-      config = Mixtral8x7B();
-    } else if (preset == "mixtral-8x22b") {
-      config = Mixtral8x22B();
+    if (auto known = KnownModelConfig(preset)) {
+      config = *known;
     } else {
       return usage(
           absl::StrCat("unknown --preset \"", preset, "\" (mixtral-8x7b or mixtral-8x22b)"));

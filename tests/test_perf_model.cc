@@ -16,21 +16,7 @@ namespace {
 constexpr double kGB = 1e9;
 
 // Mixtral-8x7B-v0.1's config.json.
-ModelConfig Mixtral8x7BConfig() {
-  ModelConfig c;
-  c.architecture = "MixtralForCausalLM";
-  c.vocab_size = 32000;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_hidden_layers = 32;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.num_local_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.max_position_embeddings = 32768;
-  return c;
-}
+ModelConfig Mixtral8x7BConfig() { return *KnownModelConfig("mixtral-8x7b"); }
 
 ModelShape Mixtral8x7B() {
   auto shape = ModelShapeFromConfig(Mixtral8x7BConfig(), DType::kBF16);

@@ -7,22 +7,8 @@
 namespace moebatch {
 namespace {
 
-ModelConfig Mixtral(int64_t hidden, int64_t ffn, int64_t layers, int64_t heads) {
-  ModelConfig c;
-  c.hidden_size = hidden;
-  c.intermediate_size = ffn;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = heads;
-  c.num_key_value_heads = 8;
-  c.head_dim = 128;
-  c.num_local_experts = 8;
-  c.num_experts_per_tok = 2;
-  c.vocab_size = 32000;
-  return c;
-}
-
 TEST_CASE("S-MBU: MoE-CAP's Mixtral-8x22B example", "[sparse_utilization]") {
-  const ModelConfig c = Mixtral(6144, 16384, 56, 48);
+  const ModelConfig c = *KnownModelConfig("mixtral-8x22b");
   ForwardStats pass;
   pass.tokens = 1;
   pass.experts_touched = 56 * 2;  // one token: its top-2 in every layer
@@ -37,7 +23,7 @@ TEST_CASE("S-MBU: MoE-CAP's Mixtral-8x22B example", "[sparse_utilization]") {
 }
 
 TEST_CASE("S-MFU and KV bytes: Mixtral-8x7B by hand", "[sparse_utilization]") {
-  const ModelConfig c = Mixtral(4096, 14336, 32, 32);
+  const ModelConfig c = *KnownModelConfig("mixtral-8x7b");
   ForwardStats pass;
   pass.tokens = 256;
   pass.experts_touched = 32 * 8;  // a batch: every expert of every layer used
