@@ -22,33 +22,14 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/weight_store.h"
+#include "tests/golden.h"
 
 namespace moebatch {
 namespace {
 
-struct Golden {
-  std::vector<int32_t> prompt_ids, greedy_ids;
-  std::vector<float> last_logits;
-};
-
-std::string FixtureDir(const std::string& name) {
-  return std::string(MOEBATCH_FIXTURES_DIR) + "/" + name;
-}
-
-std::vector<Golden> LoadGolden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.jsonl");
-  REQUIRE(in.good());
-  std::vector<Golden> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    out.push_back(Golden{j.at("prompt_token_ids").get<std::vector<int32_t>>(),
-                         j.at("greedy_token_ids").get<std::vector<int32_t>>(),
-                         j.at("last_logits").get<std::vector<float>>()});
-  }
-  REQUIRE(!out.empty());
-  return out;
-}
+using testing::FixtureDir;
+using testing::Golden;
+using testing::LoadGolden;
 
 EngineOptions CudaOptions(const std::string& dir, std::optional<DType> weight_dtype) {
   EngineOptions o;

@@ -15,43 +15,17 @@
 #include <vector>
 
 #include "engine/cpu_device.h"
-#include "engine/model_runner.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "tests/golden.h"
 
 using namespace moebatch;
 
 namespace {
 
-struct Golden {
-  std::string prompt;
-  std::vector<int32_t> prompt_ids, greedy_ids;
-  std::string greedy_text;
-  std::vector<float> last_logits;
-};
-
-std::string FixtureDir(const std::string& name) {
-  return std::string(MOEBATCH_FIXTURES_DIR) + "/" + name;
-}
-
-std::vector<Golden> LoadGolden(const std::string& dir) {
-  std::ifstream in(dir + "/golden.jsonl");
-  INFO("reading " << dir << "/golden.jsonl (generate with tests/fixtures/make_tiny_mixtral.py)");
-  REQUIRE(in.good());
-  std::vector<Golden> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    Golden g;
-    g.prompt = j.at("prompt").get<std::string>();
-    g.prompt_ids = j.at("prompt_token_ids").get<std::vector<int32_t>>();
-    g.greedy_ids = j.at("greedy_token_ids").get<std::vector<int32_t>>();
-    g.greedy_text = j.at("greedy_text").get<std::string>();
-    g.last_logits = j.at("last_logits").get<std::vector<float>>();
-    out.push_back(std::move(g));
-  }
-  REQUIRE(out.size() >= 6);
-  return out;
-}
+using testing::FixtureDir;
+using testing::Golden;
+using testing::LoadGolden;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& dir, int64_t kv_bytes = int64_t{64} << 20,
                                    int64_t max_tokens_per_pass = 2048) {
