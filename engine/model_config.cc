@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -162,6 +163,12 @@ absl::Status Parse(const Json& j, ModelConfig* c) {
     if (absl::Status s = ReadPositiveInt(j, "head_dim", std::nullopt, &c->head_dim); !s.ok()) {
       return s;
     }
+    // q_size() = num_attention_heads * head_dim (kv_size() is at most that) must be an int64.
+    int64_t q_size;
+    if (__builtin_mul_overflow(c->num_attention_heads, c->head_dim, &q_size)) {
+      return KeyError("head_dim", absl::StrCat("(", c->head_dim, ") times num_attention_heads (",
+                                               c->num_attention_heads, ") overflows"));
+    }
   } else if (c->hidden_size % c->num_attention_heads != 0) {
     return KeyError("hidden_size",
                     absl::StrCat("(", c->hidden_size, ") is not divisible by num_attention_heads (",
@@ -218,7 +225,12 @@ absl::StatusOr<ModelConfig> ParseFrom(std::string_view text, absl::string_view s
   ModelConfig config;
   absl::Status status;
   try {
-    status = Parse(Json::parse(text.begin(), text.end()), &config);
+    if (JsonNestsDeeperThan(text, kMaxJsonDepth)) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
+    } else {
+      status = Parse(Json::parse(text.begin(), text.end()), &config);
+    }
   } catch (const Json::parse_error& e) {
     status = absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", e.what()));
   } catch (const Json::exception& e) {  // a value of an unexpected type deep in an object

@@ -61,6 +61,13 @@ absl::Status Invalid(std::string_view path, std::string_view what, const json& g
       absl::StrCat(Sv(path), ": ", Sv(what), ", got ", Describe(got)));
 }
 
+// `*it`, or null when `it` is `obj.end()`: by reference, since copying a hostile value recurses
+// once per nesting level (a 100,000-deep array as `url` would overflow the stack).
+const json& Found(const json& obj, json::const_iterator it) {
+  static const json kNull;
+  return it == obj.end() ? kNull : *it;
+}
+
 // `obj[key]`, or nullptr when the key is absent or null (OpenAI treats an explicit null as unset).
 const json* FindOptional(const json& obj, const char* key) {
   auto it = obj.find(key);
@@ -110,12 +117,11 @@ absl::Status ParseContent(const json& content, const std::string& path, std::str
     auto type = part.find("type");
     if (type == part.end() || !type->is_string() || type->get<std::string>() != "text") {
       return Invalid(absl::StrCat(part_path, ".type"), "only \"text\" parts are supported",
-                     type == part.end() ? json() : *type);
+                     Found(part, type));
     }
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) {
-      return Invalid(absl::StrCat(part_path, ".text"), "must be a string",
-                     text == part.end() ? json() : *text);
+      return Invalid(absl::StrCat(part_path, ".text"), "must be a string", Found(part, text));
     }
     texts.push_back(text->get<std::string>());
   }
@@ -126,7 +132,7 @@ absl::Status ParseContent(const json& content, const std::string& path, std::str
 absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* messages) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
-    return Invalid("body.messages", "must be a non-empty array", it == body.end() ? json() : *it);
+    return Invalid("body.messages", "must be a non-empty array", Found(body, it));
   }
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
@@ -135,7 +141,7 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* messages)
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
       return Invalid(absl::StrCat(path, ".role"), "must be one of system, user, assistant",
-                     role == m.end() ? json() : *role);
+                     Found(m, role));
     }
     ChatMessage message;
     message.role = role->get<std::string>();
@@ -313,14 +319,13 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
   auto custom_id = root.find("custom_id");
   if (custom_id == root.end() || !custom_id->is_string() ||
       custom_id->get_ref<const std::string&>().empty()) {
-    return Invalid("custom_id", "must be a non-empty string",
-                   custom_id == root.end() ? json() : *custom_id);
+    return Invalid("custom_id", "must be a non-empty string", Found(root, custom_id));
   }
   request.custom_id = custom_id->get<std::string>();
 
   auto method = root.find("method");
   if (method == root.end() || !method->is_string() || method->get<std::string>() != "POST") {
-    return Invalid("method", "must be POST", method == root.end() ? json() : *method);
+    return Invalid("method", "must be POST", Found(root, method));
   }
 
   auto url = root.find("url");
@@ -330,12 +335,12 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
     request.endpoint = Endpoint::kCompletions;
   } else {
     return Invalid("url", absl::StrCat("must be ", Sv(kChatUrl), " or ", Sv(kCompletionsUrl)),
-                   url == root.end() ? json() : *url);
+                   Found(root, url));
   }
 
   auto body_it = root.find("body");
   if (body_it == root.end() || !body_it->is_object()) {
-    return Invalid("body", "must be an object", body_it == root.end() ? json() : *body_it);
+    return Invalid("body", "must be an object", Found(root, body_it));
   }
   const json& body = *body_it;
 
@@ -409,7 +414,7 @@ ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defau
     json root;
     try {
       root = json::parse(line.begin(), line.end());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400 (no double)
       // e.what() is "[json.exception.parse_error.101] parse error at ...": keep the part after
       // the tag.
       std::string_view what = e.what();

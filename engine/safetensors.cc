@@ -14,10 +14,12 @@
 #include <cerrno>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/json_depth.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -116,12 +118,62 @@ absl::Status ParseEntry(const Json& entry, const std::byte* data, size_t data_si
   return absl::OkStatus();
 }
 
+absl::Status ShortFileError(const std::string& path, size_t size) {
+  return absl::DataLossError(
+      absl::StrCat(path, ": ", size, " bytes, shorter than the 8-byte safetensors header length"));
+}
+
 }  // namespace
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensors(const std::byte* bytes,
+                                                                   size_t size,
+                                                                   const std::string& path) {
+  if (size < 8) return ShortFileError(path, size);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
+  if (header_len > size - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len,
+                                            " runs past the end of the file (", size,
+                                            " bytes): truncated or not a safetensors file"));
+  }
+  const char* header = reinterpret_cast<const char*>(bytes + 8);
+  const std::byte* data = bytes + 8 + header_len;
+  const size_t data_size = size - 8 - header_len;
+
+  if (JsonNestsDeeperThan(std::string_view(header, header_len), kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": safetensors header is not valid JSON: nested deeper than ",
+                     kMaxJsonDepth, " levels"));
+  }
+  Json root;
+  try {
+    root = Json::parse(header, header + header_len);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": safetensors header is not valid JSON: ", e.what()));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": safetensors header is not a JSON object"));
+  }
+  std::map<std::string, TensorInfo> tensors;
+  for (const auto& [name, entry] : root.items()) {
+    if (name == "__metadata__") continue;
+    TensorInfo info;
+    info.name = name;
+    info.file = path;
+    if (absl::Status s = ParseEntry(entry, data, data_size, &info); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(path, ": tensor \"", name, "\": ", s.message()));
+    }
+    tensors.emplace(name, std::move(info));
+  }
+  return tensors;
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
@@ -136,10 +188,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
+  if (size < 8) {  // (also keeps mmap from being asked for 0 bytes)
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(
-        path, ": ", size, " bytes, shorter than the 8-byte safetensors header length"));
+    return ShortFileError(path, size);
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
@@ -151,40 +202,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   file->path_ = path;
   file->map_ = map;
   file->size_ = size;
-  const auto* bytes = static_cast<const std::byte*>(map);
-
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
-  if (header_len > size - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len,
-                                            " runs past the end of the file (", size,
-                                            " bytes): truncated or not a safetensors file"));
-  }
-  const char* header = reinterpret_cast<const char*>(bytes + 8);
-  const std::byte* data = bytes + 8 + header_len;
-  const size_t data_size = size - 8 - header_len;
-
-  Json root;
-  try {
-    root = Json::parse(header, header + header_len);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": safetensors header is not valid JSON: ", e.what()));
-  }
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": safetensors header is not a JSON object"));
-  }
-  for (const auto& [name, entry] : root.items()) {
-    if (name == "__metadata__") continue;
-    TensorInfo info;
-    info.name = name;
-    info.file = path;
-    if (absl::Status s = ParseEntry(entry, data, data_size, &info); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(path, ": tensor \"", name, "\": ", s.message()));
-    }
-    file->tensors_.emplace(name, std::move(info));
-  }
+  absl::StatusOr<std::map<std::string, TensorInfo>> tensors =
+      ParseSafetensors(static_cast<const std::byte*>(map), size, path);
+  if (!tensors.ok()) return tensors.status();
+  file->tensors_ = *std::move(tensors);
   return file;
 }
 
@@ -203,6 +224,40 @@ size_t TensorStore::total_bytes() const {
   return total;
 }
 
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view json_text,
+                                                       const std::string& index_path) {
+  if (JsonNestsDeeperThan(json_text, kMaxJsonDepth)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, ": invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  SafetensorsIndex index;
+  try {
+    const Json root = Json::parse(json_text.begin(), json_text.end());
+    const auto map = root.is_object() ? root.find("weight_map") : root.end();
+    if (map == root.end() || !map->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": no \"weight_map\" object mapping tensors to shards"));
+    }
+    std::set<std::string> seen;
+    for (const auto& [tensor, shard] : map->items()) {
+      if (!shard.is_string() || shard.get<std::string>().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map maps tensor \"",
+                                                       tensor, "\" to ", shard.dump(),
+                                                       ", not a shard file name"));
+      }
+      const std::string name = shard.get<std::string>();
+      index.weight_map[tensor] = name;
+      if (seen.insert(name).second) index.shards.emplace_back(name, tensor);
+    }
+    if (index.shards.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map is empty"));
+    }
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": invalid JSON: ", e.what()));
+  }
+  return index;
+}
+
 absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string& model_dir) {
   auto store = std::make_unique<TensorStore>();
   const std::string index_path = model_dir + "/" + kIndexFile;
@@ -212,32 +267,14 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string
   std::map<std::string, std::string> weight_map;  // tensor -> shard
   const bool sharded = FileExists(index_path);
   if (sharded) {
-    // model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard file name}}.
     std::ifstream in(index_path, std::ios::binary);
-    try {
-      const Json index = Json::parse(in);
-      const auto map = index.is_object() ? index.find("weight_map") : index.end();
-      if (map == index.end() || !map->is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path, ": no \"weight_map\" object mapping tensors to shards"));
-      }
-      std::set<std::string> seen;
-      for (const auto& [tensor, shard] : map->items()) {
-        if (!shard.is_string() || shard.get<std::string>().empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map maps tensor \"",
-                                                         tensor, "\" to ", shard.dump(),
-                                                         ", not a shard file name"));
-        }
-        const std::string name = shard.get<std::string>();
-        weight_map[tensor] = name;
-        if (seen.insert(name).second) shards.emplace_back(name, tensor);
-      }
-      if (shards.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map is empty"));
-      }
-    } catch (const Json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": invalid JSON: ", e.what()));
-    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) return absl::DataLossError(absl::StrCat(index_path, ": cannot read"));
+    absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(text.str(), index_path);
+    if (!index.ok()) return index.status();
+    weight_map = std::move(index->weight_map);
+    shards = std::move(index->shards);
   } else if (FileExists(model_dir + "/" + kSingleFile)) {
     shards.emplace_back(kSingleFile, "");
   } else {

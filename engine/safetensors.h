@@ -14,6 +14,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +61,29 @@ class SafetensorsFile {
   size_t size_ = 0;
   std::map<std::string, TensorInfo> tensors_;
 };
+
+// The parsers SafetensorsFile::Open and TensorStore::Open apply to the bytes they read, exposed for
+// tests and fuzzing (tests/fuzz).
+
+// Parses a whole safetensors file image, `size` bytes at `bytes` (the length field, the header and
+// the data), with SafetensorsFile::Open's checks and errors (`path` names the file in them; apart
+// from NotFound). Each TensorInfo::data points into `bytes`, which must outlive the result.
+absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensors(const std::byte* bytes,
+                                                                   size_t size,
+                                                                   const std::string& path);
+
+// A parsed model.safetensors.index.json.
+struct SafetensorsIndex {
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
+  // Each shard once, in order of first mention, with the first tensor mapped to it (for errors).
+  std::vector<std::pair<std::string, std::string>> shards;
+};
+
+// Parses the text of model.safetensors.index.json ({"metadata": {...}, "weight_map": {tensor:
+// shard file name}}). InvalidArgument, prefixed with `index_path`: invalid JSON, no "weight_map"
+// object, a shard that is not a non-empty string, an empty map.
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view json_text,
+                                                       const std::string& index_path);
 
 // Every tensor of a model directory.
 class TensorStore {

@@ -698,6 +698,98 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
 }
 
 // ---------------------------------------------------------------------------------------------
+// The parsers on bytes (what the fuzz targets in tests/fuzz call), and what fuzzing found.
+
+TEST_CASE("safetensors: ParseSafetensors and ParseSafetensorsIndex read bytes as Open reads files",
+          "[safetensors]") {
+  Tensors tensors;
+  tensors["a"] = TestTensor{"F32", {2}, std::string("\0\0\x80\x3f\0\0\0\x40", 8)};
+  tensors["b"] = TestTensor{"U8", {3}, "xyz"};
+  const std::string image = SafetensorsBytes(tensors, {{"format", "pt"}});
+  const auto* bytes = reinterpret_cast<const std::byte*>(image.data());
+  auto parsed = ParseSafetensors(bytes, image.size(), "mem.safetensors");
+  INFO(parsed.status().ToString());
+  REQUIRE(parsed.ok());
+  REQUIRE(parsed->size() == 2);
+  CHECK(Bytes(parsed->at("a")) == tensors["a"].bytes);
+  CHECK(Bytes(parsed->at("b")) == "xyz");
+  CHECK(parsed->at("b").data >= bytes);
+  CHECK(parsed->at("b").data + 3 == bytes + image.size());
+  CHECK(parsed->at("a").file == "mem.safetensors");
+  CHECK_ERROR(ParseSafetensors(bytes, 3, "mem.safetensors").status(), absl::StatusCode::kDataLoss,
+              "mem.safetensors: 3 bytes, shorter than the 8-byte");
+
+  auto index = ParseSafetensorsIndex(
+      R"({"metadata": {}, "weight_map": {"c": "s2", "a": "s1", "b": "s2"}})", "idx.json");
+  INFO(index.status().ToString());
+  REQUIRE(index.ok());
+  CHECK(index->weight_map ==
+        std::map<std::string, std::string>{{"a", "s1"}, {"b", "s2"}, {"c", "s2"}});
+  CHECK(index->shards ==
+        std::vector<std::pair<std::string, std::string>>{{"s1", "a"}, {"s2", "b"}});
+  CHECK_ERROR(ParseSafetensorsIndex(R"({"weight_map": {}})", "idx.json").status(),
+              absl::StatusCode::kInvalidArgument, "idx.json: weight_map is empty");
+}
+
+// `depth` arrays inside one another. Dumping, copying or comparing a million-deep value recurses
+// a million times: a stack overflow. Fuzzing (tests/fuzz) found the parsers reached such code for
+// a deep value (an error message dumping it), so they now refuse JSON deeper than 128 levels.
+std::string DeepArray(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST_CASE("fuzz regression: JSON nested deeper than 128 levels is refused, not dumped",
+          "[config][safetensors][errors]") {
+  const std::string deep = DeepArray(1000000);
+  const std::string config_head = R"({"architectures": ["MixtralForCausalLM"], "vocab_size": )";
+  SECTION("config.json") {
+    CHECK_ERROR(ParseModelConfig(config_head + deep + "}").status(),
+                absl::StatusCode::kInvalidArgument,
+                "config.json: invalid JSON: nested deeper than 128 levels");
+    // The top-level object and 127 arrays: at the limit, so refused for its type instead.
+    CHECK_ERROR(ParseModelConfig(config_head + DeepArray(127) + "}").status(),
+                absl::StatusCode::kInvalidArgument, "key \"vocab_size\" must be an integer");
+    CHECK_ERROR(ParseModelConfig(config_head + DeepArray(128) + "}").status(),
+                absl::StatusCode::kInvalidArgument, "nested deeper than 128 levels");
+    // Brackets inside strings are text.
+    CHECK_ERROR(ParseModelConfig(config_head + "\"" + std::string(300, '[') + "\\\"\"}").status(),
+                absl::StatusCode::kInvalidArgument, "key \"vocab_size\" must be an integer");
+  }
+  SECTION("safetensors header") {
+    TempDir dir;
+    CHECK_ERROR(OpenStatus(dir, RawSafetensors(R"({"t": {"dtype": "F32", "shape": )" + deep +
+                                                   R"(, "data_offsets": [0, 4]}})",
+                                               "1234")),
+                absl::StatusCode::kInvalidArgument, dir / "x.safetensors",
+                "safetensors header is not valid JSON: nested deeper than 128 levels");
+  }
+  SECTION("model.safetensors.index.json") {
+    TempDir dir;
+    WriteCheckpoint(dir.path(), TinyConfig(), TinyTensors(), /*shards=*/2);
+    WriteFile(dir / "model.safetensors.index.json", R"({"weight_map": {"a": )" + deep + "}}");
+    CHECK_ERROR(LoadStatus(dir.path()), absl::StatusCode::kInvalidArgument,
+                dir / "model.safetensors.index.json",
+                "invalid JSON: nested deeper than 128 levels");
+  }
+}
+
+TEST_CASE("fuzz regression: head_dim times num_attention_heads must fit int64",
+          "[config][errors]") {
+  // ModelConfig::q_size() multiplied these: signed overflow (undefined behavior) for a config that
+  // passed every check.
+  Json j = TinyConfig();
+  j["num_attention_heads"] = int64_t{1} << 32;
+  j["num_key_value_heads"] = int64_t{1} << 32;
+  j["head_dim"] = int64_t{1} << 32;
+  CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
+              "config.json: key \"head_dim\" (4294967296) times num_attention_heads (4294967296) "
+              "overflows");
+  j["head_dim"] = int64_t{1} << 30;  // 2^62: fits
+  auto c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->q_size() == int64_t{1} << 62);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The committed fixtures made by tests/fixtures/make_tiny_mixtral.py with transformers.
 
 // The fixtures are committed: a missing one is a failure, not a skip.

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -301,6 +302,63 @@ TEST_CASE("Deeply nested input does not crash the parser") {
       deep + "}}");
   REQUIRE_FALSE(as_value.request.ok());
   CHECK(as_value.request.status().message() == "body.temperature: must be a number, got an array");
+}
+
+TEST_CASE("fuzz regression: a number beyond double's range is invalid JSON, not a server error") {
+  // nlohmann's parser throws out_of_range (not parse_error) for 1e400: it escaped to the catch-all
+  // and became INTERNAL ("parsing the line failed"), a 500 line, and a job-level INTERNAL error.
+  for (const std::string number : {"1e400", "-1e400"}) {
+    ParsedBatchLine parsed = ParseBatchLine(
+        R"({"custom_id": "big", "method": "POST", "url": "/v1/completions",
+            "body": {"prompt": "x", "temperature": )" +
+        number + "}}");
+    INFO(parsed.request.status().ToString());
+    CHECK_FALSE(parsed.json_ok);
+    CHECK(parsed.request.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(parsed.request.status().message() ==
+          "invalid JSON: number overflow parsing '" + number + "'");
+  }
+}
+
+TEST_CASE("fuzz regression: a deeply nested value where a string is expected is not copied") {
+  // The error for a missing or mistyped custom_id, method, url, body, role or content part copied
+  // the offending value (a conditional expression with json()), and copying recurses once per
+  // level: a stack overflow for this line, found by fuzzing (tests/fuzz).
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  std::string deep_object;
+  for (int i = 0; i < 500000; ++i) deep_object += R"({"a":)";
+  deep_object += "1" + std::string(500000, '}');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"custom_id": )" + deep + "}", "custom_id: must be a non-empty string, got an array"},
+      {R"({"custom_id": "d", "method": )" + deep + "}", "method: must be POST, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": )" + deep + "}",
+       "url: must be /v1/chat/completions or /v1/completions, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": )" + deep + "}",
+       "body: must be an object, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": )" +
+           deep_object + "}}",
+       "body.messages: must be a non-empty array, got an object"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": )" +
+           deep + "}]}}",
+       "body.messages[0].role: must be one of system, user, assistant, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": "user", "content": [{"type": )" +
+           deep + "}]}]}}",
+       "body.messages[0].content[0].type: only \"text\" parts are supported, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": "user", "content": [{"type": "text", "text": )" +
+           deep + "}]}]}}",
+       "body.messages[0].content[0].text: must be a string, got an array"},
+  };
+  for (const auto& [line, message] : cases) {
+    INFO(message);
+    ParsedBatchLine parsed = ParseBatchLine(line);
+    CHECK(parsed.json_ok);
+    REQUIRE_FALSE(parsed.request.ok());
+    CHECK(parsed.request.status().message() == message);
+  }
 }
 
 TEST_CASE("custom_id is recovered when the body is invalid, and the error line is a 400") {
