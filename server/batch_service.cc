@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -23,10 +24,17 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_started_at(r.started_at);
   job->set_prompt_tokens(r.prompt_tokens);
   job->set_generated_tokens(r.generated_tokens);
+  job->set_tenant(r.tenant);
 }
 
 grpc::Status MissingJobId() {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id: required");
+}
+
+grpc::Status Loading() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "moebatchd is loading its model; try again shortly (grpc.health.v1 says "
+                      "SERVING once it is ready)");
 }
 
 }  // namespace
@@ -36,76 +44,142 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-BatchServiceImpl::BatchServiceImpl(JobStore* store, EngineWorker* worker,
-                                   const Tokenizer* tokenizer, JobLimits limits)
-    : store_(store),
-      worker_(worker),
-      tokenizer_(tokenizer),
-      limits_(std::move(limits)),
-      rng_(std::random_device{}()) {}
+BatchServiceImpl::BatchServiceImpl(JobStore* store, const TokenAuthenticator* auth)
+    : store_(store), auth_(auth), rng_(std::random_device{}()) {}
+
+void BatchServiceImpl::Attach(EngineWorker* worker, const Tokenizer* tokenizer, JobLimits limits,
+                              TenantQuota quota) {
+  attached_storage_ = std::make_unique<Attached>(
+      Attached{worker, tokenizer, std::move(limits), quota});
+  attached_.store(attached_storage_.get(), std::memory_order_release);
+}
+
+const BatchServiceImpl::Attached* BatchServiceImpl::attached() const {
+  return attached_.load(std::memory_order_acquire);
+}
+
+absl::StatusOr<Principal> BatchServiceImpl::Authenticate(
+    const grpc::ServerContext& context) const {
+  if (auth_ == nullptr) return LocalPrincipal();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return auth_->Authenticate("");
+  return auth_->Authenticate(std::string_view(it->second.data(), it->second.size()));
+}
+
+absl::StatusOr<JobRecord> BatchServiceImpl::VisibleJob(const Principal& who,
+                                                       const std::string& job_id) {
+  auto job = store_->GetJob(job_id);
+  if (!job.ok()) return job.status();
+  // Another tenant's job answers exactly as an unknown id does.
+  if (!who.admin && job->tenant != who.tenant) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  return job;
+}
+
+int64_t BatchServiceImpl::WaitForChange(int64_t seen, absl::Duration timeout) {
+  if (const Attached* a = attached()) return a->worker->WaitForChange(seen, timeout);
+  absl::SleepFor(timeout);
+  return seen;
+}
 
 std::string BatchServiceImpl::NewJobId() {
   std::lock_guard<std::mutex> lock(rng_mu_);
   return absl::StrFormat("job_%016x%08x", rng_(), static_cast<uint32_t>(rng_()));
 }
 
-grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
-                                         v1::Job* response) {
+grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext* context,
+                                         const v1::CreateJobRequest* request, v1::Job* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
+  const Attached* a = attached();
+  if (a == nullptr) return Loading();
+  if (!accepting_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "moebatchd is shutting down and takes no new jobs; submit again once it "
+                        "has restarted");
+  }
   JobRecord job;
   job.id = NewJobId();
-  auto prepared = PrepareJob(*request, *tokenizer_, limits_, job.id);
+  job.tenant = who->tenant;
+  auto prepared = PrepareJob(*request, *a->tokenizer, a->limits, job.id);
   if (!prepared.ok()) return ToGrpc(prepared.status());
   job.state = JobState::kInProgress;
-  job.model = limits_.model_name;
+  job.model = a->limits.model_name;
   job.metadata.insert(request->metadata().begin(), request->metadata().end());
   job.total = static_cast<int64_t>(prepared->requests.size() + prepared->prefailed.size());
-  auto stored = store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed);
-  if (!stored.ok()) return ToGrpc(stored.status());
-  spdlog::info("job {} created: {} requests ({} failed validation against the context)", stored->id,
-               stored->total, prepared->prefailed.size());
-  worker_->Wake();
+  auto stored = store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
+  if (!stored.ok()) {
+    if (stored.status().code() == absl::StatusCode::kResourceExhausted) {
+      spdlog::info("job refused: {}", std::string(stored.status().message()));
+    }
+    return ToGrpc(stored.status());
+  }
+  spdlog::info("job {} created for tenant '{}': {} requests ({} failed validation against the "
+               "context)",
+               stored->id, stored->tenant, stored->total, prepared->prefailed.size());
+  if (on_job_created_) on_job_created_(*stored);
+  a->worker->Wake();
   ToProto(*stored, response);
   return grpc::Status::OK;
 }
 
-grpc::Status BatchServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
-                                      v1::Job* response) {
+grpc::Status BatchServiceImpl::GetJob(grpc::ServerContext* context,
+                                      const v1::GetJobRequest* request, v1::Job* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
   if (request->job_id().empty()) return MissingJobId();
-  auto job = store_->GetJob(request->job_id());
+  auto job = VisibleJob(*who, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response);
   return grpc::Status::OK;
 }
 
-grpc::Status BatchServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status BatchServiceImpl::ListJobs(grpc::ServerContext* context,
+                                        const v1::ListJobsRequest* request,
                                         v1::ListJobsResponse* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
   int32_t page_size = request->page_size() == 0 ? 20 : request->page_size();
   if (page_size < 0 || page_size > 1000) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("page_size: must be in [1, 1000], got ", page_size));
   }
+  std::string tenant = request->tenant();
+  if (!who->admin) {
+    if (!tenant.empty() && tenant != who->tenant) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "tenant: only an admin token may list another tenant's jobs");
+    }
+    tenant = who->tenant;
+  }
   std::optional<JobState> state;
   if (request->state() != v1::JOB_STATE_UNSPECIFIED) {
     state = static_cast<JobState>(request->state());
   }
-  auto page = store_->ListJobs(page_size, request->page_token(), state);
+  auto page = store_->ListJobs(page_size, request->page_token(), state, tenant);
   if (!page.ok()) return ToGrpc(page.status());
   for (const JobRecord& r : page->jobs) ToProto(r, response->add_jobs());
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
 
-grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
-                                         v1::Job* response) {
+grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext* context,
+                                         const v1::CancelJobRequest* request, v1::Job* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
+  const Attached* a = attached();
+  if (a == nullptr) return Loading();
   if (request->job_id().empty()) return MissingJobId();
-  auto job = store_->GetJob(request->job_id());
+  auto job = VisibleJob(*who, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   if (!IsTerminal(job->state) && job->state != JobState::kCancelling) {
     absl::Status st = store_->SetJobState(job->id, JobState::kCancelling);
     // FailedPrecondition: the job finished in the meantime; answer with its final state.
     if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return ToGrpc(st);
     if (st.ok()) {
-      worker_->Cancel(job->id);
+      a->worker->Cancel(job->id);
       spdlog::info("job {} cancelling", job->id);
     }
     job = store_->GetJob(request->job_id());
@@ -115,8 +189,9 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJ
   return grpc::Status::OK;
 }
 
-void BatchServiceImpl::FillProgress(const JobRecord& job, v1::JobProgress* p) {
-  const JobLive live = worker_->Live(job.id);
+void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job,
+                                    v1::JobProgress* p) {
+  const JobLive live = at.worker->Live(job.id);
   p->set_job_id(job.id);
   p->set_error(job.error);
   p->set_state(static_cast<v1::JobState>(job.state));
@@ -130,7 +205,7 @@ void BatchServiceImpl::FillProgress(const JobRecord& job, v1::JobProgress* p) {
       job.finished_at != 0 ? job.finished_at : static_cast<int64_t>(std::time(nullptr));
   const double elapsed = job.started_at != 0 ? static_cast<double>(end - job.started_at) : 0.0;
   p->set_tokens_per_second(elapsed > 0 ? generated / elapsed : 0.0);
-  const EngineStats e = worker_->engine_stats();
+  const EngineStats e = at.worker->engine_stats();
   v1::EngineActivity* a = p->mutable_engine();
   a->set_backend(e.backend);
   a->set_passes(e.passes);
@@ -160,21 +235,25 @@ void BatchServiceImpl::FillProgress(const JobRecord& job, v1::JobProgress* p) {
 grpc::Status BatchServiceImpl::WatchJob(grpc::ServerContext* context,
                                         const v1::WatchJobRequest* request,
                                         grpc::ServerWriter<v1::JobProgress>* writer) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
+  const Attached* a = attached();
+  if (a == nullptr) return Loading();
   if (request->job_id().empty()) return MissingJobId();
-  int64_t seen = worker_->version();
+  int64_t seen = a->worker->version();
   std::string last;
   while (!context->IsCancelled()) {
-    auto job = store_->GetJob(request->job_id());
+    auto job = VisibleJob(*who, request->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     v1::JobProgress progress;
-    FillProgress(*job, &progress);
+    FillProgress(*a, *job, &progress);
     std::string bytes = progress.SerializeAsString();
     if (bytes != last) {
       if (!writer->Write(progress)) return grpc::Status::CANCELLED;
       last = std::move(bytes);
     }
     if (IsTerminal(job->state)) return grpc::Status::OK;
-    seen = worker_->WaitForChange(seen, absl::Milliseconds(500));
+    seen = a->worker->WaitForChange(seen, absl::Milliseconds(500));
   }
   return grpc::Status::CANCELLED;
 }
@@ -182,11 +261,14 @@ grpc::Status BatchServiceImpl::WatchJob(grpc::ServerContext* context,
 grpc::Status BatchServiceImpl::GetResults(grpc::ServerContext* context,
                                           const v1::GetResultsRequest* request,
                                           grpc::ServerWriter<v1::Result>* writer) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
   if (request->job_id().empty()) return MissingJobId();
   int64_t next = 0;  // results stream in input order: the next index to send
-  int64_t seen = worker_->version();
+  const Attached* a = attached();
+  int64_t seen = a != nullptr ? a->worker->version() : 0;
   while (!context->IsCancelled()) {
-    auto job = store_->GetJob(request->job_id());
+    auto job = VisibleJob(*who, request->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     const bool terminal = IsTerminal(job->state);
     auto results = store_->Results(job->id, next);
@@ -203,7 +285,7 @@ grpc::Status BatchServiceImpl::GetResults(grpc::ServerContext* context,
       next = r.index + 1;
     }
     if (terminal || !request->wait()) return grpc::Status::OK;
-    seen = worker_->WaitForChange(seen, absl::Milliseconds(500));
+    seen = WaitForChange(seen, absl::Milliseconds(500));
   }
   return grpc::Status::CANCELLED;
 }

@@ -1,14 +1,24 @@
 // moebatch.v1.BatchService on gRPC's synchronous server (one handler thread per call from gRPC's
-// pool). Handlers validate, talk to the job store and the engine worker, and map absl::Status to
-// gRPC status with the same code (INVALID_ARGUMENT names the line and field; NOT_FOUND for an
-// unknown job). Nothing here aborts on input.
+// pool). Handlers authenticate the caller (server/auth.h), validate, talk to the job store and the
+// engine worker, and map absl::Status to gRPC status with the same code (INVALID_ARGUMENT names
+// the line and field; NOT_FOUND for an unknown job or another tenant's; RESOURCE_EXHAUSTED names
+// the tenant limit). Nothing here aborts on input.
+//
+// Life cycle: the service is registered before the model loads, so that grpc.health.v1 can say
+// NOT_SERVING meanwhile. Until Attach, CreateJob, CancelJob and WatchJob answer UNAVAILABLE;
+// GetJob, ListJobs and GetResults already read the store. After StopAccepting (SIGTERM) CreateJob
+// answers UNAVAILABLE while the rest keeps working until the server shuts down.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "moebatch/v1/batch.grpc.pb.h"
+#include "server/auth.h"
 #include "server/engine_worker.h"
 #include "server/job_request.h"
 #include "server/job_store.h"
@@ -17,9 +27,19 @@ namespace moebatch {
 
 class BatchServiceImpl final : public v1::BatchService::Service {
  public:
-  // Borrows all; they must outlive the service.
-  BatchServiceImpl(JobStore* store, EngineWorker* worker, const Tokenizer* tokenizer,
-                   JobLimits limits);
+  // Borrows both; they must outlive the service. `auth` null: authentication off (every caller
+  // is LocalPrincipal()).
+  BatchServiceImpl(JobStore* store, const TokenAuthenticator* auth);
+
+  // The engine is loaded: serve everything. Borrows worker and tokenizer. Call once.
+  void Attach(EngineWorker* worker, const Tokenizer* tokenizer, JobLimits limits,
+              TenantQuota quota);
+  // Shutting down: CreateJob answers UNAVAILABLE from now on.
+  void StopAccepting() { accepting_ = false; }
+  // Called after each job is stored (for metrics); set before serving.
+  void set_on_job_created(std::function<void(const JobRecord&)> f) {
+    on_job_created_ = std::move(f);
+  }
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
@@ -35,13 +55,28 @@ class BatchServiceImpl final : public v1::BatchService::Service {
                           grpc::ServerWriter<v1::Result>* writer) override;
 
  private:
+  struct Attached {
+    EngineWorker* worker = nullptr;
+    const Tokenizer* tokenizer = nullptr;
+    JobLimits limits;
+    TenantQuota quota;
+  };
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& context) const;
+  // The job if it exists and the caller may see it; NotFound (the store's message) otherwise.
+  absl::StatusOr<JobRecord> VisibleJob(const Principal& who, const std::string& job_id);
+  // Null until Attach.
+  const Attached* attached() const;
   std::string NewJobId();
-  void FillProgress(const JobRecord& job, v1::JobProgress* progress);
+  void FillProgress(const Attached& a, const JobRecord& job, v1::JobProgress* progress);
+  // Blocks until the worker reports a change or `timeout` (a plain sleep before Attach).
+  int64_t WaitForChange(int64_t seen, absl::Duration timeout);
 
   JobStore* store_;
-  EngineWorker* worker_;
-  const Tokenizer* tokenizer_;
-  JobLimits limits_;
+  const TokenAuthenticator* auth_;
+  std::atomic<const Attached*> attached_{nullptr};
+  std::unique_ptr<Attached> attached_storage_;
+  std::atomic<bool> accepting_{true};
+  std::function<void(const JobRecord&)> on_job_created_;
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
 };

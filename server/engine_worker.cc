@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -24,6 +25,19 @@ void EngineWorker::Stop() {
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+int64_t EngineWorker::Drain(absl::Duration timeout) {
+  draining_ = true;
+  absl::MutexLock lock(&mu_);
+  cv_.SignalAll();  // wakes an idle engine thread
+  const absl::Time deadline = absl::Now() + timeout;
+  // in_flight_count_ is exact once the engine thread has gone past its feeding step with
+  // draining_ set (drain_seen_): no request can join after that.
+  while ((!drain_seen_ || in_flight_count_ > 0) && health_.ok() && !stop_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return in_flight_count_;
 }
 
 void EngineWorker::Wake() {
@@ -137,7 +151,9 @@ absl::Status EngineWorker::Feed() {
           FormatBatchError(parsed, absl::StrCat("batch_req_", p.job_id, "_", p.request.index),
                            id.status()),
           true};
-      if (auto st = store_->CommitResult(p.job_id, r, 0, 0); !st.ok()) return st.status();
+      auto st = store_->CommitResult(p.job_id, r, 0, 0);
+      if (!st.ok()) return st.status();
+      if (*st && options_.metrics != nullptr) options_.metrics->ObserveResult(true, 0, 0);
       Bump();
       continue;
     }
@@ -161,6 +177,10 @@ absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
   auto committed =
       store_->CommitResult(f.job_id, r, f.completion.prompt_tokens, f.completion.completion_tokens);
   if (!committed.ok()) return committed.status();
+  if (*committed && options_.metrics != nullptr) {
+    options_.metrics->ObserveResult(false, f.completion.prompt_tokens,
+                                    f.completion.completion_tokens);
+  }
   absl::MutexLock lock(&mu_);
   JobLive& live = live_[f.job_id];
   live.prompt_tokens -= f.completion.prompt_tokens;
@@ -179,9 +199,18 @@ void EngineWorker::Run() {
       feed = feed || wake_;
       wake_ = false;
     }
-    if (st.ok() && feed) {
+    if (st.ok() && feed && !draining_) {
       st = Feed();
       feed = false;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      const bool seen = draining_.load();
+      if (in_flight_count_ != static_cast<int64_t>(in_flight_.size()) || seen != drain_seen_) {
+        in_flight_count_ = static_cast<int64_t>(in_flight_.size());
+        drain_seen_ = seen;
+        cv_.SignalAll();
+      }
     }
     if (st.ok() && !engine_->HasUnfinished()) {
       absl::MutexLock lock(&mu_);
@@ -202,6 +231,7 @@ void EngineWorker::Run() {
     }
     {
       const EngineStats snapshot = engine_->stats();
+      if (options_.metrics != nullptr) options_.metrics->ObservePass(snapshot);
       absl::MutexLock lock(&mu_);
       engine_stats_ = snapshot;
     }

@@ -25,8 +25,11 @@
 
 namespace moebatch {
 
+class DaemonMetrics;
+
 struct WorkerOptions {
-  int64_t max_in_flight = 512;  // requests handed to the engine and not finished
+  int64_t max_in_flight = 512;     // requests handed to the engine and not finished
+  DaemonMetrics* metrics = nullptr;  // borrowed; passes and results are observed when set
 };
 
 // A job's live figures: the store's counters plus tokens of requests still running.
@@ -43,6 +46,12 @@ class EngineWorker {
 
   void Start();
   void Stop();
+
+  // Graceful stop (SIGTERM): takes no new requests from the store from now on and waits until
+  // every in-flight request has finished and committed its result, or `timeout` passes. Returns
+  // the number of requests still in flight (0 = drained); those stay pending in the store and run
+  // again on the next start. The engine thread keeps running; call Stop after.
+  int64_t Drain(absl::Duration timeout);
 
   // A new job was stored: look for pending requests.
   void Wake();
@@ -83,6 +92,7 @@ class EngineWorker {
   WorkerOptions options_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> draining_{false};
   std::atomic<std::chrono::steady_clock::rep> last_loop_{
       std::chrono::steady_clock::now().time_since_epoch().count()};
 
@@ -94,6 +104,8 @@ class EngineWorker {
   std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   EngineStats engine_stats_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_count_ ABSL_GUARDED_BY(mu_) = 0;  // in_flight_.size() after the last loop
+  bool drain_seen_ ABSL_GUARDED_BY(mu_) = false;       // that loop skipped feeding: draining
 
   // Engine thread only.
   std::map<int64_t, InFlight> in_flight_;           // engine request id -> request

@@ -1,9 +1,11 @@
 #include "server/job_request.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/json_depth.h"
 #include "engine/openai_batch.h"
 #include "nlohmann/json.hpp"
 
@@ -40,6 +42,14 @@ std::string FreezeDefaults(const std::string& line, const BatchRequest& req) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+// A float sampling field. nlohmann writes NaN and the infinities as null, which would read back as
+// "not given" (the default); as a string they fail validation, naming the field.
+Json FloatField(float value) {
+  if (std::isfinite(value)) return value;
+  if (std::isnan(value)) return "NaN";
+  return value > 0 ? "Infinity" : "-Infinity";
+}
+
 }  // namespace
 
 std::string ToBatchLine(const v1::BatchRequest& r) {
@@ -66,8 +76,8 @@ std::string ToBatchLine(const v1::BatchRequest& r) {
       break;  // ParseBatchLine reports the missing prompt / messages
   }
   const v1::SamplingParams& s = r.sampling();
-  if (s.has_temperature()) body["temperature"] = s.temperature();
-  if (s.has_top_p()) body["top_p"] = s.top_p();
+  if (s.has_temperature()) body["temperature"] = FloatField(s.temperature());
+  if (s.has_top_p()) body["top_p"] = FloatField(s.top_p());
   if (s.has_top_k()) body["top_k"] = s.top_k();
   if (s.has_seed()) body["seed"] = s.seed();
   if (s.has_max_tokens()) body["max_tokens"] = s.max_tokens();
@@ -130,7 +140,8 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
   if (lines.empty()) return absl::InvalidArgumentError("requests: the job has no requests");
   if (static_cast<int64_t>(lines.size()) > limits.max_requests_per_job) {
     return absl::InvalidArgumentError(absl::StrCat("requests: ", lines.size(),
-                                                   " requests, more than the limit of ",
+                                                   " requests, more than the limit "
+                                                   "(max_requests_per_job) of ",
                                                    limits.max_requests_per_job, " per job"));
   }
 
@@ -145,9 +156,21 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                                      " bytes, more than the limit of ",
                                                      limits.max_line_bytes));
     }
+    // FreezeDefaults re-serializes the line, which recurses once per nesting level.
+    if (JsonNestsDeeperThan(lines[i], kMaxJsonDepth)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", line_no, ": invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
+    }
     ParsedBatchLine parsed = ParseBatchLine(lines[i], defaults);
     if (!parsed.request.ok()) return LineError(line_no, parsed.request.status());
     const BatchRequest& req = *parsed.request;
+    if (limits.max_tokens_per_request > 0 &&
+        req.sampling.max_tokens > limits.max_tokens_per_request) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", line_no, ": body.max_tokens: ", req.sampling.max_tokens,
+          " is over this daemon's limit (max_tokens_per_request) of ",
+          limits.max_tokens_per_request));
+    }
     if (!seen.insert(req.custom_id).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("line ", line_no, ": custom_id: '", req.custom_id, "' is used twice"));
@@ -180,8 +203,8 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
               " tokens exceeds the context of ", limits.max_context_tokens, " tokens"))));
       continue;
     }
-    job.requests.push_back(
-        StoredRequest{index, req.custom_id, FreezeDefaults(lines[i], req), *std::move(ids)});
+    job.requests.push_back(StoredRequest{index, req.custom_id, FreezeDefaults(lines[i], req),
+                                         *std::move(ids), prompt_len + req.sampling.max_tokens});
   }
   return job;
 }

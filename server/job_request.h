@@ -2,8 +2,10 @@
 // requests the job store keeps, applying the daemon's rules for bad input (docs/api.md):
 //   whole-job INVALID_ARGUMENT, naming the line: an empty job; a line that is not a JSON object or
 //     has no usable custom_id; a duplicate custom_id; a field error (bad type or range, bad chat
-//     roles, non-UTF-8 text, unknown endpoint); a model other than the daemon's; too many requests
-//     or an oversized line;
+//     roles, non-UTF-8 text, unknown endpoint, JSON nested deeper than 128 levels); a model other
+//     than the daemon's; too many requests,
+//     an oversized line, or max_tokens over the daemon's max_tokens_per_request (each message
+//     names the limit);
 //   a failed request in the results (the job still runs): a prompt longer than the context, or
 //     max_tokens beyond what the context leaves.
 // Thread-safe: const, uses the engine's tokenizer only.
@@ -24,6 +26,7 @@ struct JobLimits {
   int64_t max_requests_per_job = 100000;
   int64_t max_line_bytes = 1 << 20;  // one request's JSON
   int32_t default_max_tokens = 256;
+  int32_t max_tokens_per_request = 0;  // a request's max_tokens at most (0 = only the context)
   int64_t max_context_tokens = 0;  // the engine's
   std::string model_name;          // CreateJob.model / body.model must be empty or this
 };

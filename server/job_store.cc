@@ -1,12 +1,15 @@
 // The durable job store (server/job_store.h) on the SQLite C API.
 //
-// Schema version 1 (PRAGMA user_version = 1, PRAGMA application_id = kApplicationId):
+// Schema version 2 (PRAGMA user_version = 2, PRAGMA application_id = kApplicationId):
 //   jobs(id, seq, state, model, metadata, total, completed, failed, prompt_tokens,
-//        generated_tokens, created_at, started_at, finished_at, error)
+//        generated_tokens, created_at, started_at, finished_at, error, tenant)
 //     seq: creation order (MAX(seq) + 1 inside the creating transaction); metadata: a JSON object
-//     of strings; state: the JobState number; times in Unix seconds.
-//   requests(job_id, idx, custom_id, line, prompt_token_ids)  PRIMARY KEY (job_id, idx)
-//     prompt_token_ids: a BLOB of little-endian int32.
+//     of strings; state: the JobState number; times in Unix seconds; tenant: the owner.
+//   requests(job_id, idx, custom_id, line, prompt_token_ids, budget_tokens)
+//     PRIMARY KEY (job_id, idx); prompt_token_ids: a BLOB of little-endian int32;
+//     budget_tokens: prompt tokens + max_tokens (what the request may add to the KV cache).
+// Version 1 (no tenant, no budget_tokens) is upgraded in place on open: its jobs belong to the
+// tenant "local" (the principal when authentication is off) and its requests count 0 tokens.
 //   results(job_id, idx, custom_id, line, failed)  PRIMARY KEY (job_id, idx)
 // A request is pending while it has no results row and its job is VALIDATING or IN_PROGRESS.
 //
@@ -51,7 +54,7 @@ using sqlite::Transaction;
 
 using json = nlohmann::json;
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 constexpr int64_t kApplicationId = 0x6d6f6562;  // "moeb" in the database header
 constexpr int kBusyTimeoutMs = 10000;           // waiting for another process's write lock
 constexpr int32_t kMaxPageSize = 1000;
@@ -73,16 +76,19 @@ CREATE TABLE jobs (
   created_at INTEGER NOT NULL,
   started_at INTEGER NOT NULL,
   finished_at INTEGER NOT NULL,
-  error TEXT NOT NULL
+  error TEXT NOT NULL,
+  tenant TEXT NOT NULL
 );
 CREATE INDEX jobs_by_created ON jobs (created_at, seq);
 CREATE INDEX jobs_by_state ON jobs (state, seq);
+CREATE INDEX jobs_by_tenant ON jobs (tenant, state);
 CREATE TABLE requests (
   job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
   idx INTEGER NOT NULL,
   custom_id TEXT NOT NULL,
   line TEXT NOT NULL,
   prompt_token_ids BLOB NOT NULL,
+  budget_tokens INTEGER NOT NULL,
   PRIMARY KEY (job_id, idx)
 );
 CREATE TABLE results (
@@ -94,15 +100,23 @@ CREATE TABLE results (
   PRIMARY KEY (job_id, idx)
 );
 PRAGMA application_id = 1836016994;
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;
 )sql";
 static_assert(kApplicationId == 1836016994, "kSchemaSql spells kApplicationId in decimal");
-static_assert(kSchemaVersion == 1, "kSchemaSql spells kSchemaVersion");
+static_assert(kSchemaVersion == 2, "kSchemaSql spells kSchemaVersion");
+
+// Version 1 -> 2, inside the opening write transaction.
+constexpr const char* kUpgradeV1Sql = R"sql(
+ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT 'local';
+ALTER TABLE requests ADD COLUMN budget_tokens INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_by_tenant ON jobs (tenant, state);
+PRAGMA user_version = 2;
+)sql";
 
 // The columns ReadJob reads, in its order.
 constexpr const char* kSelectJob =
     "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
-    "generated_tokens, created_at, started_at, finished_at, error, seq FROM jobs ";
+    "generated_tokens, created_at, started_at, finished_at, error, seq, tenant FROM jobs ";
 
 
 int64_t NowSeconds() {
@@ -244,12 +258,15 @@ absl::StatusOr<JobRecord> ReadJob(const Statement& stmt, int64_t* seq = nullptr)
   job.finished_at = stmt.Int(11);
   job.error = stmt.Text(12);
   if (seq != nullptr) *seq = stmt.Int(13);
+  job.tenant = stmt.Text(14);
   return job;
 }
 
-// Whether the database is empty (a new file: create the schema) or a moebatch database of the
-// known version; FailedPrecondition for anything else.
-absl::StatusOr<bool> CheckSchema(sqlite3* db, const std::string& path) {
+enum class SchemaCheck { kEmpty, kCurrent, kVersion1 };
+
+// What the file is: empty (a new file: create the schema), a moebatch database of this version,
+// or of version 1 (upgrade it); FailedPrecondition for anything else.
+absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
   absl::StatusOr<Statement> stmt =
       Statement::Prepare(db,
                          "SELECT (SELECT application_id FROM pragma_application_id), "
@@ -263,22 +280,22 @@ absl::StatusOr<bool> CheckSchema(sqlite3* db, const std::string& path) {
   if (!*row) return absl::InternalError("job store: schema query returned no row");
   int64_t application_id = stmt->Int(0), version = stmt->Int(1), objects = stmt->Int(2),
           tables = stmt->Int(3);
-  if (application_id == 0 && version == 0 && objects == 0) return true;
+  if (application_id == 0 && version == 0 && objects == 0) return SchemaCheck::kEmpty;
   if (application_id != kApplicationId) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a SQLite database of another program (application_id ",
                      application_id, "), not a moebatch job store"));
   }
-  if (version != kSchemaVersion) {
+  if (version != kSchemaVersion && version != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a moebatch job store of schema version ", version,
-                     "; this build reads version ", kSchemaVersion));
+                     "; this build reads versions 1 and ", kSchemaVersion));
   }
   if (tables != 3) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a moebatch job store missing some of its tables"));
   }
-  return false;
+  return version == 1 ? SchemaCheck::kVersion1 : SchemaCheck::kCurrent;
 }
 
 }  // namespace
@@ -353,14 +370,14 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
   sqlite3_busy_timeout(impl.db, kBusyTimeoutMs);
 
   // Check what the file is before changing anything in it.
-  absl::StatusOr<bool> empty = CheckSchema(impl.db, path);
-  if (!empty.ok()) {
+  absl::StatusOr<SchemaCheck> schema = CheckSchema(impl.db, path);
+  if (!schema.ok()) {
     int code = sqlite3_errcode(impl.db);
     if (code == SQLITE_NOTADB) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, " is not a moebatch job store: ", sqlite3_errmsg(impl.db)));
     }
-    return empty.status();
+    return schema.status();
   }
 
   {
@@ -377,23 +394,58 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
   if (absl::Status s = Exec(impl.db, "PRAGMA synchronous = FULL"); !s.ok()) return s;
   if (absl::Status s = Exec(impl.db, "PRAGMA foreign_keys = ON"); !s.ok()) return s;
 
-  if (*empty) {
-    // Check again under the write lock: another process may have created the schema meanwhile.
+  if (*schema != SchemaCheck::kCurrent) {
+    // Check again under the write lock: another process may have created or upgraded it meanwhile.
     Transaction txn(impl.db);
     if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
-    empty = CheckSchema(impl.db, path);
-    if (!empty.ok()) return empty.status();
-    if (*empty) {
+    schema = CheckSchema(impl.db, path);
+    if (!schema.ok()) return schema.status();
+    if (*schema == SchemaCheck::kEmpty) {
       if (absl::Status s = Exec(impl.db, kSchemaSql); !s.ok()) return s;
+    } else if (*schema == SchemaCheck::kVersion1) {
+      if (absl::Status s = Exec(impl.db, kUpgradeV1Sql); !s.ok()) return s;
+      spdlog::info("job store: upgraded {} from schema version 1 to {}", path, kSchemaVersion);
     }
     if (absl::Status s = txn.Commit(); !s.ok()) return s;
   }
   return store;
 }
 
+namespace {
+
+// The tenant's pending jobs and queued tokens (under the store's lock, inside a transaction when
+// the caller needs one).
+absl::StatusOr<TenantUsage> ReadUsage(sqlite3* db, const std::string& tenant) {
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      db,
+      "SELECT (SELECT count(*) FROM jobs WHERE tenant = ?1 AND state IN (?2, ?3, ?4)), "
+      "(SELECT COALESCE(SUM(r.budget_tokens), 0) FROM jobs j JOIN requests r ON r.job_id = j.id "
+      " LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
+      " WHERE j.tenant = ?1 AND j.state IN (?2, ?3) AND s.idx IS NULL)");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(tenant, static_cast<int64_t>(JobState::kValidating),
+                                     static_cast<int64_t>(JobState::kInProgress),
+                                     static_cast<int64_t>(JobState::kCancelling));
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<bool> row = stmt->Step();
+  if (!row.ok()) return row.status();
+  if (!*row) return absl::InternalError("job store: usage query returned no row");
+  return TenantUsage{stmt->Int(0), stmt->Int(1)};
+}
+
+}  // namespace
+
+absl::StatusOr<TenantUsage> JobStore::Usage(const std::string& tenant) {
+  absl::MutexLock lock(&impl_->mu);
+  return ReadUsage(impl_->db, tenant);
+}
+
 absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
                                               const std::vector<StoredRequest>& requests,
-                                              const std::vector<PrefailedRequest>& prefailed) {
+                                              const std::vector<PrefailedRequest>& prefailed,
+                                              const TenantQuota& quota) {
   const int64_t total = static_cast<int64_t>(requests.size() + prefailed.size());
   if (total == 0) return absl::InvalidArgumentError("a job needs at least one request");
   if (job.state != JobState::kValidating && job.state != JobState::kInProgress) {
@@ -456,19 +508,40 @@ absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
     if (!exists.ok()) return exists.status();
     if (*exists) return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " already exists"));
   }
+  if (quota.max_pending_jobs > 0 || quota.max_queued_tokens > 0) {
+    absl::StatusOr<TenantUsage> usage = ReadUsage(db, job.tenant);
+    if (!usage.ok()) return usage.status();
+    if (quota.max_pending_jobs > 0 && !requests.empty() &&
+        usage->pending_jobs + 1 > quota.max_pending_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", job.tenant, "' has ", usage->pending_jobs,
+          " unfinished jobs, the limit (max_pending_jobs_per_tenant) is ", quota.max_pending_jobs,
+          "; wait for one to finish"));
+    }
+    int64_t job_tokens = 0;
+    for (const StoredRequest& r : requests) job_tokens += r.budget_tokens;
+    if (quota.max_queued_tokens > 0 && job_tokens > 0 &&
+        usage->queued_tokens + job_tokens > quota.max_queued_tokens) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", job.tenant, "' has ", usage->queued_tokens,
+          " tokens queued and this job adds ", job_tokens,
+          " (prompt + max_tokens), over the limit (max_queued_tokens_per_tenant) of ",
+          quota.max_queued_tokens));
+    }
+  }
 
   {
     absl::StatusOr<Statement> insert = Statement::Prepare(
         db,
         "INSERT INTO jobs (id, seq, state, model, metadata, total, completed, failed, "
-        "prompt_tokens, generated_tokens, created_at, started_at, finished_at, error) "
+        "prompt_tokens, generated_tokens, created_at, started_at, finished_at, error, tenant) "
         "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?)");
+        "?, ?, ?)");
     if (!insert.ok()) return insert.status();
     if (absl::Status s = insert->BindAll(job.id, static_cast<int64_t>(job.state), job.model,
                                          *metadata, job.total, job.completed, job.failed,
                                          job.prompt_tokens, job.generated_tokens, job.created_at,
-                                         job.started_at, job.finished_at, job.error);
+                                         job.started_at, job.finished_at, job.error, job.tenant);
         !s.ok()) {
       return s;
     }
@@ -477,12 +550,13 @@ absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
   {
     absl::StatusOr<Statement> insert =
         Statement::Prepare(db,
-                           "INSERT INTO requests (job_id, idx, custom_id, line, prompt_token_ids) "
-                           "VALUES (?, ?, ?, ?, ?)");
+                           "INSERT INTO requests (job_id, idx, custom_id, line, prompt_token_ids, "
+                           "budget_tokens) VALUES (?, ?, ?, ?, ?, ?)");
     if (!insert.ok()) return insert.status();
     for (const StoredRequest& r : requests) {
       const std::string ids = EncodeTokenIds(r.prompt_token_ids);
-      if (absl::Status s = insert->BindAll(job.id, r.index, r.custom_id, r.line, Blob{ids});
+      if (absl::Status s =
+              insert->BindAll(job.id, r.index, r.custom_id, r.line, Blob{ids}, r.budget_tokens);
           !s.ok()) {
         return s;
       }
@@ -519,7 +593,8 @@ absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) {
 }
 
 absl::StatusOr<JobStore::Page> JobStore::ListJobs(int32_t page_size, const std::string& page_token,
-                                                  std::optional<JobState> state) {
+                                                  std::optional<JobState> state,
+                                                  const std::string& tenant) {
   if (page_size < 1 || page_size > kMaxPageSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size must be 1..", kMaxPageSize, ", got ", page_size));
@@ -540,10 +615,10 @@ absl::StatusOr<JobStore::Page> JobStore::ListJobs(int32_t page_size, const std::
   absl::StatusOr<Statement> stmt = Statement::Prepare(
       impl_->db, std::string(kSelectJob) +
                      "WHERE (?1 = 0 OR state = ?1) AND (created_at, seq) < (?2, ?3) "
-                     "ORDER BY created_at DESC, seq DESC LIMIT ?4");
+                     "AND (?5 = '' OR tenant = ?5) ORDER BY created_at DESC, seq DESC LIMIT ?4");
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s = stmt->BindAll(state.has_value() ? static_cast<int64_t>(*state) : int64_t{0},
-                                     after.first, after.second, int64_t{page_size} + 1);
+                                     after.first, after.second, int64_t{page_size} + 1, tenant);
       !s.ok()) {
     return s;
   }
@@ -694,7 +769,8 @@ absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(int64_t li
   absl::MutexLock lock(&impl_->mu);
   absl::StatusOr<Statement> stmt =
       Statement::Prepare(impl_->db,
-                         "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids "
+                         "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids, "
+                         "r.budget_tokens "
                          "FROM jobs j JOIN requests r ON r.job_id = j.id "
                          "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
                          "WHERE j.state IN (?, ?) AND s.idx IS NULL ORDER BY j.seq, r.idx LIMIT ?");
@@ -718,6 +794,7 @@ absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(int64_t li
     absl::StatusOr<std::vector<int32_t>> ids = DecodeTokenIds(stmt->BlobBytes(4));
     if (!ids.ok()) return ids.status();
     p.request.prompt_token_ids = *std::move(ids);
+    p.request.budget_tokens = stmt->Int(5);
     pending.push_back(std::move(p));
   }
   return pending;
@@ -760,6 +837,21 @@ absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& j
   }
   if (absl::Status s = txn.Commit(); !s.ok()) return s;
   return results;
+}
+
+absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountJobsByState() {
+  absl::MutexLock lock(&impl_->mu);
+  absl::StatusOr<Statement> stmt =
+      Statement::Prepare(impl_->db, "SELECT state, count(*) FROM jobs GROUP BY state");
+  if (!stmt.ok()) return stmt.status();
+  std::map<JobState, int64_t> counts;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    counts[static_cast<JobState>(stmt->Int(0))] = stmt->Int(1);
+  }
+  return counts;
 }
 
 absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {

@@ -38,6 +38,7 @@ struct JobRecord {
   int64_t started_at = 0;        // Unix seconds: first result or first scheduling; 0 = not yet
   int64_t finished_at = 0;       // Unix seconds; 0 while not terminal
   std::string error;
+  std::string tenant = "local";  // the owner (server/auth.h); "local" when authentication is off
 };
 
 // One request of a job as stored: enough to run it again after a restart and to format its result.
@@ -46,6 +47,7 @@ struct StoredRequest {
   std::string custom_id;
   std::string line;                       // the request as an OpenAI batch input line (JSON)
   std::vector<int32_t> prompt_token_ids;  // tokenized at CreateJob
+  int64_t budget_tokens = 0;  // prompt tokens + max_tokens: the most it adds to the KV cache
 };
 
 // A request that failed validation at CreateJob: its result is stored with the job.
@@ -60,6 +62,20 @@ struct StoredResult {
   std::string custom_id;
   std::string line;  // OpenAI batch output line
   bool failed = false;
+};
+
+// Per-tenant admission limits checked by CreateJob inside its transaction (0 = no limit).
+struct TenantQuota {
+  int64_t max_pending_jobs = 0;   // the tenant's unfinished jobs (validating, in progress,
+                                  // cancelling), the new one included
+  int64_t max_queued_tokens = 0;  // budget_tokens of the tenant's requests without a result
+                                  // (unfinished jobs), the new job's included
+};
+
+// What a tenant has queued now (the figures TenantQuota limits).
+struct TenantUsage {
+  int64_t pending_jobs = 0;
+  int64_t queued_tokens = 0;
 };
 
 struct PendingRequest {
@@ -77,21 +93,26 @@ class JobStore {
 
   // One transaction: the job row, every runnable request, and the results of the pre-failed ones
   // (counted as failed). Returns the stored job (id and created_at filled). If every request is
-  // pre-failed the job is stored COMPLETED at once.
+  // pre-failed the job is stored COMPLETED at once. With a quota, ResourceExhausted (naming the
+  // limit, the tenant's usage and the job's share) when the job would take job.tenant past it;
+  // nothing is stored then. The check and the insert are one transaction.
   absl::StatusOr<JobRecord> CreateJob(JobRecord job, const std::vector<StoredRequest>& requests,
-                                      const std::vector<PrefailedRequest>& prefailed);
+                                      const std::vector<PrefailedRequest>& prefailed,
+                                      const TenantQuota& quota = {});
+
+  absl::StatusOr<TenantUsage> Usage(const std::string& tenant);
 
   absl::StatusOr<JobRecord> GetJob(const std::string& job_id);
 
   // Newest first (created_at, then creation order), at most page_size (1..1000); `state` filters
-  // when set. `page_token` is the opaque token of the previous page ("" for the first);
-  // InvalidArgument for a token this store did not produce.
+  // when set, `tenant` when not empty. `page_token` is the opaque token of the previous page
+  // ("" for the first); InvalidArgument for a token this store did not produce.
   struct Page {
     std::vector<JobRecord> jobs;
     std::string next_page_token;  // "" on the last page
   };
   absl::StatusOr<Page> ListJobs(int32_t page_size, const std::string& page_token,
-                                std::optional<JobState> state);
+                                std::optional<JobState> state, const std::string& tenant = "");
 
   // Stores the result of request `index` and updates the job's counters and token sums in one
   // transaction. Returns false (and changes nothing) when that index already has a result.
@@ -112,6 +133,9 @@ class JobStore {
   // Results of a job with index >= from_index in index order, at most `limit` (0 = all).
   absl::StatusOr<std::vector<StoredResult>> Results(const std::string& job_id, int64_t from_index,
                                                     int64_t limit = 0);
+
+  // The number of jobs in each state (states without jobs are absent), for metrics.
+  absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
 
   // Jobs that are CANCELLING: on start the daemon finishes their cancellation.
   absl::StatusOr<std::vector<std::string>> JobsInState(JobState state);

@@ -2,16 +2,31 @@
 //
 //   moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]
 //
-// Loads the model, opens the job store (SQLite under --data-dir), queues again whatever an earlier
-// run left unfinished, and serves moebatch.v1.BatchService, grpc.health.v1 and server reflection.
-// SIGINT/SIGTERM stop it: in-flight calls end, the engine thread stops; unfinished requests stay
-// pending in the store for the next start. Flags may be spelt with dashes or underscores. --config
+// Opens the job store (SQLite under --data-dir), starts serving (grpc.health.v1 NOT_SERVING while
+// the model loads), loads the model, queues again whatever an earlier run left unfinished, and
+// serves moebatch.v1.BatchService, grpc.health.v1 (SERVING once loaded) and server reflection.
+//
+// Authentication (server/auth.h): with --tokens_file every call needs a bearer token of a tenant;
+// without one, authentication is off and it listens on loopback only. TLS with --tls_cert and
+// --tls_key (and --tls_client_ca to require client certificates). Limits: --max_request_bytes
+// (RESOURCE_EXHAUSTED from gRPC), --max_requests_per_job and --max_tokens_per_request
+// (INVALID_ARGUMENT), --max_pending_jobs_per_tenant and --max_queued_tokens_per_tenant
+// (RESOURCE_EXHAUSTED).
+//
+// Signals: SIGTERM/SIGINT drain: no new jobs (UNAVAILABLE), in-flight sequences finish and commit
+// for up to --drain_timeout_s, then the server stops and it exits 0; whatever did not finish stays
+// pending in the store and runs on the next start. SIGHUP reloads the tokens file (a bad file is
+// logged and the old tokens stay). Flags may be spelt with dashes or underscores. --config
 // names a JSON object of flag values ({"kv_cache_gb": 8, "listen": "0.0.0.0:50051"}; keys starting
 // with # are comments, as in deploy/moebatchd.json); flags given on the command line win over it.
 // Under systemd (Type=notify) it reports READY, STOPPING and watchdog pings (systemd_notify.h).
 #include <signal.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -29,9 +44,12 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "nlohmann/json.hpp"
+#include "absl/synchronization/notification.h"
+#include "server/auth.h"
 #include "server/batch_service.h"
 #include "server/engine_worker.h"
 #include "server/job_store.h"
+#include "server/metrics.h"
 #include "server/systemd_notify.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -47,6 +65,24 @@ ABSL_FLAG(int64_t, max_in_flight, 512, "requests handed to the engine at once");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for requests that give none");
 ABSL_FLAG(int64_t, max_requests_per_job, 100000, "requests per job at most");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
+ABSL_FLAG(std::string, tokens_file, "",
+          "JSON file of SHA-256 token digests -> tenant, role (server/auth.h; make entries with "
+          "moebatch-token). Empty: no authentication, loopback only");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain (TLS when set with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(int64_t, max_request_bytes, 64 << 20,
+          "largest gRPC message accepted (a CreateJob payload), bytes; RESOURCE_EXHAUSTED above");
+ABSL_FLAG(int32_t, max_tokens_per_request, 0,
+          "max_tokens of one request at most (0: only the context length limits it)");
+ABSL_FLAG(int64_t, max_pending_jobs_per_tenant, 0, "unfinished jobs per tenant at most (0: none)");
+ABSL_FLAG(int64_t, max_queued_tokens_per_tenant, 0,
+          "prompt + max_tokens of a tenant's requests without a result, at most (0: none)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the Prometheus endpoint (GET /metrics; server/metrics.h); empty: off");
+ABSL_FLAG(double, drain_timeout_s, 60,
+          "on SIGTERM, seconds to let in-flight sequences finish before stopping");
 
 namespace moebatch {
 namespace {
@@ -97,18 +133,68 @@ absl::Status ApplyConfigFile(const std::string& path, const std::set<std::string
   return absl::OkStatus();
 }
 
-// SIGINT and SIGTERM, blocked in every thread (main blocks them before any thread starts); the
-// stopper thread waits for them with sigwait.
-sigset_t StopSignals() {
+// SIGINT, SIGTERM and SIGHUP, blocked in every thread (main blocks them before any thread
+// starts); the signal thread waits for them with sigwait.
+sigset_t HandledSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   return signals;
 }
 
+// Whether `listen` (HOST:PORT, [V6]:PORT or unix:PATH) reaches this host only.
+bool IsLoopbackAddress(const std::string& listen) {
+  if (listen.rfind("unix:", 0) == 0) return true;
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Insecure, or TLS from --tls_cert / --tls_key (client certificates required and verified when
+// --tls_client_ca is given).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
+                    ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() && key.empty()) {
+    if (!ca.empty()) return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    return grpc::InsecureServerCredentials();
+  }
+  if (cert.empty() || key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  grpc::SslServerCredentialsOptions options;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  auto cert_pem = ReadFile("tls_cert", cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  auto key_pem = ReadFile("tls_key", key);
+  if (!key_pem.ok()) return key_pem.status();
+  pair.cert_chain = *cert_pem;
+  pair.private_key = *key_pem;
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!ca.empty()) {
+    auto ca_pem = ReadFile("tls_client_ca", ca);
+    if (!ca_pem.ok()) return ca_pem.status();
+    options.pem_root_certs = *ca_pem;
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
 int Run(const std::set<std::string>& given) {
-  const sigset_t signals = StopSignals();
+  const sigset_t signals = HandledSignals();
   if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
     if (auto st = ApplyConfigFile(config, given); !st.ok()) {
       std::cerr << "moebatchd: " << st.message() << "\n";
@@ -119,6 +205,7 @@ int Run(const std::set<std::string>& given) {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  const std::string listen = absl::GetFlag(FLAGS_listen);
   if (model_dir.empty() || data_dir.empty()) {
     std::cerr << "moebatchd: --model and --data-dir are required (see --help)\n";
     return 2;
@@ -128,16 +215,152 @@ int Run(const std::set<std::string>& given) {
     std::cerr << "moebatchd: " << options.status().message() << "\n";
     return 2;
   }
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes)},
+        {"max_requests_per_job", absl::GetFlag(FLAGS_max_requests_per_job)},
+        {"max_in_flight", absl::GetFlag(FLAGS_max_in_flight)}}) {
+    if (value < 1 || (std::string(name) == "max_request_bytes" && value > INT32_MAX)) {
+      std::cerr << "moebatchd: --" << name << " must be in [1, " << INT32_MAX << "], got " << value
+                << "\n";
+      return 2;
+    }
+  }
+  const int32_t max_tokens_per_request = absl::GetFlag(FLAGS_max_tokens_per_request);
+  if (max_tokens_per_request < 0 || absl::GetFlag(FLAGS_max_pending_jobs_per_tenant) < 0 ||
+      absl::GetFlag(FLAGS_max_queued_tokens_per_tenant) < 0 ||
+      !(absl::GetFlag(FLAGS_drain_timeout_s) >= 0)) {
+    std::cerr << "moebatchd: --max_tokens_per_request, --max_pending_jobs_per_tenant, "
+                 "--max_queued_tokens_per_tenant and --drain_timeout_s must be >= 0\n";
+    return 2;
+  }
+  if (max_tokens_per_request > 0 && absl::GetFlag(FLAGS_default_max_tokens) > max_tokens_per_request) {
+    std::cerr << "moebatchd: --default_max_tokens " << absl::GetFlag(FLAGS_default_max_tokens)
+              << " is over --max_tokens_per_request " << max_tokens_per_request << "\n";
+    return 2;
+  }
+
+  // Authentication: a tokens file, or loopback only.
+  std::unique_ptr<TokenAuthenticator> auth;
+  if (const std::string tokens = absl::GetFlag(FLAGS_tokens_file); !tokens.empty()) {
+    auto loaded = TokenAuthenticator::Load(tokens);
+    if (!loaded.ok()) {
+      std::cerr << "moebatchd: " << loaded.status().message() << "\n";
+      return 2;
+    }
+    auth = *std::move(loaded);
+    spdlog::info("moebatchd: authentication on: {} tokens from {}", auth->size(), tokens);
+  } else if (!IsLoopbackAddress(listen)) {
+    std::cerr << "moebatchd: no --tokens_file, so authentication is off and moebatchd listens on "
+                 "loopback only; --listen "
+              << listen << " is not a loopback address (give --tokens_file, or listen on "
+              << "127.0.0.1, [::1] or localhost)\n";
+    return 2;
+  } else {
+    spdlog::warn("moebatchd: no --tokens_file: authentication is off, every caller is the admin "
+                 "tenant 'local'; listening on loopback only ({})", listen);
+  }
+  auto credentials = ServerCredentials();
+  if (!credentials.ok()) {
+    std::cerr << "moebatchd: " << credentials.status().message() << "\n";
+    return 2;
+  }
 
   auto store = JobStore::Open(data_dir);
   if (!store.ok()) {
     std::cerr << "moebatchd: job store: " << store.status() << "\n";
     return 1;
   }
+
+  // Metrics from now on (moebatch_ready 0 while loading). Declared after the store, which its
+  // scrape hook reads, and before the worker, which feeds it: destroyed in between.
+  std::unique_ptr<DaemonMetrics> metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_listen); !address.empty()) {
+    auto created = DaemonMetrics::Create(address);
+    if (!created.ok()) {
+      std::cerr << "moebatchd: --metrics_listen: " << created.status().message() << "\n";
+      return 2;
+    }
+    metrics = *std::move(created);
+    JobStore* job_store = store->get();
+    DaemonMetrics* m = metrics.get();
+    metrics->SetScrapeHook([job_store, m] {
+      if (auto counts = job_store->CountJobsByState(); counts.ok()) m->SetJobCounts(*counts);
+    });
+    spdlog::info("moebatchd: metrics on http://{}/metrics", address);
+  }
+
+  // Serve first (health NOT_SERVING, the BatchService UNAVAILABLE) while the model loads.
+  BatchServiceImpl service(store->get(), auth.get());
+  if (metrics != nullptr) {
+    // Requests that failed validation against the context are results at once.
+    service.set_on_job_created([m = metrics.get()](const JobRecord& job) {
+      for (int64_t i = 0; i < job.failed; ++i) m->ObserveResult(true, 0, 0);
+    });
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, *credentials, &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_request_bytes)));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "moebatchd: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  const std::string kServiceName = v1::BatchService::service_full_name();
+  auto set_serving = [&](bool serving) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus(kServiceName, serving);
+    if (metrics != nullptr) metrics->SetReady(serving);
+  };
+  set_serving(false);
+  spdlog::info("moebatchd: listening on {} (port {}, {}), loading {}", listen, port,
+               absl::GetFlag(FLAGS_tls_cert).empty() ? "plaintext" : "TLS", model_dir);
+  NotifyStatus(absl::StrCat("loading ", model_dir));
+
+  // The signal thread: SIGHUP reloads the tokens file; the first SIGTERM/SIGINT starts the stop.
+  std::atomic<bool> stopping{false};
+  absl::Notification stop_requested;
+  std::thread signal_thread([&] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) != 0) continue;
+      if (sig == SIGHUP) {
+        if (auth == nullptr) {
+          spdlog::info("moebatchd: SIGHUP: no --tokens_file to reload");
+        } else if (absl::Status st = auth->Reload(); st.ok()) {
+          spdlog::info("moebatchd: SIGHUP: reloaded {} tokens from {}", auth->size(), auth->path());
+        } else {
+          spdlog::error("moebatchd: SIGHUP: {}; keeping the {} tokens loaded before",
+                        std::string(st.message()), auth->size());
+        }
+        continue;
+      }
+      spdlog::info("moebatchd: signal {}, stopping", sig);
+      stopping = true;
+      stop_requested.Notify();
+      return;
+    }
+  });
+  // A watchdog ping while loading too: a checkpoint of tens of GB takes minutes.
+  std::atomic<EngineWorker*> live_worker{nullptr};
+  WatchdogPinger watchdog([&live_worker](std::chrono::microseconds interval) {
+    EngineWorker* w = live_worker.load();
+    if (w == nullptr) return true;  // loading
+    return w->health().ok() && std::chrono::steady_clock::now() - w->last_loop() < interval;
+  });
+
   if (options->profile_dir.empty()) options->profile_dir = data_dir;
   auto engine = Engine::Create(*options);
   if (!engine.ok()) {
     std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
+    ::kill(::getpid(), SIGTERM);  // pending until the signal thread takes it and returns
+    signal_thread.join();
     return 1;
   }
   // A cancellation an earlier run did not finish.
@@ -157,43 +380,43 @@ int Run(const std::set<std::string>& given) {
   }
   limits.default_max_tokens = absl::GetFlag(FLAGS_default_max_tokens);
   limits.max_requests_per_job = absl::GetFlag(FLAGS_max_requests_per_job);
+  limits.max_tokens_per_request = max_tokens_per_request;
   limits.max_context_tokens = (*engine)->max_context_tokens();
+  TenantQuota quota;
+  quota.max_pending_jobs = absl::GetFlag(FLAGS_max_pending_jobs_per_tenant);
+  quota.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens_per_tenant);
 
   EngineWorker worker(engine->get(), store->get(),
-                      WorkerOptions{absl::GetFlag(FLAGS_max_in_flight)});
-  BatchServiceImpl service(store->get(), &worker, &(*engine)->tokenizer(), limits);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::cerr << "moebatchd: cannot listen on " << absl::GetFlag(FLAGS_listen) << "\n";
-    return 1;
-  }
+                      WorkerOptions{absl::GetFlag(FLAGS_max_in_flight), metrics.get()});
   worker.Start();
+  live_worker = &worker;
+  service.Attach(&worker, &(*engine)->tokenizer(), limits, quota);
+  if (!stopping) set_serving(true);
   spdlog::info("moebatchd: serving model '{}' on {} (port {}), data in {}", limits.model_name,
-               absl::GetFlag(FLAGS_listen), port, data_dir);
-  NotifyReady(absl::StrCat("serving ", limits.model_name, " on ", absl::GetFlag(FLAGS_listen)));
-  // systemd's watchdog (WatchdogSec): pinged while the engine thread keeps looping and is healthy.
-  WatchdogPinger watchdog([&worker](std::chrono::microseconds interval) {
-    return worker.health().ok() && std::chrono::steady_clock::now() - worker.last_loop() < interval;
-  });
+               listen, port, data_dir);
+  NotifyReady(absl::StrCat("serving ", limits.model_name, " on ", listen));
 
-  std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("moebatchd: signal {}, stopping", sig);
-    NotifyStopping(absl::StrCat("stopping on signal ", sig));
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  });
+  // Graceful stop: no new jobs, in-flight sequences finish (up to the timeout) and commit.
+  stop_requested.WaitForNotification();
+  NotifyStopping("draining");
+  service.StopAccepting();
+  set_serving(false);
+  const double drain_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  spdlog::info("moebatchd: draining: in-flight requests finish within {} s; no new jobs", drain_s);
+  const int64_t left = worker.Drain(absl::Seconds(drain_s));
+  if (left == 0) {
+    spdlog::info("moebatchd: drained: every in-flight request committed");
+  } else {
+    spdlog::warn("moebatchd: {} requests still in flight after {} s; they run again on the next "
+                 "start", left, drain_s);
+  }
+  // Open streams (WatchJob, GetResults with wait) end now; unary calls get a moment to finish.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   worker.Stop();
-  stopper.join();
+  live_worker = nullptr;
+  signal_thread.join();
+  if (metrics != nullptr) metrics->SetScrapeHook(nullptr);
   spdlog::info("moebatchd: stopped");
   return 0;
 }
@@ -202,7 +425,7 @@ int Run(const std::set<std::string>& given) {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  const sigset_t signals = moebatch::StopSignals();
+  const sigset_t signals = moebatch::HandledSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before OpenMP, gRPC or the engine start threads
   absl::SetProgramUsageMessage(
       "moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]");

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <sqlite3.h>
+
 #include "absl/strings/match.h"
 #include "server/job_store.h"
 
@@ -522,10 +524,10 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
     for (int i = 3; i >= 0; --i) f.put(static_cast<char>((value >> (8 * i)) & 0xff));
   };
   SECTION("a newer schema version") {
-    patch_header(60, 2);
+    patch_header(60, 3);
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.str());
     CHECK(store.status().code() == absl::StatusCode::kFailedPrecondition);
-    CHECK(absl::StrContains(store.status().message(), "version 2"));
+    CHECK(absl::StrContains(store.status().message(), "version 3"));
   }
   SECTION("another program's database") {
     patch_header(68, 0x12345678);
@@ -540,6 +542,159 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
     std::unique_ptr<JobStore> store = OpenOk(dir.str());
     CreateOk(*store, 1);
   }
+}
+
+TEST_CASE("JobStore: jobs belong to a tenant; ListJobs filters by tenant", "[job_store][tenant]") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  JobRecord a;
+  a.tenant = "team-a";
+  JobRecord b;
+  b.tenant = "team-b";
+  const JobRecord a1 = CreateOk(*store, 2, a);
+  const JobRecord b1 = CreateOk(*store, 3, b);
+  const JobRecord a2 = CreateOk(*store, 1, a);
+  CHECK(GetOk(*store, a1.id).tenant == "team-a");
+  CHECK(GetOk(*store, b1.id).tenant == "team-b");
+  CHECK(JobRecord{}.tenant == "local");
+
+  auto ids = [&](const std::string& tenant) {
+    absl::StatusOr<JobStore::Page> page = store->ListJobs(100, "", std::nullopt, tenant);
+    REQUIRE(page.ok());
+    std::vector<std::string> out;
+    for (const JobRecord& j : page->jobs) out.push_back(j.id);
+    return out;
+  };
+  CHECK(ids("team-a") == std::vector<std::string>{a2.id, a1.id});
+  CHECK(ids("team-b") == std::vector<std::string>{b1.id});
+  CHECK(ids("nobody").empty());
+  CHECK(ids("").size() == 3);
+  // Paging within a tenant.
+  absl::StatusOr<JobStore::Page> first = store->ListJobs(1, "", std::nullopt, "team-a");
+  REQUIRE(first.ok());
+  REQUIRE(first->jobs.size() == 1);
+  absl::StatusOr<JobStore::Page> second =
+      store->ListJobs(1, first->next_page_token, std::nullopt, "team-a");
+  REQUIRE(second.ok());
+  REQUIRE(second->jobs.size() == 1);
+  CHECK(second->jobs[0].id == a1.id);
+  CHECK(second->next_page_token.empty());
+}
+
+TEST_CASE("JobStore: per-tenant quotas refuse a job atomically and name the limit",
+          "[job_store][tenant]") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  JobRecord a;
+  a.tenant = "team-a";
+  std::vector<StoredRequest> requests = Requests(3);
+  for (StoredRequest& r : requests) r.budget_tokens = 100;  // 300 per job
+
+  SECTION("pending jobs") {
+    const TenantQuota quota{/*max_pending_jobs=*/2, /*max_queued_tokens=*/0};
+    REQUIRE(store->CreateJob(a, requests, {}, quota).ok());
+    absl::StatusOr<JobRecord> second = store->CreateJob(a, requests, {}, quota);
+    REQUIRE(second.ok());
+    absl::StatusOr<JobRecord> third = store->CreateJob(a, requests, {}, quota);
+    CHECK(third.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(third.status().message(), "max_pending_jobs_per_tenant"));
+    CHECK(absl::StrContains(third.status().message(), "team-a"));
+    // Another tenant is not affected; nothing of the refused job was stored.
+    JobRecord b;
+    b.tenant = "team-b";
+    CHECK(store->CreateJob(b, requests, {}, quota).ok());
+    absl::StatusOr<JobStore::Page> page = store->ListJobs(100, "", std::nullopt, "team-a");
+    REQUIRE(page.ok());
+    CHECK(page->jobs.size() == 2);
+    // A finished job frees its slot.
+    for (int64_t i = 0; i < 3; ++i) CommitOk(*store, second->id, Result(i));
+    CHECK(GetOk(*store, second->id).state == JobState::kCompleted);
+    CHECK(store->CreateJob(a, requests, {}, quota).ok());
+  }
+  SECTION("queued tokens count requests without a result") {
+    const TenantQuota quota{/*max_pending_jobs=*/0, /*max_queued_tokens=*/700};
+    absl::StatusOr<JobRecord> first = store->CreateJob(a, requests, {}, quota);
+    REQUIRE(first.ok());
+    REQUIRE(store->CreateJob(a, requests, {}, quota).ok());  // 600 queued
+    absl::StatusOr<TenantUsage> usage = store->Usage("team-a");
+    REQUIRE(usage.ok());
+    CHECK(usage->pending_jobs == 2);
+    CHECK(usage->queued_tokens == 600);
+    absl::StatusOr<JobRecord> refused = store->CreateJob(a, requests, {}, quota);
+    CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(refused.status().message(), "max_queued_tokens_per_tenant"));
+    CHECK(absl::StrContains(refused.status().message(), "600"));
+    // Two results of the first job free 200 tokens: 400 queued + 300 fits.
+    CommitOk(*store, first->id, Result(0));
+    CommitOk(*store, first->id, Result(1));
+    usage = store->Usage("team-a");
+    REQUIRE(usage.ok());
+    CHECK(usage->queued_tokens == 400);
+    CHECK(store->CreateJob(a, requests, {}, quota).ok());
+    // A cancelled job's requests no longer count.
+    REQUIRE(store->SetJobState(first->id, JobState::kCancelled).ok());
+    usage = store->Usage("team-a");
+    REQUIRE(usage.ok());
+    CHECK(usage->queued_tokens == 600);
+    CHECK(usage->pending_jobs == 2);
+  }
+  SECTION("pending requests carry their budget") {
+    REQUIRE(store->CreateJob(a, requests, {}).ok());
+    absl::StatusOr<std::vector<PendingRequest>> pending = store->PendingRequests();
+    REQUIRE(pending.ok());
+    REQUIRE(pending->size() == 3);
+    CHECK((*pending)[2].request.budget_tokens == 100);
+  }
+}
+
+TEST_CASE("JobStore: a schema version 1 store is upgraded in place", "[job_store]") {
+  TempDir dir;
+  {
+    // The version 1 schema, as an earlier build created it, with one job of two requests.
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(dir.db().c_str(), &db) == SQLITE_OK);
+    const char* v1 = R"sql(
+PRAGMA journal_mode = WAL;
+CREATE TABLE jobs (id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL UNIQUE,
+  state INTEGER NOT NULL, model TEXT NOT NULL, metadata TEXT NOT NULL, total INTEGER NOT NULL,
+  completed INTEGER NOT NULL, failed INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+  generated_tokens INTEGER NOT NULL, created_at INTEGER NOT NULL, started_at INTEGER NOT NULL,
+  finished_at INTEGER NOT NULL, error TEXT NOT NULL);
+CREATE INDEX jobs_by_created ON jobs (created_at, seq);
+CREATE INDEX jobs_by_state ON jobs (state, seq);
+CREATE TABLE requests (job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL, custom_id TEXT NOT NULL, line TEXT NOT NULL,
+  prompt_token_ids BLOB NOT NULL, PRIMARY KEY (job_id, idx));
+CREATE TABLE results (job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+  idx INTEGER NOT NULL, custom_id TEXT NOT NULL, line TEXT NOT NULL, failed INTEGER NOT NULL,
+  PRIMARY KEY (job_id, idx));
+PRAGMA application_id = 1836016994;
+PRAGMA user_version = 1;
+INSERT INTO jobs VALUES ('job_old', 1, 2, 'm', '{}', 2, 0, 0, 0, 0, 100, 0, 0, '');
+INSERT INTO requests VALUES ('job_old', 0, 'a', '{}', x'01000000');
+INSERT INTO requests VALUES ('job_old', 1, 'b', '{}', x'02000000');
+)sql";
+    char* error = nullptr;
+    const int rc = sqlite3_exec(db, v1, nullptr, nullptr, &error);
+    INFO((error != nullptr ? error : ""));
+    REQUIRE(rc == SQLITE_OK);
+    sqlite3_close(db);
+  }
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  const JobRecord old = GetOk(*store, "job_old");
+  CHECK(old.tenant == "local");
+  CHECK(old.total == 2);
+  absl::StatusOr<std::vector<PendingRequest>> pending = store->PendingRequests();
+  REQUIRE(pending.ok());
+  REQUIRE(pending->size() == 2);
+  CHECK((*pending)[1].request.prompt_token_ids == std::vector<int32_t>{2});
+  CHECK((*pending)[1].request.budget_tokens == 0);
+  CHECK(CommitOk(*store, "job_old", Result(0)));
+  // New jobs work in the upgraded file, and it opens again as the current version.
+  CreateOk(*store, 1);
+  store.reset();
+  store = OpenOk(dir.str());
+  CHECK(GetOk(*store, "job_old").completed == 1);
 }
 
 // The child: opens the store and commits results one by one, reporting each committed index on

@@ -1,7 +1,9 @@
 """Issue 7, the systemd part: the unit passes `systemd-analyze verify`, and a real moebatchd talks
 the sd_notify protocol to a real unix datagram socket (NOTIFY_SOCKET): READY=1 once it serves,
 WATCHDOG=1 pings when WATCHDOG_USEC is set, STOPPING=1 on SIGTERM, then exit status 0."""
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -10,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT, Daemon
+from conftest import BUILD, ROOT, Daemon, free_port
 
 UNIT = ROOT / "deploy" / "moebatchd.service"
 
@@ -78,9 +80,13 @@ def test_install_script_stages_the_service(tmp_path):
                           "--destdir", str(dest)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     for path in ["usr/local/bin/moebatchd", "usr/local/bin/moebatch-run",
-                 "usr/local/bin/moebatch-plan", "etc/systemd/system/moebatchd.service",
-                 "etc/moebatch/moebatchd.json", "usr/local/share/doc/moebatch/operations.md"]:
+                 "usr/local/bin/moebatch-plan", "usr/local/bin/moebatch-token",
+                 "etc/systemd/system/moebatchd.service", "etc/moebatch/moebatchd.json",
+                 "etc/moebatch/tokens.json", "usr/local/share/doc/moebatch/operations.md"]:
         assert (dest / path).exists(), path
+    # An empty tokens file the daemon accepts, not world-readable.
+    assert json.loads((dest / "etc/moebatch/tokens.json").read_text()) == {"tokens": []}
+    assert (dest / "etc/moebatch/tokens.json").stat().st_mode & 0o007 == 0
     assert os.access(dest / "usr/local/bin/moebatchd", os.X_OK)
     # A second run keeps an edited configuration.
     (dest / "etc/moebatch/moebatchd.json").write_text('{"listen": "127.0.0.1:6000"}')
@@ -91,10 +97,21 @@ def test_install_script_stages_the_service(tmp_path):
 
 
 def test_example_config_is_accepted(tmp_path):
-    """deploy/moebatchd.json names only real flags; the daemon starts from it (model and paths
-    overridden on the command line, which wins)."""
-    daemon = Daemon(tmp_path / "data", extra_args=["--config", str(ROOT / "deploy" / "moebatchd.json"),
-                                                    "--kv_cache_gb", "0.25", "--compute_dtype", "f32"])
+    """deploy/moebatchd.json names only real flags, and every flag of moebatchd; the daemon starts
+    from it (model, paths, listen and metrics addresses overridden on the command line, which
+    wins) with its tokens file (an empty one, as install.sh creates)."""
+    config = json.loads((ROOT / "deploy" / "moebatchd.json").read_text())
+    sources = (ROOT / "server" / "moebatchd_main.cc").read_text() + \
+        (ROOT / "engine" / "engine_flags.cc").read_text()
+    flags = set(re.findall(r"ABSL_FLAG\(\s*[\w:]+,\s*(\w+),", sources))
+    assert len(flags) > 30
+    assert flags - {"config"} <= set(config), sorted(flags - {"config"} - set(config))
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"tokens": []}')
+    daemon = Daemon(tmp_path / "data", extra_args=[
+        "--config", str(ROOT / "deploy" / "moebatchd.json"), "--kv_cache_gb", "0.25",
+        "--compute_dtype", "f32", "--tokens_file", str(tokens),
+        "--metrics_listen", f"127.0.0.1:{free_port()}"])
     daemon.start()
     try:
         daemon.proc.send_signal(signal.SIGTERM)

@@ -86,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--server", metavar="HOST:PORT", default=argparse.SUPPRESS,
         help=f"moebatchd's address (default: $MOEBATCH_SERVER or {DEFAULT_SERVER})")
     common.add_argument(
+        "--token", metavar="TOKEN", default=argparse.SUPPRESS,
+        help="bearer token (default: $MOEBATCH_TOKEN); needed when the daemon has a tokens file")
+    common.add_argument(
+        "--tls-ca", metavar="PEM", default=argparse.SUPPRESS,
+        help="use TLS, trusting the CA certificates in this file")
+    common.add_argument(
+        "--tls-cert", metavar="PEM", default=argparse.SUPPRESS,
+        help="client certificate for mutual TLS (with --tls-key)")
+    common.add_argument(
+        "--tls-key", metavar="PEM", default=argparse.SUPPRESS, help="key of --tls-cert")
+    common.add_argument(
         "--timeout", metavar="SECONDS", type=_positive_float, default=argparse.SUPPRESS,
         help=f"deadline of each single call (default {DEFAULT_TIMEOUT:g}); "
              "waiting for a job has none")
@@ -341,8 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     server = getattr(args, "server", None) or default_server()
     timeout = getattr(args, "timeout", DEFAULT_TIMEOUT)
     try:
-        with Client(server, timeout=timeout) as client:
+        with Client(server, timeout=timeout, token=getattr(args, "token", None),
+                    tls_ca=getattr(args, "tls_ca", None), tls_cert=getattr(args, "tls_cert", None),
+                    tls_key=getattr(args, "tls_key", None)) as client:
             return args.func(client, args)
+    except ValueError as e:  # unreadable PEM files, a cert without its key
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ClientError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_SERVER

@@ -1,4 +1,4 @@
-"""Client: the moebatch.v1.BatchService API of moebatchd, over an insecure gRPC channel.
+"""Client: the moebatch.v1.BatchService API of moebatchd, over a plaintext or TLS gRPC channel.
 
     from moebatch import Client, chat_request
 
@@ -8,6 +8,11 @@
             print(progress.request_counts.completed, "/", progress.request_counts.total)
         for line in client.results(job.id):
             print(line["custom_id"], line["response"]["body"]["choices"][0]["message"]["content"])
+
+Authentication: `token` (default $MOEBATCH_TOKEN) is sent with every call as the metadata
+`authorization: Bearer <token>`; the daemon needs one when it has a tokens file. TLS: give
+`tls_ca` (the PEM file that signed the daemon's certificate; `tls=True` alone uses the system's
+roots), and `tls_cert` / `tls_key` for a client certificate (mutual TLS).
 
 Unary calls (create_job, get_job, list_jobs' pages, cancel) run under the client's `timeout`
 (seconds; None = no deadline). Streams (watch, results) have no deadline: a job may run for hours.
@@ -45,6 +50,20 @@ def default_server() -> str:
     return os.environ.get("MOEBATCH_SERVER") or DEFAULT_SERVER
 
 
+def default_token() -> str | None:
+    """$MOEBATCH_TOKEN, or None."""
+    return os.environ.get("MOEBATCH_TOKEN") or None
+
+
+def _read_pem(what: str, path: str | os.PathLike | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from None
+
+
 def _jsonl_field(data: str | bytes) -> bytes:
     """The payload for CreateJobRequest.jsonl (a proto `bytes` field): sent as is, so the daemon
     judges the encoding and names the line of any text that is not UTF-8."""
@@ -57,13 +76,32 @@ class Client:
 
     def __init__(self, addr: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, *,
                  channel: grpc.Channel | None = None,
-                 options: Iterable[tuple[str, Any]] | None = None):
+                 options: Iterable[tuple[str, Any]] | None = None,
+                 token: str | None = None, tls: bool = False,
+                 tls_ca: str | os.PathLike | None = None,
+                 tls_cert: str | os.PathLike | None = None,
+                 tls_key: str | os.PathLike | None = None,
+                 tls_server_name: str | None = None):
         self.addr = addr or default_server()
         self.timeout = timeout
+        token = token if token is not None else default_token()
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        channel_options = list(options) if options is not None else list(_CHANNEL_OPTIONS)
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(
-            self.addr, options=list(options) if options is not None else _CHANNEL_OPTIONS
-        )
+        if channel is not None:
+            self._channel = channel
+        elif tls or tls_ca is not None or tls_cert is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem("tls_ca", tls_ca),
+                private_key=_read_pem("tls_key", tls_key),
+                certificate_chain=_read_pem("tls_cert", tls_cert))
+            if tls_server_name:
+                channel_options.append(("grpc.ssl_target_name_override", tls_server_name))
+            self._channel = grpc.secure_channel(self.addr, credentials, options=channel_options)
+        else:
+            self._channel = grpc.insecure_channel(self.addr, options=channel_options)
         self._service = pb_grpc.BatchServiceStub(self._channel)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -91,12 +129,12 @@ class Client:
 
     def _unary(self, method: Callable[..., Any], request: Any) -> Any:
         try:
-            return method(request, timeout=self.timeout)
+            return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise ClientError.from_rpc_error(e) from e
 
     def _stream(self, method: Callable[..., Any], request: Any) -> Iterator[Any]:
-        call = method(request)
+        call = method(request, metadata=self._metadata)
         try:
             for message in call:
                 yield message
@@ -145,26 +183,27 @@ class Client:
         return self._unary(self._service.GetJob, pb.GetJobRequest(job_id=job_id))
 
     def list_jobs_page(self, state: int | str | None = None, page_size: int = 100,
-                       page_token: str = "") -> pb.ListJobsResponse:
+                       page_token: str = "", tenant: str = "") -> pb.ListJobsResponse:
         """One page of jobs, newest first (see list_jobs for iterating all of them)."""
         return self._unary(self._service.ListJobs, pb.ListJobsRequest(
-            page_size=page_size, page_token=page_token,
+            page_size=page_size, page_token=page_token, tenant=tenant,
             state=pb.JOB_STATE_UNSPECIFIED if state is None else parse_state(state)))
 
     def list_jobs(self, state: int | str | None = None, page_size: int = 100,
-                  limit: int | None = None) -> Iterator[pb.Job]:
+                  limit: int | None = None, tenant: str = "") -> Iterator[pb.Job]:
         """Jobs newest first, optionally only those in `state` ("completed", a JobState, ...),
-        fetching pages of `page_size` as iteration goes on; at most `limit` jobs if given."""
+        fetching pages of `page_size` as iteration goes on; at most `limit` jobs if given.
+        The caller's own jobs; an admin token sees every tenant's, or `tenant`'s only."""
         if page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {page_size}")
         state_value = None if state is None else parse_state(state)  # fail before iterating
-        return self._list_jobs(state_value, page_size, limit)
+        return self._list_jobs(state_value, page_size, limit, tenant)
 
-    def _list_jobs(self, state: int | None, page_size: int, limit: int | None
+    def _list_jobs(self, state: int | None, page_size: int, limit: int | None, tenant: str
                    ) -> Iterator[pb.Job]:
         token, count = "", 0
         while True:
-            page = self.list_jobs_page(state, page_size, token)
+            page = self.list_jobs_page(state, page_size, token, tenant)
             for job in page.jobs:
                 if limit is not None and count >= limit:
                     return

@@ -59,6 +59,7 @@ def job_to_dict(job: pb.Job) -> dict[str, Any]:
         "created_at": job.created_at,
         "finished_at": job.finished_at,
         "error": job.error,
+        "tenant": job.tenant,
     }
 
 

@@ -1,0 +1,679 @@
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine.h"
+#include "httplib.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+constexpr std::array<JobState, 7> kJobStates = {
+    JobState::kValidating, JobState::kInProgress, JobState::kFinalizing, JobState::kCompleted,
+    JobState::kFailed,     JobState::kCancelling, JobState::kCancelled};
+
+// Forward passes run from milliseconds (a small model on the CPU) to tens of seconds (a large MoE
+// streaming its weights over PCIe at a full token budget).
+const std::vector<double> kPassBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5,   1,      2.5,   5,    10,    25,   60};
+
+constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+// A listen address, parsed: what to bind.
+struct ListenAddress {
+  std::string host;  // numeric IPv4 / IPv6 address or host name; "0.0.0.0" when none was given
+  int port = 0;
+  int family = AF_INET;  // AF_INET6 for a bracketed address
+};
+
+// One plain HOST:PORT, [IPV6]:PORT or PORT. Strict on purpose: getaddrinfo alone would take
+// things like "1.2" or "0x7f.1" as addresses.
+absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& address) {
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address \"", address, "\": ", why,
+                     " (expected HOST:PORT, [IPV6]:PORT or PORT, e.g. 127.0.0.1:9464)"));
+  };
+  if (address.empty()) return bad("empty");
+  ListenAddress parsed;
+  std::string port;
+  bool has_host = false;
+  if (address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos) return bad("no ']' after the IPv6 address");
+    if (close + 1 >= address.size() || address[close + 1] != ':') {
+      return bad("no ':PORT' after the ']'");
+    }
+    parsed.host = address.substr(1, close - 1);
+    parsed.family = AF_INET6;
+    port = address.substr(close + 2);
+    in6_addr in6{};
+    if (inet_pton(AF_INET6, parsed.host.c_str(), &in6) != 1) {
+      return bad("not an IPv6 address between the brackets");
+    }
+    has_host = true;
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon != std::string::npos) {
+      parsed.host = address.substr(0, colon);
+      port = address.substr(colon + 1);
+      has_host = true;
+    } else {
+      port = address;
+    }
+  }
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); }) ||
+      std::stoi(port) > 65535) {
+    return bad("the port must be a number from 0 to 65535");
+  }
+  parsed.port = std::stoi(port);
+  if (!has_host) {
+    parsed.host = "0.0.0.0";
+    return parsed;
+  }
+  if (parsed.family == AF_INET6) return parsed;
+  if (parsed.host.empty()) return bad("no host before the ':'");
+  if (parsed.host.find(':') != std::string::npos) {
+    return bad("an IPv6 address must be in brackets, e.g. [::1]:9464");
+  }
+  if (!std::all_of(parsed.host.begin(), parsed.host.end(),
+                   [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '-'; })) {
+    return bad("the host must be an IP address or a host name");
+  }
+  const bool numeric = std::all_of(parsed.host.begin(), parsed.host.end(),
+                                   [](unsigned char c) { return std::isdigit(c) || c == '.'; });
+  in_addr in4{};
+  if (numeric && inet_pton(AF_INET, parsed.host.c_str(), &in4) != 1) {
+    return bad("not an IPv4 address");
+  }
+  return parsed;
+}
+
+// httplib says only that binding failed. The system's reason comes from doing what it does (its
+// create_socket: getaddrinfo, then socket, SO_REUSEADDR, bind and listen on each address) once
+// more: the first error met.
+std::string BindFailureReason(const ListenAddress& address) {
+  addrinfo hints{};
+  hints.ai_family = address.family;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(address.port);
+  if (const int rc = getaddrinfo(address.host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc);
+  }
+  std::string reason;
+  for (const addrinfo* ai = found; ai != nullptr && reason.empty(); ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) {
+      reason = std::strerror(errno);
+      continue;
+    }
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1) != 0) {
+      reason = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return reason.empty() ? "the bind failed (the address is free again now)" : reason;
+}
+
+// SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second endpoint on a port
+// in use binds as well and the two share the scrapes.
+void ListenSocketOptions(socket_t fd) {
+  const int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+// The HTTP worker threads (std::thread: default stacks). httplib::ThreadPool, but its constructor
+// would std::terminate when a thread cannot be started (a joinable std::thread destroyed) and its
+// destructor does not join; this one throws, and joins in both.
+class WorkerPool : public httplib::TaskQueue {
+ public:
+  explicit WorkerPool(size_t n) {
+    try {
+      for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Work(); });
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+  }
+  ~WorkerPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  // Runs what is queued, then joins (httplib calls it when the accept loop ends).
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      try {
+        job();  // httplib catches the handler's exceptions; this is for anything else
+      } catch (const std::exception& e) {
+        spdlog::warn("metrics http: {}", e.what());
+      } catch (...) {
+        spdlog::warn("metrics http: unknown error");
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+class MetricsServer : public httplib::Server {
+ public:
+  // Closes the socket bind_to_port made when listen_after_bind never ran (stop() closes it only
+  // while the accept loop runs).
+  void CloseUnlistenedSocket() {
+    const socket_t fd = svr_sock_.exchange(INVALID_SOCKET);
+    if (fd != INVALID_SOCKET) close(fd);
+  }
+};
+
+// The EngineStats fields that become counters.
+struct Cumulative {
+  int64_t passes = 0, prefill = 0, decode = 0, generated = 0, preemptions = 0, weight_bytes = 0;
+  double forward = 0, device = 0, cpu_attention = 0, weight_transfer = 0;
+
+  static Cumulative Of(const EngineStats& s) {
+    Cumulative c;
+    c.passes = s.passes;
+    c.prefill = s.prefill_tokens;
+    c.decode = s.decode_tokens;
+    c.generated = s.generated_tokens;
+    c.preemptions = s.preemptions;
+    c.weight_bytes = s.weight_bytes;
+    c.forward = s.forward_seconds;
+    c.device = s.device_seconds;
+    c.cpu_attention = s.cpu_attention_seconds;
+    c.weight_transfer = s.weight_transfer_seconds;
+    return c;
+  }
+  // Some field went down since `before`: a different (new) engine's statistics.
+  bool WentBelow(const Cumulative& before) const {
+    return passes < before.passes || prefill < before.prefill || decode < before.decode ||
+           generated < before.generated || preemptions < before.preemptions ||
+           weight_bytes < before.weight_bytes || forward < before.forward ||
+           device < before.device || cpu_attention < before.cpu_attention ||
+           weight_transfer < before.weight_transfer;
+  }
+};
+
+template <typename T>
+prometheus::Family<T>& Build(prometheus::detail::Builder<T> builder, const char* name,
+                             const char* help, prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+struct DaemonMetrics::Impl {
+  explicit Impl(const MetricsOptions& o) : options(o) {
+    if (!options.clock) options.clock = [] { return Clock::now(); };
+    if (!(options.rate_window_seconds > 0)) options.rate_window_seconds = 10.0;
+    start = options.clock();
+    rate_samples.emplace_back(start, 0.0);
+    prometheus::Registry& r = *registry;
+
+    ready = &Build(prometheus::BuildGauge(), "moebatch_ready",
+                   "1 when the daemon serves requests, else 0", r)
+                 .Add({});
+    auto& jobs_family =
+        Build(prometheus::BuildGauge(), "moebatch_jobs", "Batch jobs in each state", r);
+    for (JobState s : kJobStates) {
+      jobs[s] = &jobs_family.Add({{"state", std::string(JobStateName(s))}});
+    }
+    auto& requests = Build(prometheus::BuildCounter(), "moebatch_requests_total",
+                           "Batch requests whose result was committed, by outcome", r);
+    requests_completed = &requests.Add({{"outcome", "completed"}});
+    requests_failed = &requests.Add({{"outcome", "failed"}});
+    prompt_tokens = &Build(prometheus::BuildCounter(), "moebatch_prompt_tokens_total",
+                           "Prompt tokens of the requests whose result was committed", r)
+                         .Add({});
+    completion_tokens = &Build(prometheus::BuildCounter(), "moebatch_completion_tokens_total",
+                               "Generated tokens of the requests whose result was committed", r)
+                             .Add({});
+
+    engine_info = &Build(prometheus::BuildGauge(), "moebatch_engine_info",
+                         "The engine's backend (value 1)", r);
+    passes = &Build(prometheus::BuildCounter(), "moebatch_engine_passes_total",
+                    "Forward passes of the engine", r)
+                  .Add({});
+    prefill_tokens = &Build(prometheus::BuildCounter(), "moebatch_prefill_tokens_total",
+                            "Tokens prefilled (re-prefill after preemption included)", r)
+                          .Add({});
+    decode_tokens =
+        &Build(prometheus::BuildCounter(), "moebatch_decode_tokens_total", "Tokens decoded", r)
+             .Add({});
+    generated_tokens = &Build(prometheus::BuildCounter(), "moebatch_generated_tokens_total",
+                              "Tokens sampled by the engine, as they are generated", r)
+                            .Add({});
+    preemptions = &Build(prometheus::BuildCounter(), "moebatch_preemptions_total",
+                         "Sequences preempted to free KV cache blocks", r)
+                       .Add({});
+    forward_seconds = &Build(prometheus::BuildCounter(), "moebatch_forward_seconds_total",
+                             "Wall time inside the model forward", r)
+                           .Add({});
+    auto& busy_seconds = Build(prometheus::BuildCounter(), "moebatch_busy_seconds_total",
+                               "Forward time inside device calls, the CPU attention task, or "
+                               "with weight copies in flight (overlapping under VSLPipe)",
+                               r);
+    busy_device_seconds = &busy_seconds.Add({{"unit", "device"}});
+    busy_cpu_seconds = &busy_seconds.Add({{"unit", "cpu_attention"}});
+    busy_transfer_seconds = &busy_seconds.Add({{"unit", "weight_transfer"}});
+    weight_transfer_bytes =
+        &Build(prometheus::BuildCounter(), "moebatch_weight_transfer_bytes_total",
+               "Weight bytes copied to the device", r)
+             .Add({});
+    pass_duration = &Build(prometheus::BuildHistogram(), "moebatch_pass_duration_seconds",
+                           "Forward time of each engine pass", r)
+                         .Add({}, kPassBuckets);
+    tokens_per_second = &Build(prometheus::BuildGauge(), "moebatch_tokens_per_second",
+                               absl::StrCat("Generated tokens per second over the last ",
+                                            options.rate_window_seconds, " s")
+                                   .c_str(),
+                               r)
+                             .Add({});
+    auto& busy_fraction =
+        Build(prometheus::BuildGauge(), "moebatch_busy_fraction",
+              "Fraction of the last pass's forward time inside device calls, the CPU attention "
+              "task, or with weight copies in flight (may sum past 1 under VSLPipe)",
+              r);
+    busy_device = &busy_fraction.Add({{"unit", "device"}});
+    busy_cpu = &busy_fraction.Add({{"unit", "cpu_attention"}});
+    busy_transfer = &busy_fraction.Add({{"unit", "weight_transfer"}});
+    auto& kv = Build(prometheus::BuildGauge(), "moebatch_kv_blocks", "KV cache blocks", r);
+    kv_used = &kv.Add({{"state", "used"}});
+    kv_free = &kv.Add({{"state", "free"}});
+    auto& sequences = Build(prometheus::BuildGauge(), "moebatch_engine_sequences",
+                            "Sequences inside the engine, waiting or running", r);
+    seq_waiting = &sequences.Add({{"state", "waiting"}});
+    seq_running = &sequences.Add({{"state", "running"}});
+    last_pass_tokens =
+        &Build(prometheus::BuildGauge(), "moebatch_last_pass_tokens", "Tokens in the last pass", r)
+             .Add({});
+    last_pass_micro_batches = &Build(prometheus::BuildGauge(), "moebatch_last_pass_micro_batches",
+                                     "Micro-batches of the last pass (2 when VSLPipe split it)", r)
+                                   .Add({});
+    s_mbu = &Build(prometheus::BuildGauge(), "moebatch_s_mbu",
+                   "Sparse memory-bandwidth utilisation (MoE-CAP S-MBU) of the last pass; 0 when "
+                   "the memory peak is unknown",
+                   r)
+                 .Add({});
+    s_mfu = &Build(prometheus::BuildGauge(), "moebatch_s_mfu",
+                   "Sparse FLOP utilisation (MoE-CAP S-MFU) of the last pass; 0 when the compute "
+                   "peak is unknown",
+                   r)
+                 .Add({});
+    achieved_bytes = &Build(prometheus::BuildGauge(), "moebatch_achieved_memory_bytes_per_second",
+                            "Activated weight and KV bytes read per second in the last pass", r)
+                          .Add({});
+    achieved_flops = &Build(prometheus::BuildGauge(), "moebatch_achieved_flops_per_second",
+                            "FLOPs per second in the last pass", r)
+                          .Add({});
+  }
+
+  ~Impl() { StopServer(); }
+
+  // Stops the HTTP server (no scrape may run once the members below go) and joins its threads.
+  void StopServer() {
+    if (server != nullptr && !listener.joinable()) server->CloseUnlistenedSocket();
+    if (listener.joinable()) {
+      // stop() does nothing before the listener thread has set is_running (Create waits for it;
+      // this is for safety).
+      while (!server->is_running() && !listener_done.load()) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      server->stop();
+      listener.join();  // listen_after_bind returns after joining the workers
+    }
+    pending_pool.reset();  // never handed to the server (Create failed before listening)
+  }
+
+  void Serve(const httplib::Request&, httplib::Response& res) {
+    try {
+      res.set_content(prometheus::TextSerializer().Serialize(Collect()), kContentType);
+    } catch (const std::exception& e) {
+      spdlog::warn("metrics: a scrape failed: {}", e.what());
+      res.status = 500;
+      res.set_content(absl::StrCat("metrics: ", e.what(), "\n"), "text/plain; charset=utf-8");
+    } catch (...) {
+      spdlog::warn("metrics: a scrape failed");
+      res.status = 500;
+      res.set_content("metrics: unknown error\n", "text/plain; charset=utf-8");
+    }
+  }
+
+  // Under mu_.
+  void ObservePasses(int64_t n, double forward, double last_pass_seconds) {
+    if (n == 1) {
+      pass_duration->Observe(forward);
+      return;
+    }
+    // Only the last of them is known on its own: the others get their mean.
+    const double last = std::min(std::max(last_pass_seconds, 0.0), std::max(forward, 0.0));
+    pass_duration->Observe(last);
+    const double others = static_cast<double>(n - 1);
+    const double mean = std::max(forward - last, 0.0) / others;
+    std::vector<double> increments(kPassBuckets.size() + 1, 0.0);
+    const size_t bucket = static_cast<size_t>(
+        std::lower_bound(kPassBuckets.begin(), kPassBuckets.end(), mean) - kPassBuckets.begin());
+    increments[bucket] = others;
+    pass_duration->ObserveMultiple(increments, mean * others);
+  }
+
+  // Under mu_: drops the samples older than the newest one at or before now - window.
+  void PruneRate(Clock::time_point now) {
+    const auto window = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(options.rate_window_seconds));
+    while (rate_samples.size() >= 2 && rate_samples[1].first <= now - window) {
+      rate_samples.pop_front();
+    }
+  }
+
+  void UpdateRate() {
+    std::lock_guard<std::mutex> lock(mu);
+    const Clock::time_point now = options.clock();
+    PruneRate(now);
+    const auto& [base_time, base_value] = rate_samples.front();
+    const double age = std::chrono::duration<double>(now - base_time).count();
+    const double span = std::min(age, options.rate_window_seconds);
+    const double generated = rate_samples.back().second - base_value;
+    tokens_per_second->Set(span > 0 ? generated / span : 0.0);
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() {
+    {
+      std::lock_guard<std::mutex> lock(hook_mu);
+      if (hook) {
+        try {
+          hook();
+        } catch (const std::exception& e) {
+          spdlog::warn("metrics: the scrape hook failed: {}", e.what());
+        } catch (...) {
+          spdlog::warn("metrics: the scrape hook failed");
+        }
+      }
+    }
+    UpdateRate();
+    return registry->Collect();
+  }
+
+  MetricsOptions options;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  int port = 0;
+
+  Gauge* ready;
+  std::map<JobState, Gauge*> jobs;
+  Counter *requests_completed, *requests_failed, *prompt_tokens, *completion_tokens;
+  prometheus::Family<Gauge>* engine_info;
+  Counter *passes, *prefill_tokens, *decode_tokens, *generated_tokens, *preemptions;
+  Counter *forward_seconds, *busy_device_seconds, *busy_cpu_seconds, *busy_transfer_seconds;
+  Counter* weight_transfer_bytes;
+  Histogram* pass_duration;
+  Gauge* tokens_per_second;
+  Gauge *busy_device, *busy_cpu, *busy_transfer;
+  Gauge *kv_used, *kv_free, *seq_waiting, *seq_running;
+  Gauge *last_pass_tokens, *last_pass_micro_batches;
+  Gauge *s_mbu, *s_mfu, *achieved_bytes, *achieved_flops;
+
+  std::mutex mu;  // the fields below; makes ObservePass's read-compare-add atomic
+  bool have_previous = false;
+  Cumulative previous;
+  std::string backend;
+  Gauge* backend_gauge = nullptr;
+  Clock::time_point start;
+  std::deque<std::pair<Clock::time_point, double>> rate_samples;  // (time, generated so far)
+
+  std::mutex hook_mu;  // held while the hook runs, so SetScrapeHook waits for a running one
+  std::function<void()> hook;
+
+  // Last: its threads use the above. The worker pool is made by Create (so that failing to start
+  // its threads is Create's error) and handed to listen_after_bind through new_task_queue, which
+  // owns and joins it from then on.
+  std::unique_ptr<WorkerPool> pending_pool;
+  std::unique_ptr<MetricsServer> server;
+  std::thread listener;  // runs listen_after_bind (the accept loop)
+  std::atomic<bool> listener_done{false};
+};
+
+absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(
+    const std::string& listen_address, const MetricsOptions& options) {
+  absl::StatusOr<ListenAddress> address = ParseListenAddress(listen_address);
+  if (!address.ok()) return address.status();
+  std::unique_ptr<Impl> impl;
+  try {
+    impl = std::make_unique<Impl>(options);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("metrics: building the registry: ", e.what()));
+  }
+  const auto unavailable = [&](const std::string& why) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint: cannot listen on ", listen_address, ": ", why));
+  };
+
+  Impl* raw = impl.get();
+  try {
+    impl->server = std::make_unique<MetricsServer>();
+    httplib::Server& server = *impl->server;
+    server.set_address_family(address->family);
+    server.set_socket_options(ListenSocketOptions);
+    // Bounds on how long a connection may hold a worker, so the destructor stops promptly.
+    server.set_keep_alive_timeout(1);
+    server.set_read_timeout(2, 0);
+    server.set_write_timeout(2, 0);
+    server.Get("/metrics", [raw](const httplib::Request& req, httplib::Response& res) {
+      raw->Serve(req, res);
+    });
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("metrics endpoint: ", e.what()));
+  }
+
+  // Bind and listen here, on the calling thread: connections queue from now on.
+  httplib::Server& server = *impl->server;
+  try {
+    int port = address->port;
+    bool bound;
+    if (port == 0) {
+      port = server.bind_to_any_port(address->host);
+      bound = port > 0;
+    } else {
+      bound = server.bind_to_port(address->host, port);
+    }
+    if (!bound) return unavailable(BindFailureReason(*address));
+    impl->port = port;
+  } catch (const std::exception& e) {
+    return unavailable(e.what());
+  }
+
+  // The worker threads, then the accept loop: std::thread, default stacks (see metrics.h). A
+  // failure from here on leaves a bound socket, which ~Impl closes (and joins what started).
+  try {
+    impl->pending_pool =
+        std::make_unique<WorkerPool>(static_cast<size_t>(std::max(options.http_threads, 1)));
+    server.new_task_queue = [raw]() -> httplib::TaskQueue* {
+      if (raw->pending_pool != nullptr) return raw->pending_pool.release();
+      return new WorkerPool(1);  // not reached: listen_after_bind runs once
+    };
+    impl->listener = std::thread([raw] {
+      try {
+        if (!raw->server->listen_after_bind()) {
+          spdlog::error("metrics endpoint: the accept loop failed; no more scrapes are served");
+        }
+      } catch (const std::exception& e) {
+        spdlog::error("metrics endpoint: the accept loop failed: {}", e.what());
+      } catch (...) {
+        spdlog::error("metrics endpoint: the accept loop failed");
+      }
+      raw->listener_done = true;
+    });
+  } catch (const std::exception& e) {
+    return unavailable(absl::StrCat("starting the HTTP threads: ", e.what()));
+  }
+  // Until is_running, stop() would be a no-op: wait, so that the destructor can always stop it.
+  while (!server.is_running() && !impl->listener_done.load()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!server.is_running()) return unavailable("the accept loop ended at once");
+  try {
+    return std::unique_ptr<DaemonMetrics>(new DaemonMetrics(std::move(impl)));
+  } catch (const std::exception& e) {  // impl, not moved from, stops the server
+    return absl::InternalError(absl::StrCat("metrics endpoint: ", e.what()));
+  }
+}
+
+DaemonMetrics::DaemonMetrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DaemonMetrics::~DaemonMetrics() = default;
+
+int DaemonMetrics::port() const { return impl_->port; }
+
+void DaemonMetrics::SetReady(bool ready) { impl_->ready->Set(ready ? 1.0 : 0.0); }
+
+void DaemonMetrics::SetJobCounts(const std::map<JobState, int64_t>& counts) {
+  for (const auto& [state, gauge] : impl_->jobs) {
+    auto it = counts.find(state);
+    gauge->Set(it == counts.end() ? 0.0 : static_cast<double>(it->second));
+  }
+}
+
+void DaemonMetrics::SetScrapeHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(impl_->hook_mu);
+  impl_->hook = std::move(hook);
+}
+
+void DaemonMetrics::ObservePass(const EngineStats& stats) {
+  Impl& m = *impl_;
+  const Cumulative now = Cumulative::Of(stats);
+  std::lock_guard<std::mutex> lock(m.mu);
+  Cumulative base;  // zeros: the first observation, or a new engine
+  if (m.have_previous) {
+    if (now.WentBelow(m.previous)) {
+      spdlog::info(
+          "metrics: the engine's statistics went back (a new engine); its figures are "
+          "added to the counters from zero");
+    } else {
+      base = m.previous;
+    }
+  }
+  m.previous = now;
+  m.have_previous = true;
+
+  const int64_t new_passes = now.passes - base.passes;
+  m.passes->Increment(static_cast<double>(new_passes));
+  m.prefill_tokens->Increment(static_cast<double>(now.prefill - base.prefill));
+  m.decode_tokens->Increment(static_cast<double>(now.decode - base.decode));
+  m.generated_tokens->Increment(static_cast<double>(now.generated - base.generated));
+  m.preemptions->Increment(static_cast<double>(now.preemptions - base.preemptions));
+  m.weight_transfer_bytes->Increment(static_cast<double>(now.weight_bytes - base.weight_bytes));
+  m.forward_seconds->Increment(now.forward - base.forward);
+  m.busy_device_seconds->Increment(now.device - base.device);
+  m.busy_cpu_seconds->Increment(now.cpu_attention - base.cpu_attention);
+  m.busy_transfer_seconds->Increment(now.weight_transfer - base.weight_transfer);
+  if (new_passes > 0) {
+    m.ObservePasses(new_passes, now.forward - base.forward, stats.last_pass.pass_seconds);
+  }
+
+  const ForwardStats& last = stats.last_pass;
+  const double pass_seconds = last.pass_seconds;
+  m.busy_device->Set(pass_seconds > 0 ? last.device_seconds / pass_seconds : 0.0);
+  m.busy_cpu->Set(pass_seconds > 0 ? last.cpu_attention_seconds / pass_seconds : 0.0);
+  m.busy_transfer->Set(pass_seconds > 0 ? last.weight_transfer_seconds / pass_seconds : 0.0);
+  m.last_pass_tokens->Set(static_cast<double>(last.tokens));
+  m.last_pass_micro_batches->Set(static_cast<double>(last.micro_batches));
+  m.kv_used->Set(static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_free));
+  m.kv_free->Set(static_cast<double>(stats.kv_blocks_free));
+  m.seq_waiting->Set(static_cast<double>(stats.waiting));
+  m.seq_running->Set(static_cast<double>(stats.running));
+  m.s_mbu->Set(stats.last_utilization.s_mbu);
+  m.s_mfu->Set(stats.last_utilization.s_mfu);
+  m.achieved_bytes->Set(stats.last_utilization.bytes_per_second);
+  m.achieved_flops->Set(stats.last_utilization.flops_per_second);
+
+  if (stats.backend != m.backend) {
+    if (m.backend_gauge != nullptr) m.engine_info->Remove(m.backend_gauge);
+    m.backend_gauge = nullptr;
+    m.backend = stats.backend;
+    if (!m.backend.empty()) {
+      m.backend_gauge = &m.engine_info->Add({{"backend", m.backend}});
+      m.backend_gauge->Set(1);
+    }
+  }
+
+  const Clock::time_point t = m.options.clock();
+  m.rate_samples.emplace_back(t, m.generated_tokens->Value());
+  m.PruneRate(t);
+}
+
+void DaemonMetrics::ObserveResult(bool failed, int64_t prompt_tokens, int64_t completion_tokens) {
+  (failed ? impl_->requests_failed : impl_->requests_completed)->Increment();
+  if (prompt_tokens > 0) impl_->prompt_tokens->Increment(static_cast<double>(prompt_tokens));
+  if (completion_tokens > 0) {
+    impl_->completion_tokens->Increment(static_cast<double>(completion_tokens));
+  }
+}
+
+std::string DaemonMetrics::Render() const {
+  return prometheus::TextSerializer().Serialize(impl_->Collect());
+}
+
+}  // namespace moebatch
