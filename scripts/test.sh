@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh clone: installs what it needs (Debian packages, sentencepiece,
 # the Mixtral tokenizer asset, a Python venv with the client from PyPI packages), builds everything
 # (CUDA code too when nvcc is present), runs ctest, then the Python client's tests and the
-# integration tests (the real moebatchd on loopback, the real Python client).
+# integration tests (the real moebatchd on loopback, the real Python and Go clients).
 #
 # Usage: scripts/test.sh            env: BUILD_DIR (default build), JOBS (default nproc)
 set -euo pipefail
@@ -17,4 +17,7 @@ ctest --test-dir "$build" --output-on-failure -j "${JOBS:-$(nproc)}"
 # The client's unit tests (creates .deps/venv-client and installs the package into it), then the
 # integration tests with the same venv.
 client/python/run_tests.sh "$root/.deps/venv-client"
-MOEBATCH_BUILD_DIR="$build" "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
+# The Go client: Debian's Go packages, generated code, moebatch-go, go vet and its unit tests.
+client/go/build.sh "$build/client-go"
+MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
+  "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration

@@ -1,0 +1,72 @@
+package moebatch
+
+import (
+	pb "moebatch/client/go/moebatchv1"
+)
+
+// Sampling holds the sampling parameters of a request; nil pointers take the daemon's defaults
+// (temperature 1, top_p 1, top_k off, a random seed, max_tokens from its configuration).
+// Ranges: temperature [0, 100] (0 = greedy), top_p (0, 1], top_k >= 0 (0 = off),
+// max_tokens >= 1, up to 4 non-empty stop strings; the daemon checks them.
+type Sampling struct {
+	Temperature *float32
+	TopP        *float32
+	TopK        *int32
+	Seed        *uint64
+	MaxTokens   *int32
+	Stop        []string
+	IgnoreEOS   bool
+}
+
+// Greedy is argmax sampling (temperature 0) of at most maxTokens tokens.
+func Greedy(maxTokens int32) Sampling {
+	t := float32(0)
+	return Sampling{Temperature: &t, MaxTokens: &maxTokens}
+}
+
+// Proto is the SamplingParams message.
+func (s Sampling) Proto() *pb.SamplingParams {
+	return &pb.SamplingParams{
+		Temperature: s.Temperature,
+		TopP:        s.TopP,
+		TopK:        s.TopK,
+		Seed:        s.Seed,
+		MaxTokens:   s.MaxTokens,
+		Stop:        append([]string(nil), s.Stop...),
+		IgnoreEos:   s.IgnoreEOS,
+	}
+}
+
+// ChatRequest is a /v1/chat/completions request of one user message.
+func ChatRequest(customID, userText string, s Sampling) *pb.BatchRequest {
+	return ChatMessagesRequest(customID, []*pb.ChatMessage{{Role: "user", Content: userText}}, s)
+}
+
+// ChatMessagesRequest is a /v1/chat/completions request of a conversation: roles "system"
+// (optional, first), then "user" and "assistant" alternating, ending with "user".
+func ChatMessagesRequest(customID string, messages []*pb.ChatMessage, s Sampling) *pb.BatchRequest {
+	return &pb.BatchRequest{
+		CustomId: customID,
+		Input:    &pb.BatchRequest_Chat{Chat: &pb.ChatMessages{Messages: messages}},
+		Sampling: s.Proto(),
+	}
+}
+
+// CompletionRequest is a /v1/completions request of a text prompt (the daemon adds BOS).
+func CompletionRequest(customID, prompt string, s Sampling) *pb.BatchRequest {
+	return &pb.BatchRequest{
+		CustomId: customID,
+		Input:    &pb.BatchRequest_Prompt{Prompt: prompt},
+		Sampling: s.Proto(),
+	}
+}
+
+// TokenIDsRequest is a /v1/completions request of a prompt given as token ids, used as they
+// are (no BOS added).
+func TokenIDsRequest(customID string, ids []int32, s Sampling) *pb.BatchRequest {
+	return &pb.BatchRequest{
+		CustomId: customID,
+		Input:    &pb.BatchRequest_PromptTokenIds{PromptTokenIds: &pb.TokenIds{Ids: ids}},
+		Sampling: s.Proto(),
+	}
+}
