@@ -21,3 +21,5 @@ client/python/run_tests.sh "$root/.deps/venv-client"
 client/go/build.sh "$build/client-go"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
   "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
+# libFuzzer targets (tests/fuzz): clang build in build-fuzz, 60 s each, fails on any crash.
+scripts/fuzz.sh
