@@ -109,6 +109,8 @@ absl::Status EngineWorker::HandleCancels() {
     {
       absl::MutexLock lock(&mu_);
       live_.erase(job);
+      // The aborted requests' room in the engine goes to the next pending ones.
+      if (aborted > 0) wake_ = true;
     }
     auto record = store_->GetJob(job);
     if (!record.ok()) return record.status();
@@ -214,7 +216,11 @@ void EngineWorker::Run() {
     }
     if (st.ok() && !engine_->HasUnfinished()) {
       absl::MutexLock lock(&mu_);
-      if (!wake_ && cancels_.empty() && !stop_) cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+      if (!wake_ && cancels_.empty() && !stop_) {
+        // Idle: look at the store again at least once a second, whatever woke us or not.
+        cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+        feed = true;
+      }
       continue;
     }
     if (st.ok()) {

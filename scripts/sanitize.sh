@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers (issue 7), in builds of their own (CUDA off: nvcc takes no
+# -fsanitize; the gpu tests skip anyway where there is no GPU):
+#   asan  build-asan, -fsanitize=address,undefined: every unit test (ctest), then the daemon's
+#         integration tests against the instrumented moebatchd. Any report fails the run.
+#   tsan  build-tsan, -fsanitize=thread: the data mover, VSLPipe's worker thread, the scheduler and
+#         engine tests, the job store's threads, and the daemon's integration tests (gRPC handler
+#         threads against the engine worker). libgomp and the system libraries are not
+#         instrumented: their accesses are ignored (ignore_noninstrumented_modules).
+#
+# Usage: scripts/sanitize.sh [asan|tsan|all]     env: JOBS (default nproc)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+mode="${1:-all}"
+jobs="${JOBS:-$(nproc)}"
+scripts/install_deps.sh
+scripts/fetch_tokenizer.sh
+export CCACHE_DIR="${CCACHE_DIR:-$root/.deps/ccache}"
+venv="$root/.deps/venv-client"
+[ -x "$venv/bin/python" ] || client/python/run_tests.sh "$venv" >/dev/null
+
+configure() {  # DIR SANITIZERS
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOEBATCH_ENABLE_CUDA=OFF \
+    -DMOEBATCH_BUILD_BENCH=OFF -DMOEBATCH_SANITIZE="$2" >/dev/null
+}
+
+if [ "$mode" = asan ] || [ "$mode" = all ]; then
+  configure build-asan address,undefined
+  cmake --build build-asan -j "$jobs"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE gpu
+  MOEBATCH_BUILD_DIR="$root/build-asan" "$venv/bin/python" -m pytest -q \
+    tests/integration/test_daemon.py tests/integration/test_security.py \
+    tests/integration/test_limits.py tests/integration/test_metrics.py
+  echo "sanitize: asan+ubsan: no reports"
+fi
+
+if [ "$mode" = tsan ] || [ "$mode" = all ]; then
+  configure build-tsan thread
+  cmake --build build-tsan -j "$jobs" --target test_engine test_job_store test_metrics moebatchd
+  export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:second_deadlock_stack=1"
+  build-tsan/tests/test_engine "[data_mover],[vslpipe],[weight_store],scheduler*,engine*"
+  build-tsan/tests/test_job_store
+  build-tsan/tests/test_metrics
+  MOEBATCH_BUILD_DIR="$root/build-tsan" "$venv/bin/python" -m pytest -q \
+    tests/integration/test_daemon.py tests/integration/test_lifecycle.py -k "not loads"
+  echo "sanitize: tsan: no reports"
+fi
