@@ -39,7 +39,7 @@ server="127.0.0.1:$port"
 "$build/server/moebatchd" --model "$model" --listen "$server" --data-dir "$work/data" \
   --kv-cache-gb 1 2>"$work/moebatchd.log" &
 daemon_pid=$!
-for _ in $(seq 1 300); do
+for _ in $(seq 1 18000); do  # a real checkpoint takes minutes to load
   grep -q "serving model" "$work/moebatchd.log" 2>/dev/null && break
   kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/moebatchd.log"; exit 1; }
   sleep 0.2

@@ -43,6 +43,7 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
         self.jobs: dict[str, pb.Job] = {}
         self.custom_ids: dict[str, list[str]] = {}
         self.calls: list[tuple[str, object]] = []
+        self.loading_checks = 0  # health checks answered NOT_SERVING before SERVING
         self.flaky_failures = 1
         self.stream_cancelled = threading.Event()
         self.next_id = 1
@@ -158,12 +159,26 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
                             line=result_line(job.id, index, ids[index]))
 
 
+def _health_handler(service):
+    """grpc.health.v1.Health/Check in raw bytes, as moebatchd answers it: SERVING for
+    moebatch.v1.BatchService unless service.loading_checks > 0 (then NOT_SERVING, counting down,
+    as while the model loads)."""
+    def check(request, context):
+        if service.loading_checks > 0:
+            service.loading_checks -= 1
+            return b"\x08\x02"
+        return b"\x08\x01"
+    handler = grpc.unary_unary_rpc_method_handler(check)
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": handler})
+
+
 @pytest.fixture
 def fake_server():
     """(address, FakeBatchService) of a fake daemon on a free loopback port."""
     service = FakeBatchService()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_BatchServiceServicer_to_server(service, server)
+    server.add_generic_rpc_handlers([_health_handler(service)])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

@@ -183,12 +183,22 @@ def test_no_daemon_is_unavailable():
         with pytest.raises(ClientError) as info:
             c.get_job("job_1")
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
-        with pytest.raises(ClientError, match="^UNAVAILABLE: no server answered"):
+        with pytest.raises(ClientError, match="^UNAVAILABLE: moebatchd at .* not serving"):
             c.wait_ready(timeout=0.2)
 
 
 def test_wait_ready(client):
     client.wait_ready(timeout=10)
+
+
+def test_wait_ready_waits_while_the_model_loads(client, fake_server):
+    _, service = fake_server
+    service.loading_checks = 3
+    client.wait_ready(timeout=10)
+    assert service.loading_checks == 0
+    service.loading_checks = 1000
+    with pytest.raises(ClientError, match="loading its model"):
+        client.wait_ready(timeout=0.3)
 
 
 # -- the CLI ----------------------------------------------------------------------------------

@@ -117,13 +117,30 @@ class Client:
         self.close()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Blocks until the channel connects (e.g. while the daemon starts); raises ClientError
-        UNAVAILABLE if it has not within `timeout` seconds."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise ClientError(grpc.StatusCode.UNAVAILABLE,
-                              f"no server answered at {self.addr} within {timeout:g}s") from None
+        """Blocks until the daemon serves jobs: it answers and its grpc.health.v1 status for
+        moebatch.v1.BatchService is SERVING (it is NOT_SERVING while the model loads). Raises
+        ClientError UNAVAILABLE if that has not happened within `timeout` seconds."""
+        # grpc.health.v1.Health/Check by hand (no extra package): HealthCheckRequest{service} is
+        # field 1, a string; HealthCheckResponse{status} is field 1, an enum (1 = SERVING).
+        service = b"moebatch.v1.BatchService"
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientError(grpc.StatusCode.UNAVAILABLE,
+                                  f"moebatchd at {self.addr} not serving within {timeout:g}s "
+                                  f"({last})")
+            try:
+                response = check(b"\x0a" + bytes([len(service)]) + service,
+                                 timeout=min(left, 2.0), wait_for_ready=True)
+                if response[:2] == b"\x08\x01":
+                    return
+                last = "loading its model"
+            except grpc.RpcError as e:
+                last = e.code().name if hasattr(e, "code") else str(e)
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
 
     # -- calls ------------------------------------------------------------------------------
 
