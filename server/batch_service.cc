@@ -49,8 +49,8 @@ BatchServiceImpl::BatchServiceImpl(JobStore* store, const TokenAuthenticator* au
 
 void BatchServiceImpl::Attach(EngineWorker* worker, const Tokenizer* tokenizer, JobLimits limits,
                               TenantQuota quota) {
-  attached_storage_ = std::make_unique<Attached>(
-      Attached{worker, tokenizer, std::move(limits), quota});
+  attached_storage_ =
+      std::make_unique<Attached>(Attached{worker, tokenizer, std::move(limits), quota});
   attached_.store(attached_storage_.get(), std::memory_order_release);
 }
 
@@ -58,8 +58,7 @@ const BatchServiceImpl::Attached* BatchServiceImpl::attached() const {
   return attached_.load(std::memory_order_acquire);
 }
 
-absl::StatusOr<Principal> BatchServiceImpl::Authenticate(
-    const grpc::ServerContext& context) const {
+absl::StatusOr<Principal> BatchServiceImpl::Authenticate(const grpc::ServerContext& context) const {
   if (auth_ == nullptr) return LocalPrincipal();
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
@@ -109,16 +108,18 @@ grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext* context,
   job.model = a->limits.model_name;
   job.metadata.insert(request->metadata().begin(), request->metadata().end());
   job.total = static_cast<int64_t>(prepared->requests.size() + prepared->prefailed.size());
-  auto stored = store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
+  auto stored =
+      store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
   if (!stored.ok()) {
     if (stored.status().code() == absl::StatusCode::kResourceExhausted) {
       spdlog::info("job refused: {}", std::string(stored.status().message()));
     }
     return ToGrpc(stored.status());
   }
-  spdlog::info("job {} created for tenant '{}': {} requests ({} failed validation against the "
-               "context)",
-               stored->id, stored->tenant, stored->total, prepared->prefailed.size());
+  spdlog::info(
+      "job {} created for tenant '{}': {} requests ({} failed validation against the "
+      "context)",
+      stored->id, stored->tenant, stored->total, prepared->prefailed.size());
   if (on_job_created_) on_job_created_(*stored);
   a->worker->Wake();
   ToProto(*stored, response);
@@ -189,8 +190,7 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job,
-                                    v1::JobProgress* p) {
+void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1::JobProgress* p) {
   const JobLive live = at.worker->Live(job.id);
   p->set_job_id(job.id);
   p->set_error(job.error);

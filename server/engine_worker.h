@@ -28,7 +28,7 @@ namespace moebatch {
 class DaemonMetrics;
 
 struct WorkerOptions {
-  int64_t max_in_flight = 512;     // requests handed to the engine and not finished
+  int64_t max_in_flight = 512;       // requests handed to the engine and not finished
   DaemonMetrics* metrics = nullptr;  // borrowed; passes and results are observed when set
 };
 
@@ -105,7 +105,7 @@ class EngineWorker {
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   EngineStats engine_stats_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_count_ ABSL_GUARDED_BY(mu_) = 0;  // in_flight_.size() after the last loop
-  bool drain_seen_ ABSL_GUARDED_BY(mu_) = false;       // that loop skipped feeding: draining
+  bool drain_seen_ ABSL_GUARDED_BY(mu_) = false;      // that loop skipped feeding: draining
 
   // Engine thread only.
   std::map<int64_t, InFlight> in_flight_;           // engine request id -> request

@@ -34,9 +34,9 @@ std::string FreezeDefaults(const std::string& line, const BatchRequest& req) {
   Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) return line;
   Json& body = j["body"];
-  const bool given = (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
-                     (body.contains("max_completion_tokens") &&
-                      !body["max_completion_tokens"].is_null());
+  const bool given =
+      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+      (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null());
   if (given) return line;
   body["max_tokens"] = req.sampling.max_tokens;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -166,10 +166,10 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
     const BatchRequest& req = *parsed.request;
     if (limits.max_tokens_per_request > 0 &&
         req.sampling.max_tokens > limits.max_tokens_per_request) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "line ", line_no, ": body.max_tokens: ", req.sampling.max_tokens,
-          " is over this daemon's limit (max_tokens_per_request) of ",
-          limits.max_tokens_per_request));
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_no, ": body.max_tokens: ", req.sampling.max_tokens,
+                       " is over this daemon's limit (max_tokens_per_request) of ",
+                       limits.max_tokens_per_request));
     }
     if (!seen.insert(req.custom_id).second) {
       return absl::InvalidArgumentError(

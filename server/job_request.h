@@ -27,8 +27,8 @@ struct JobLimits {
   int64_t max_line_bytes = 1 << 20;  // one request's JSON
   int32_t default_max_tokens = 256;
   int32_t max_tokens_per_request = 0;  // a request's max_tokens at most (0 = only the context)
-  int64_t max_context_tokens = 0;  // the engine's
-  std::string model_name;          // CreateJob.model / body.model must be empty or this
+  int64_t max_context_tokens = 0;      // the engine's
+  std::string model_name;              // CreateJob.model / body.model must be empty or this
 };
 
 struct PreparedJob {

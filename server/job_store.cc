@@ -118,7 +118,6 @@ constexpr const char* kSelectJob =
     "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
     "generated_tokens, created_at, started_at, finished_at, error, seq, tenant FROM jobs ";
 
-
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -513,20 +512,20 @@ absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
     if (!usage.ok()) return usage.status();
     if (quota.max_pending_jobs > 0 && !requests.empty() &&
         usage->pending_jobs + 1 > quota.max_pending_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant '", job.tenant, "' has ", usage->pending_jobs,
-          " unfinished jobs, the limit (max_pending_jobs_per_tenant) is ", quota.max_pending_jobs,
-          "; wait for one to finish"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant '", job.tenant, "' has ", usage->pending_jobs,
+                       " unfinished jobs, the limit (max_pending_jobs_per_tenant) is ",
+                       quota.max_pending_jobs, "; wait for one to finish"));
     }
     int64_t job_tokens = 0;
     for (const StoredRequest& r : requests) job_tokens += r.budget_tokens;
     if (quota.max_queued_tokens > 0 && job_tokens > 0 &&
         usage->queued_tokens + job_tokens > quota.max_queued_tokens) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant '", job.tenant, "' has ", usage->queued_tokens,
-          " tokens queued and this job adds ", job_tokens,
-          " (prompt + max_tokens), over the limit (max_queued_tokens_per_tenant) of ",
-          quota.max_queued_tokens));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tenant '", job.tenant, "' has ", usage->queued_tokens,
+                       " tokens queued and this job adds ", job_tokens,
+                       " (prompt + max_tokens), over the limit (max_queued_tokens_per_tenant) of ",
+                       quota.max_queued_tokens));
     }
   }
 

@@ -21,15 +21,14 @@
 // with # are comments, as in deploy/moebatchd.json); flags given on the command line win over it.
 // Under systemd (Type=notify) it reports READY, STOPPING and watchdog pings (systemd_notify.h).
 #include <signal.h>
-
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
-#include <sstream>
 #include <fstream>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,13 +37,13 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "engine/engine.h"
 #include "engine/engine_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "nlohmann/json.hpp"
-#include "absl/synchronization/notification.h"
 #include "server/auth.h"
 #include "server/batch_service.h"
 #include "server/engine_worker.h"
@@ -168,7 +167,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
   const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
                     ca = absl::GetFlag(FLAGS_tls_client_ca);
   if (cert.empty() && key.empty()) {
-    if (!ca.empty()) return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    if (!ca.empty())
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
     return grpc::InsecureServerCredentials();
   }
   if (cert.empty() || key.empty()) {
@@ -187,8 +187,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
     auto ca_pem = ReadFile("tls_client_ca", ca);
     if (!ca_pem.ok()) return ca_pem.status();
     options.pem_root_certs = *ca_pem;
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
 }
@@ -216,7 +215,8 @@ int Run(const std::set<std::string>& given) {
     return 2;
   }
   for (const auto& [name, value] :
-       {std::pair<const char*, int64_t>{"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes)},
+       {std::pair<const char*, int64_t>{"max_request_bytes",
+                                        absl::GetFlag(FLAGS_max_request_bytes)},
         {"max_requests_per_job", absl::GetFlag(FLAGS_max_requests_per_job)},
         {"max_in_flight", absl::GetFlag(FLAGS_max_in_flight)}}) {
     if (value < 1 || (std::string(name) == "max_request_bytes" && value > INT32_MAX)) {
@@ -233,7 +233,8 @@ int Run(const std::set<std::string>& given) {
                  "--max_queued_tokens_per_tenant and --drain_timeout_s must be >= 0\n";
     return 2;
   }
-  if (max_tokens_per_request > 0 && absl::GetFlag(FLAGS_default_max_tokens) > max_tokens_per_request) {
+  if (max_tokens_per_request > 0 &&
+      absl::GetFlag(FLAGS_default_max_tokens) > max_tokens_per_request) {
     std::cerr << "moebatchd: --default_max_tokens " << absl::GetFlag(FLAGS_default_max_tokens)
               << " is over --max_tokens_per_request " << max_tokens_per_request << "\n";
     return 2;
@@ -256,8 +257,10 @@ int Run(const std::set<std::string>& given) {
               << "127.0.0.1, [::1] or localhost)\n";
     return 2;
   } else {
-    spdlog::warn("moebatchd: no --tokens_file: authentication is off, every caller is the admin "
-                 "tenant 'local'; listening on loopback only ({})", listen);
+    spdlog::warn(
+        "moebatchd: no --tokens_file: authentication is off, every caller is the admin "
+        "tenant 'local'; listening on loopback only ({})",
+        listen);
   }
   auto credentials = ServerCredentials();
   if (!credentials.ok()) {
@@ -407,8 +410,10 @@ int Run(const std::set<std::string>& given) {
   if (left == 0) {
     spdlog::info("moebatchd: drained: every in-flight request committed");
   } else {
-    spdlog::warn("moebatchd: {} requests still in flight after {} s; they run again on the next "
-                 "start", left, drain_s);
+    spdlog::warn(
+        "moebatchd: {} requests still in flight after {} s; they run again on the next "
+        "start",
+        left, drain_s);
   }
   // Open streams (WatchJob, GetResults with wait) end now; unary calls get a moment to finish.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

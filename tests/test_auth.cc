@@ -35,8 +35,8 @@ TEST_CASE("tenant names", "[auth]") {
 }
 
 std::string Entry(const std::string& token, const std::string& tenant, const std::string& role) {
-  return "{\"sha256\": \"" + Sha256Hex(token) + "\", \"tenant\": \"" + tenant +
-         "\", \"role\": \"" + role + "\"}";
+  return "{\"sha256\": \"" + Sha256Hex(token) + "\", \"tenant\": \"" + tenant + "\", \"role\": \"" +
+         role + "\"}";
 }
 
 TEST_CASE("ParseTokensJson accepts a good file and names each bad entry", "[auth]") {

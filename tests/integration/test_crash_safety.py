@@ -4,6 +4,14 @@ uninterrupted run.
 
 The kill moments are drawn from a seeded random generator; the seed is printed (run with -s) and
 MOEBATCH_CRASH_SEED=<seed> replays the same kill targets (the exact moment still depends on timing).
+
+Both daemons run one sequence at a time (--max_num_seqs 1). With batching, the same greedy request
+can come out different after a restart: the restart changes which sequences share a pass, the f32
+GEMMs (oneDNN) and the expert groups then see other row counts, and their results differ in the
+last bits; at a near-tie of the tiny random model the argmax flips (seen once: 1 of 1,000 outputs
+diverged at its 20th token, seed 364740254). The engine's kernels are not batch-invariant; until
+they are, this test checks what crash safety owes (every request once, none lost, the stored
+output the one computation of that request) where the computation does not depend on the batch.
 """
 import json
 import os
@@ -21,6 +29,7 @@ N_KILLS = 10
 # to 512, --max_in_flight), so the crash run costs ~2-3x the daemon CPU of the uninterrupted one,
 # plus 11 daemon starts. The whole test: well under a minute idle, 2-5 minutes on a busy machine.
 MAX_TOKENS = int(os.environ.get("MOEBATCH_CRASH_MAX_TOKENS", "48"))
+DAEMON_ARGS = ["--max_num_seqs", "1"]  # see the module docstring
 
 WORDS = ("the a cat dog runs why how model batch token quick brown fox jumps over lazy river "
          "mountain seven question answer daemon crash restart again é ü 東京 🙂").split()
@@ -94,7 +103,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
     order = [json.loads(l)["custom_id"] for l in lines]
 
     # The reference: the same job, uninterrupted, on its own data dir.
-    ref = Daemon(tmp_path / "ref").start()
+    ref = Daemon(tmp_path / "ref", DAEMON_ARGS).start()
     try:
         c = Client(ref.addr, timeout=120)
         t0 = time.time()
@@ -125,7 +134,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
     print(f"kill targets (committed results): {targets}; delays after reaching them (s): {delays}")
 
     data = tmp_path / "crash"
-    d = Daemon(data).start()
+    d = Daemon(data, DAEMON_ARGS).start()
     crash_cpu = 0.0
     kills = []  # (target, committed just before the kill, committed after the restart, state)
     try:
@@ -144,7 +153,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
             crash_cpu += d.cpu_seconds()
             d.kill9()
             t_restart = time.time()
-            d = Daemon(data).start()  # the same data dir, a new port
+            d = Daemon(data, DAEMON_ARGS).start()  # the same data dir, a new port
             up_since = time.time()
             c = Client(d.addr, timeout=120)
             after = c.get_job(job.id)
