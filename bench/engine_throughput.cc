@@ -1,7 +1,7 @@
 // Prefill and decode throughput of the cpu backend's forward, and of the whole engine on a batch.
 //
 //   bench_engine_throughput --model tests/fixtures/tiny-mixtral [--batch 64 --prompt_tokens 128
-//       --gen_tokens 64 --compute_dtype f32]
+//       --gen_tokens 64 --compute_dtype f32 --batch_invariant]
 //
 // Prints, for the model forward (ModelRunner over CpuDevice, one pass at a time):
 //   prefill: --batch prompts of --prompt_tokens tokens in one pass -> tokens/s
@@ -30,6 +30,8 @@ ABSL_FLAG(int64_t, batch, 64, "sequences");
 ABSL_FLAG(int64_t, prompt_tokens, 128, "prompt length");
 ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequence");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
+ABSL_FLAG(bool, batch_invariant, true,
+          "the batch-invariant matmuls (engine/invariant_linear.h); false: oneDNN");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");
@@ -113,7 +115,9 @@ int Run() {
     return 1;
   }
   const ModelConfig& c = (*checkpoint)->config();
-  auto device = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{dtype});
+  auto device = CpuDevice::Create(
+      c, (*checkpoint)->weights(),
+      CpuDeviceOptions{dtype, int64_t{2} << 30, absl::GetFlag(FLAGS_batch_invariant)});
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
@@ -186,6 +190,7 @@ int Run() {
   EngineOptions o;
   o.model_dir = dir;
   o.compute_dtype = dtype;
+  o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.kv_cache_bytes = kc.bytes_per_block() * kc.num_blocks;
   o.vslpipe = absl::GetFlag(FLAGS_vslpipe);
   auto engine = Engine::Create(o);

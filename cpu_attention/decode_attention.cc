@@ -3,10 +3,10 @@
 // Compiled for baseline x86-64: picks the ISA from CPUID (__builtin_cpu_supports) and
 // MOEBATCH_CPU_ISA, plans the work and merges chunk partials; the per-ISA files hold the kernels.
 //
-// Work items: (query row, KV head, up to kMaxGroup of its query heads) = a "unit", possibly split
-// into chunks of kChunkTokens keys when there are fewer units than 4x the threads. A unit with one
-// chunk writes its accumulators straight into `out` and normalises them; chunked units write
-// (max, sum, acc) partials that a second parallel pass merges (flash-decoding). Head dims the
+// Work items: (query row, KV head, up to kMaxGroup of its query heads) = a "unit", split into
+// chunks of kChunkTokens keys when longer (always, so results do not depend on the batch). A unit
+// with one chunk writes its accumulators straight into `out` and normalises them; chunked units
+// write (max, sum, acc) partials that a second parallel pass merges (flash-decoding). Head dims the
 // kernel's vector width does not divide fall back to PagedAttentionReference.
 #include "cpu_attention/decode_attention.h"
 
@@ -164,15 +164,16 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
   }
   if (units.empty()) return;
 
-  // Chunks: split long key ranges only when there is not enough parallelism.
-  const int64_t threads = omp_get_max_threads();
-  const bool split = static_cast<int64_t>(units.size()) < threads * 4;
+  // Chunks: every key range longer than kChunkTokens is split at fixed multiples of kChunkTokens,
+  // whatever the batch or thread count, so a row's result is bitwise the same whatever else shares
+  // the call (batch invariance, engine/invariant_linear.h says why). Splitting only when there are
+  // few units would make the softmax's summation order depend on the batch.
   std::vector<Chunk> chunks;
   int64_t num_partials = 0;
   for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) {
     Unit& unit = units[u];
     const int64_t len = unit.last - unit.first + 1;
-    if (!split || len <= kChunkTokens) {
+    if (len <= kChunkTokens) {
       chunks.push_back({u, unit.first, unit.last, -1});
       continue;
     }

@@ -3,8 +3,9 @@
 // attention of the cpu backend. Same contract as PagedAttentionReference (paged_attention.h):
 // q/out [tokens, num_heads, head_dim] f32, K/V in the paged cache as f32, bf16 or f16, GQA (the
 // query heads of one KV head are processed together so each KV byte is read once), causal, optional
-// sliding window, fp32 accumulation with an online softmax; long contexts are split into chunks
-// across threads and merged (flash-decoding).
+// sliding window, fp32 accumulation with an online softmax; contexts longer than 512 keys are split
+// into chunks across threads and merged (flash-decoding). Batch-invariant: the split depends on the
+// row's own key range only, so a row's bits do not depend on the other rows or the thread count.
 //
 // One binary runs everywhere: each ISA's kernel is compiled in its own file with its own flags
 // (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL/DQ) and

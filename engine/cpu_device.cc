@@ -58,7 +58,8 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
     return absl::InvalidArgumentError(absl::StrCat(
         "weights hold ", weights.layers.size(), " layers, config has ", config.num_hidden_layers));
   }
-  auto matmul = Matmul::Create(options.compute_dtype, options.widened_weight_budget_bytes);
+  auto matmul = Matmul::Create(options.compute_dtype, options.widened_weight_budget_bytes,
+                               options.batch_invariant);
   if (!matmul.ok()) return matmul.status();
   std::unique_ptr<CpuDevice> device(new CpuDevice(config, weights, *std::move(matmul)));
   for (const LayerWeights& layer : weights.layers) {

@@ -32,6 +32,9 @@ struct CpuDeviceOptions {
   // f32 mode: bytes of f32 weight copies kept between passes (see engine/matmul.h). 0 = convert
   // on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+  // Fixed-order matmuls whose per-row results do not depend on the batch (engine/matmul.h,
+  // engine/invariant_linear.h); false: oneDNN.
+  bool batch_invariant = true;
 };
 
 class CpuDevice final : public Device {

@@ -213,7 +213,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         *std::move(device), ModelRunnerOptions{options.vslpipe.value_or(cuda)});
   } else {
     auto device = CpuDevice::Create(
-        c, *weights, CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes});
+        c, *weights,
+        CpuDeviceOptions{options.compute_dtype, options.widened_weight_budget_bytes,
+                         options.batch_invariant});
     if (!device.ok()) return device.status();
     engine->model_ = std::make_unique<ModelRunner>(
         *std::move(device), ModelRunnerOptions{options.vslpipe.value_or(cuda)});
@@ -268,13 +270,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     engine->model_->SetTrace(engine->trace_.get());
   }
   spdlog::info(
-      "engine: {} backend, {} layers, {} experts (top-{}), compute {}, KV cache {} blocks x {} "
-      "tokens ({} "
-      "MiB, {}), max context {} tokens",
+      "engine: {} backend, {} layers, {} experts (top-{}), compute {}{}, KV cache {} blocks x {} "
+      "tokens ({} MiB, {}), max context {} tokens",
       engine->model_->device().name(), c.num_hidden_layers, c.num_local_experts,
       c.num_experts_per_tok,
       cuda ? DTypeName(engine->weight_store_->dtype()) : DTypeName(options.compute_dtype),
-      kv.num_blocks, kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype),
+      cuda ? "" : (options.batch_invariant ? " (batch-invariant)" : " (oneDNN)"), kv.num_blocks,
+      kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype),
       engine->max_context_);
   return engine;
 }

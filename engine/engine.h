@@ -45,6 +45,11 @@ struct EngineOptions {
   // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
   // (engine/matmul.h); beyond it weights are widened on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+  // The cpu backend's matmuls in a fixed order per row (engine/invariant_linear.h), so a greedy
+  // request's tokens do not depend on what else shares its passes (a restart after a crash, another
+  // max_num_seqs). CPU attention is batch-invariant always (cpu_attention/decode_attention.h). The
+  // cuda backend's cuBLAS GEMMs are not covered. false: oneDNN matmuls (faster prefill).
+  bool batch_invariant = true;
   // The CPU thread pool (cpu_attention/cpu_threads.h) of the thread that calls Step: threads
   // (0: one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
   int cpu_threads = 0;

@@ -36,6 +36,10 @@ ABSL_FLAG(
     "CPU/device pipeline (MoE-Lens §6.4); auto: on for the cuda backend, off for the cpu "
     "backend");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
+ABSL_FLAG(bool, batch_invariant, true,
+          "cpu backend: matmuls in a fixed order per row, so a greedy request's output does not "
+          "depend on what else shares its passes (identical after a crash restart); false: oneDNN "
+          "matmuls (faster prefill, outputs may differ in the last bits with the batch)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
@@ -77,6 +81,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
                                                    absl::GetFlag(FLAGS_compute_dtype), "'"));
   }
   options.compute_dtype = *compute;
+  options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
     options.kv_dtype = DTypeFromString(kv);
     if (!options.kv_dtype) {

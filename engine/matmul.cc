@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "engine/invariant_linear.h"
 
 namespace moebatch {
 
@@ -36,6 +37,7 @@ struct Matmul::Impl {
     return dst->data();
   }
   std::vector<uint16_t> src_bf16;  // rounded activations (bf16 mode)
+  std::vector<float> src_rounded;  // the same widened back to f32 (bf16 mode, batch-invariant)
 
   dnnl::matmul& Get(int64_t n, int64_t k, Tag src, Tag wei) {
     auto key = std::make_tuple(n, k, static_cast<int>(src), static_cast<int>(wei));
@@ -54,13 +56,16 @@ Matmul::Matmul(DType compute_dtype) : compute_dtype_(compute_dtype), impl_(new I
 Matmul::~Matmul() = default;
 
 absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
-                                                       int64_t widened_weight_budget_bytes) {
+                                                       int64_t widened_weight_budget_bytes,
+                                                       bool batch_invariant) {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32 or bf16, got ",
                                                    std::string(DTypeName(compute_dtype))));
   }
   std::unique_ptr<Matmul> mm(new Matmul(compute_dtype));
   mm->impl_->widened_budget = widened_weight_budget_bytes;
+  mm->batch_invariant_ = batch_invariant;
+  if (batch_invariant) return mm;  // no oneDNN primitive is used
   try {
     if (compute_dtype == DType::kBF16) mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
   } catch (const dnnl::error& e) {
@@ -75,6 +80,16 @@ absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w,
                             int64_t n, float* y) {
   if (m == 0) return absl::OkStatus();
   Impl& im = *impl_;
+  if (batch_invariant_) {
+    const float* src = x;
+    if (compute_dtype_ == DType::kBF16 && w_dtype == DType::kBF16) {  // as the bf16 GEMM rounds
+      im.src_rounded.resize(static_cast<size_t>(m * k));
+      for (int64_t i = 0; i < m * k; ++i) im.src_rounded[i] = BF16ToF32(F32ToBF16(x[i]));
+      src = im.src_rounded.data();
+    }
+    InvariantLinear(src, m, k, w, w_dtype, n, y);
+    return absl::OkStatus();
+  }
   try {
     const void* src = x;
     const void* wei = w;

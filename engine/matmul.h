@@ -1,4 +1,5 @@
-// Dense layers on the CPU through oneDNN matmul: y = x · Wᵀ, torch.nn.Linear's math (no bias).
+// Dense layers on the CPU: y = x · Wᵀ, torch.nn.Linear's math (no bias), through oneDNN matmul or,
+// batch-invariant, through engine/invariant_linear.h.
 //
 // Weights stay where they are (e.g. in the memory-mapped checkpoint, [out_features, in_features]
 // row-major, as PyTorch stores them); oneDNN reads them as a transposed [K, N] operand.
@@ -9,9 +10,13 @@
 //          reference mode the golden tests use.
 //   bf16 : activations rounded to bf16, bf16 weights used in place (AMX / AVX512-BF16 through
 //          oneDNN), f32 accumulation and output; non-bf16 weights go through the f32 path.
-// One primitive per (N, K, dtypes) is created on first use and reused: M (tokens) is a run-time
-// dimension. Not thread-safe: one Matmul per forward thread; oneDNN parallelises inside each call
-// with OpenMP.
+// Batch-invariant (the default the engine uses, engine/invariant_linear.h): every row's result is
+// bitwise the same whatever else shares the call; f32 compute reads the weights in place with our
+// kernels instead of oneDNN; bf16 compute with bf16 weights rounds the activations to bf16 first
+// (as oneDNN's bf16 mode does) and accumulates bf16·bf16 products, exact in f32, in the same fixed
+// order. Otherwise oneDNN matmul, whose kernel (and so reduction order) depends on M; one primitive
+// per (N, K, dtypes) is created on first use and reused: M (tokens) is a run-time dimension. Not
+// thread-safe: one Matmul per forward thread; both paths parallelise inside each call with OpenMP.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +33,14 @@ namespace moebatch {
 
 class Matmul {
  public:
-  // InvalidArgument for a compute dtype other than f32/bf16; FailedPrecondition when oneDNN has no bf16
-  // matmul for this CPU (it needs AVX-512).
-  // `widened_weight_budget_bytes`: host memory for f32 copies of bf16/f16 weights (f32 mode).
-  // Weights are keyed by address: they must stay where they are (a mapped checkpoint does).
+  // InvalidArgument for a compute dtype other than f32/bf16; FailedPrecondition when oneDNN has no
+  // bf16 matmul for this CPU (it needs AVX-512). `widened_weight_budget_bytes`: host memory for f32
+  // copies of bf16/f16 weights (f32 mode). Weights are keyed by address: they must stay where they
+  // are (a mapped checkpoint does). `batch_invariant`: our fixed-order kernels instead of oneDNN
+  // (see above).
   static absl::StatusOr<std::unique_ptr<Matmul>> Create(DType compute_dtype,
-                                                        int64_t widened_weight_budget_bytes = 0);
+                                                        int64_t widened_weight_budget_bytes = 0,
+                                                        bool batch_invariant = false);
   ~Matmul();
 
   // y[M, N] = x[M, K] · w[N, K]ᵀ; x and y f32 row-major, contiguous. M may be 0 (no-op).
@@ -42,11 +49,13 @@ class Matmul {
                       float* y);
 
   DType compute_dtype() const { return compute_dtype_; }
+  bool batch_invariant() const { return batch_invariant_; }
 
  private:
   struct Impl;
   explicit Matmul(DType compute_dtype);
   DType compute_dtype_;
+  bool batch_invariant_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -2,9 +2,12 @@
 // reference of paged_attention.h included, as kPortable),
 // against a float64 reference written the plain way (dense keys, two-pass softmax) and against the
 // portable kernel, on fresh random inputs with blocks scattered in memory and poisoned outputs.
+#include <omp.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -219,6 +222,42 @@ TEST_CASE("decode attention, every ISA: other shapes (group > 8, odd head dims, 
   Check({8, 2, 128, 1, {40}, {2}, std::nullopt, DType::kBF16}, 74);
   Check({8, 2, 64, 128, {300}, {1}, std::nullopt, DType::kBF16}, 75);
   Check({8, 2, 64, 7, {60}, {1}, std::nullopt, DType::kF16}, 76);
+}
+
+// Batch invariance: each sequence's rows come out bit for bit the same whether it is attended alone
+// or beside 11 others, and with one thread or all. (Splitting long rows into chunks only when there
+// were few work units made a lone sequence's softmax sum in another order than a batched one's.)
+TEST_CASE("decode attention, every ISA: a row's bits do not depend on the batch or threads",
+          "[decode_attention]") {
+  const Case tc{8,
+                2,
+                64,
+                16,
+                {1500, 600, 40, 513, 2000, 1, 700, 33, 1100, 90, 512, 1025},
+                {1, 1, 40, 1, 3, 1, 1, 1, 1, 1, 1, 2},
+                std::nullopt,
+                DType::kBF16};
+  const Fixture f = Build(tc, 90);
+  const int64_t row_floats = tc.heads * tc.head_dim;
+  const int max_threads = omp_get_max_threads();
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const std::vector<float> batched = Run(f, tc, isa);
+    for (size_t s = 0; s < f.seqs.size(); ++s) {
+      for (int threads : {1, max_threads}) {
+        omp_set_num_threads(threads);
+        std::vector<float> alone(f.q.size(), std::nanf(""));
+        PagedAttention(isa, f.view, &f.seqs[s], 1, f.q.data(), tc.heads, f.scale, tc.window,
+                       alone.data());
+        omp_set_num_threads(max_threads);
+        const int64_t begin = f.seqs[s].query_start * row_floats;
+        const int64_t count = f.seqs[s].num_queries * row_floats;
+        INFO("isa " << CpuIsaName(isa) << ", sequence " << s << " (context "
+                    << f.seqs[s].context_len << "), threads " << threads);
+        CHECK(std::memcmp(alone.data() + begin, batched.data() + begin, count * sizeof(float)) ==
+              0);
+      }
+    }
+  }
 }
 
 TEST_CASE("decode attention: ISA selection and MOEBATCH_CPU_ISA clamping", "[decode_attention]") {

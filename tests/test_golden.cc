@@ -8,6 +8,7 @@
 //     a small KV cache forces preemptions, and when prompts are chunked.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -208,4 +209,99 @@ TEST_CASE("golden tiny-mixtral-sharded (two shards): greedy tokens and text") {
 }
 TEST_CASE("golden tiny-mixtral-swa (sliding window, tied): greedy tokens and text") {
   CheckGreedy("tiny-mixtral-swa");
+}
+
+// Batch invariance of the cpu backend (CpuDeviceOptions::batch_invariant, the default): a prompt's
+// last-position logits are bitwise the same when it runs alone in one pass, beside the other golden
+// prompts (VSLPipe's two micro-batches on), and prefilled in two chunks that share their passes
+// with others. The engine's crash recovery and any max_num_seqs rely on this (issue 7).
+TEST_CASE("cpu backend, batch-invariant: a prompt's logits do not depend on its pass-mates") {
+  const std::string dir = FixtureDir("tiny-mixtral");
+  const auto golden = LoadGolden(dir);
+  REQUIRE(golden.size() >= 6);
+  constexpr size_t kProbe = 5;  // 108 tokens
+  auto checkpoint = Checkpoint::Load(dir);
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  constexpr int64_t kBlock = 16, kBlocks = 256;
+  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kBlock, kBlocks,
+                   DType::kF32};
+  auto cache = PagedKvCache::Create(kc);
+  REQUIRE(cache.ok());
+  int32_t next_block = 0;
+  auto table_for = [&](int64_t tokens) {
+    std::vector<int32_t> t;
+    for (int64_t b = 0; b < BlocksForTokens(tokens, kBlock); ++b) t.push_back(next_block++);
+    REQUIRE(next_block <= kBlocks);
+    return t;
+  };
+  const std::vector<int32_t>& probe = golden[kProbe].prompt_ids;
+  const int64_t n = static_cast<int64_t>(probe.size());
+  REQUIRE(n >= 100);
+
+  for (bool vslpipe : {false, true}) {
+    auto device = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
+    REQUIRE(device.ok());
+    ModelRunner model(*std::move(device), ModelRunnerOptions{vslpipe});
+    next_block = 0;
+
+    // Alone, one pass.
+    std::vector<int32_t> alone_table = table_for(n);
+    ForwardBatch alone;
+    alone.token_ids = probe;
+    alone.seqs.push_back(ForwardSequence{&alone_table, 0, n, n, true});
+    std::vector<float> want;
+    REQUIRE(model.Forward(alone, **cache, &want).ok());
+
+    // Beside the other prompts, third in the pass.
+    std::vector<std::vector<int32_t>> tables;
+    tables.reserve(golden.size() + 1);
+    ForwardBatch crowd;
+    int64_t probe_row = -1;
+    for (size_t i = 0; i < golden.size(); ++i) {
+      if (i == kProbe) continue;
+      if (i == 3) {
+        tables.push_back(table_for(n));
+        crowd.seqs.push_back(ForwardSequence{
+            &tables.back(), static_cast<int64_t>(crowd.token_ids.size()), n, n, true});
+        crowd.token_ids.insert(crowd.token_ids.end(), probe.begin(), probe.end());
+        probe_row = static_cast<int64_t>(crowd.seqs.size()) - 1;
+      }
+      const auto& ids = golden[i].prompt_ids;
+      const int64_t len = static_cast<int64_t>(ids.size());
+      tables.push_back(table_for(len));
+      crowd.seqs.push_back(ForwardSequence{
+          &tables.back(), static_cast<int64_t>(crowd.token_ids.size()), len, len, true});
+      crowd.token_ids.insert(crowd.token_ids.end(), ids.begin(), ids.end());
+    }
+    std::vector<float> got;
+    REQUIRE(model.Forward(crowd, **cache, &got).ok());
+    const int64_t vocab = c.vocab_size;
+    INFO("vslpipe " << vslpipe << ", micro-batches " << model.last_micro_batches());
+    CHECK(std::memcmp(got.data() + probe_row * vocab, want.data(), vocab * sizeof(float)) == 0);
+
+    // Chunked: the first half beside one other prompt, the rest beside another.
+    std::vector<int32_t> chunk_table = table_for(n);
+    const int64_t half = n / 2;
+    const auto& a = golden[1].prompt_ids;
+    const auto& b = golden[2].prompt_ids;
+    std::vector<int32_t> ta = table_for(static_cast<int64_t>(a.size()));
+    std::vector<int32_t> tb = table_for(static_cast<int64_t>(b.size()));
+    ForwardBatch first;
+    first.token_ids = a;
+    first.token_ids.insert(first.token_ids.end(), probe.begin(), probe.begin() + half);
+    first.seqs.push_back(ForwardSequence{&ta, 0, static_cast<int64_t>(a.size()),
+                                         static_cast<int64_t>(a.size()), true});
+    first.seqs.push_back(
+        ForwardSequence{&chunk_table, static_cast<int64_t>(a.size()), half, half, false});
+    REQUIRE(model.Forward(first, **cache, &got).ok());
+    ForwardBatch second;
+    second.token_ids.assign(probe.begin() + half, probe.end());
+    second.token_ids.insert(second.token_ids.end(), b.begin(), b.end());
+    second.seqs.push_back(ForwardSequence{&chunk_table, 0, n - half, n, true});
+    second.seqs.push_back(ForwardSequence{&tb, n - half, static_cast<int64_t>(b.size()),
+                                          static_cast<int64_t>(b.size()), true});
+    REQUIRE(model.Forward(second, **cache, &got).ok());
+    CHECK(std::memcmp(got.data(), want.data(), vocab * sizeof(float)) == 0);
+  }
 }

@@ -5,13 +5,11 @@ uninterrupted run.
 The kill moments are drawn from a seeded random generator; the seed is printed (run with -s) and
 MOEBATCH_CRASH_SEED=<seed> replays the same kill targets (the exact moment still depends on timing).
 
-Both daemons run one sequence at a time (--max_num_seqs 1). With batching, the same greedy request
-can come out different after a restart: the restart changes which sequences share a pass, the f32
-GEMMs (oneDNN) and the expert groups then see other row counts, and their results differ in the
-last bits; at a near-tie of the tiny random model the argmax flips (seen once: 1 of 1,000 outputs
-diverged at its 20th token, seed 364740254). The engine's kernels are not batch-invariant; until
-they are, this test checks what crash safety owes (every request once, none lost, the stored
-output the one computation of that request) where the computation does not depend on the batch.
+The two runs batch differently on purpose: the reference with the default --max_num_seqs (256),
+the crash run with 61, and every restart regroups the requests still to run. Identical outputs
+then need batch-invariant kernels (--batch_invariant, the default: engine/invariant_linear.h and
+the fixed chunking of cpu_attention/decode_attention.cc); with oneDNN's matmuls, whose kernel
+changes with the row count, 1 of 1,000 outputs diverged at a near-tie in one run (seed 364740254).
 """
 import json
 import os
@@ -29,7 +27,8 @@ N_KILLS = 10
 # to 512, --max_in_flight), so the crash run costs ~2-3x the daemon CPU of the uninterrupted one,
 # plus 11 daemon starts. The whole test: well under a minute idle, 2-5 minutes on a busy machine.
 MAX_TOKENS = int(os.environ.get("MOEBATCH_CRASH_MAX_TOKENS", "48"))
-DAEMON_ARGS = ["--max_num_seqs", "1"]  # see the module docstring
+REF_ARGS = []  # the default batching; see the module docstring
+CRASH_ARGS = ["--max_num_seqs", "61"]
 
 WORDS = ("the a cat dog runs why how model batch token quick brown fox jumps over lazy river "
          "mountain seven question answer daemon crash restart again é ü 東京 🙂").split()
@@ -103,7 +102,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
     order = [json.loads(l)["custom_id"] for l in lines]
 
     # The reference: the same job, uninterrupted, on its own data dir.
-    ref = Daemon(tmp_path / "ref", DAEMON_ARGS).start()
+    ref = Daemon(tmp_path / "ref", REF_ARGS).start()
     try:
         c = Client(ref.addr, timeout=120)
         t0 = time.time()
@@ -134,7 +133,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
     print(f"kill targets (committed results): {targets}; delays after reaching them (s): {delays}")
 
     data = tmp_path / "crash"
-    d = Daemon(data, DAEMON_ARGS).start()
+    d = Daemon(data, CRASH_ARGS).start()
     crash_cpu = 0.0
     kills = []  # (target, committed just before the kill, committed after the restart, state)
     try:
@@ -153,7 +152,7 @@ def test_kill9_at_10_random_moments_loses_and_duplicates_nothing(tmp_path):
             crash_cpu += d.cpu_seconds()
             d.kill9()
             t_restart = time.time()
-            d = Daemon(data, DAEMON_ARGS).start()  # the same data dir, a new port
+            d = Daemon(data, CRASH_ARGS).start()  # the same data dir, a new port
             up_since = time.time()
             c = Client(d.addr, timeout=120)
             after = c.get_job(job.id)

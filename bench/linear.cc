@@ -1,0 +1,103 @@
+// The CPU dense layer y = x · Wᵀ (engine/matmul.h) in its three forms, at Mixtral-8x7B expert
+// shapes: oneDNN f32 (bf16 weights widened once and cached), oneDNN bf16 (AMX / AVX512-BF16, where
+// the CPU has it), and the batch-invariant kernel (engine/invariant_linear.h, bf16 weights read in
+// place). For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight bytes read (the bound
+// at small M, when the layer streams its weights once).
+//
+//   bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "engine/invariant_linear.h"
+#include "engine/matmul.h"
+
+ABSL_FLAG(int64_t, k, 4096, "in_features (Mixtral-8x7B w1/w3: hidden 4096)");
+ABSL_FLAG(int64_t, n, 14336, "out_features (Mixtral-8x7B w1/w3: intermediate 14336)");
+ABSL_FLAG(std::string, m, "1,8,32,128,512", "comma-separated token counts");
+ABSL_FLAG(int, reps, 5, "timed calls per point (after one warm-up call); the best is reported");
+
+namespace moebatch {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int Main() {
+  const int64_t k = absl::GetFlag(FLAGS_k), n = absl::GetFlag(FLAGS_n);
+  std::vector<int64_t> ms;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_m), ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      std::fprintf(stderr, "--m: bad token count '%s'\n", std::string(part).c_str());
+      return 2;
+    }
+    ms.push_back(v);
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w32(static_cast<size_t>(n * k));
+  for (float& v : w32) v = normal(rng);
+  std::vector<uint16_t> w(w32.size());
+  ConvertFromF32(DType::kBF16, w32.data(), w.data(), w.size());
+  w32 = {};
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  std::vector<float> x(static_cast<size_t>(max_m * k)), y(static_cast<size_t>(max_m * n));
+  for (float& v : x) v = normal(rng);
+
+  struct Form {
+    const char* name;
+    DType compute;
+    bool invariant;
+  };
+  const Form forms[] = {{"oneDNN f32 (widened weights)", DType::kF32, false},
+                        {"oneDNN bf16", DType::kBF16, false},
+                        {"batch-invariant f32", DType::kF32, true}};
+  std::printf("weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s\n", static_cast<long>(n),
+              static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
+              CpuIsaName(SelectedCpuIsa()));
+  std::printf("%-30s %6s %12s %10s %12s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s");
+  for (const Form& f : forms) {
+    auto mm = Matmul::Create(f.compute, int64_t{4} << 30, f.invariant);
+    if (!mm.ok()) {
+      std::printf("%-30s unavailable: %s\n", f.name, std::string(mm.status().message()).c_str());
+      continue;
+    }
+    for (int64_t m : ms) {
+      double best = 1e30;
+      for (int r = 0; r <= absl::GetFlag(FLAGS_reps); ++r) {
+        const double t0 = Now();
+        auto st = (*mm)->Linear(x.data(), m, k, w.data(), DType::kBF16, n, y.data());
+        const double dt = Now() - t0;
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+          return 1;
+        }
+        if (r > 0) best = std::min(best, dt);  // r 0: warm-up (and oneDNN's widening)
+      }
+      // Weight bytes the form reads: f32 copies for oneDNN f32, bf16 in place otherwise.
+      const double wbytes = double(n) * k * (f.compute == DType::kF32 && !f.invariant ? 4 : 2);
+      std::printf("%-30s %6ld %12.3f %10.1f %12.1f\n", f.name, static_cast<long>(m), best * 1e3,
+                  2.0 * m * n * k / best / 1e9, wbytes / best / 1e9);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moebatch
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return moebatch::Main();
+}
