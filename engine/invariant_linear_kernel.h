@@ -73,86 +73,133 @@ inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, 
   return acc;
 }
 
-// y[r, c] for r < MR rows of x (row stride k) and c < NR rows of w (row stride k); y row stride
-// ldy.
+// Steps [t0, t1) (multiples of 16, t1 <= K16) of y[r, c] for r < MR rows of x (row stride k) and
+// c < NR rows of w (row stride ldw >= k). part == nullptr: the whole of step 1 in registers, then
+// steps 2-3 into y (row stride ldy). Otherwise the accumulators come from part[r * ldp + c] (zero
+// when t0 is 0) and go back there, or, when t1 is K16, on to steps 2-3: storing and reloading them
+// is exact, so a K-blocked element gets the same bits as a whole one.
 template <class V, DType WD, int MR, int NR>
-void Block(const float* x, int64_t k, const WElem<WD>* w, float* y, int64_t ldy) {
+void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t0, int64_t t1,
+           V* part, int64_t ldp, float* y, int64_t ldy) {
   const int64_t k16 = k - k % 16;
   V acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
-    for (int c = 0; c < NR; ++c) acc[r][c] = V::Zero();
+    for (int c = 0; c < NR; ++c) {
+      acc[r][c] = part == nullptr || t0 == 0 ? V::Zero() : part[r * ldp + c];
+    }
   }
-  for (int64_t t = 0; t < k16; t += 16) {
+  for (int64_t t = t0; t < t1; t += 16) {
     V wv[NR];
-    for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * k + t);
+    for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
     for (int r = 0; r < MR; ++r) {
       const V xv = V::LoadX(x + r * k + t);
       for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
     }
   }
+  if (part != nullptr && t1 < k16) {
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) part[r * ldp + c] = acc[r][c];
+    }
+    return;
+  }
   for (int r = 0; r < MR; ++r) {
     for (int c = 0; c < NR; ++c) {
-      y[r * ldy + c] = Finish<WD>(V::Reduce(acc[r][c]), x + r * k, w + c * k, k16, k);
+      y[r * ldy + c] = Finish<WD>(V::Reduce(acc[r][c]), x + r * k, w + c * ldw, k16, k);
     }
   }
 }
 
-template <class V, DType WD, int MR, int NR_MAX>
-inline void BlockNr(int nr, const float* x, int64_t k, const WElem<WD>* w, float* y, int64_t ldy) {
-  if (nr >= NR_MAX) return Block<V, WD, MR, NR_MAX>(x, k, w, y, ldy);
+template <class V, DType WD, int MR, int NR_MAX, class... Args>
+inline void BlockNr(int nr, Args... args) {
+  if (nr >= NR_MAX) return Block<V, WD, MR, NR_MAX>(args...);
   if constexpr (NR_MAX > 1) {
-    if (nr == 1) return Block<V, WD, MR, 1>(x, k, w, y, ldy);
+    if (nr == 1) return Block<V, WD, MR, 1>(args...);
   }
   if constexpr (NR_MAX > 2) {
-    if (nr == 2) return Block<V, WD, MR, 2>(x, k, w, y, ldy);
+    if (nr == 2) return Block<V, WD, MR, 2>(args...);
   }
   if constexpr (NR_MAX > 3) {
-    if (nr == 3) return Block<V, WD, MR, 3>(x, k, w, y, ldy);
+    if (nr == 3) return Block<V, WD, MR, 3>(args...);
   }
 }
 
-// Tiles of at least this many rows widen bf16/f16 weights into a buffer first.
-constexpr int64_t kWidenRows = 16;
+// Block<mr, nr> for 1 <= mr <= MR_MAX, 1 <= nr <= NR_MAX.
+template <class V, DType WD, int MR_MAX, int NR_MAX, class... Args>
+inline void BlockMrNr(int mr, int nr, Args... args) {
+  if (mr >= MR_MAX) return BlockNr<V, WD, MR_MAX, NR_MAX>(nr, args...);
+  if constexpr (MR_MAX > 1) {
+    if (mr == 1) return BlockNr<V, WD, 1, NR_MAX>(nr, args...);
+  }
+  if constexpr (MR_MAX > 2) {
+    if (mr == 2) return BlockNr<V, WD, 2, NR_MAX>(nr, args...);
+  }
+  if constexpr (MR_MAX > 3) {
+    if (mr == 3) return BlockNr<V, WD, 3, NR_MAX>(nr, args...);
+  }
+}
+
+// Steps [t0, t1) of a rows x cols tile: x at its first row, w at its first weight row (row stride
+// ldw), y at its corner, part [rows, cols] accumulators or nullptr (see Block).
+template <class V, DType WD, int MR_MAX, int NR_MAX>
+void Blocks(const float* x, int64_t rows, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t cols,
+            int64_t t0, int64_t t1, V* part, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < rows; i += MR_MAX) {
+    const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, rows - i));
+    for (int64_t j = 0; j < cols; j += NR_MAX) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, cols - j));
+      V* p = part == nullptr ? nullptr : part + i * cols + j;
+      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * ldw, ldw, t0, t1, p, cols,
+                                       y + i * ldy + j, ldy);
+    }
+  }
+}
+
+// Tiles of at least this many rows widen bf16/f16 weights into an f32 buffer first and block K.
+constexpr int64_t kManyRows = 16;
+// K slice (multiple of 16) and column group of the K-blocked path (see Tile).
+constexpr int64_t kKBlock = 512;
+constexpr int64_t kSubCols = 16;
 
 // y[m0:m1, n0:n1] of y [*, ldy]: x rows m0.. (stride k), w rows n0.. (stride k). MR_MAX, NR_MAX
 // <= 4.
 template <class V, DType WD, int MR_MAX, int NR_MAX>
 void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
           int64_t n1, float* y, int64_t ldy) {
-  const auto* w = static_cast<const WElem<WD>*>(w_void);
-  if constexpr (WD != DType::kF32) {
-    // Many rows: widen the tile's weights to f32 once (exact) rather than in every block's inner
-    // loop, where the conversions would compete with the FMAs for ports. Same bits either way.
-    if (m1 - m0 >= kWidenRows) {
-      thread_local std::vector<float> wide;
-      wide.resize(static_cast<size_t>((n1 - n0) * k));
-      const int64_t k16 = k - k % 16;
-      for (int64_t j = n0; j < n1; ++j) {
-        const WElem<WD>* src = w + j * k;
-        float* dst = wide.data() + (j - n0) * k;
-        for (int64_t t = 0; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
-        for (int64_t t = k16; t < k; ++t) dst[t] = ScalarW<WD>(src + t);
-      }
-      return Tile<V, DType::kF32, MR_MAX, NR_MAX>(x, m0, m1, k, wide.data() - n0 * k, n0, n1, y,
-                                                  ldy);
-    }
+  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
+  x += m0 * k;
+  y += m0 * ldy + n0;
+  const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16;
+  if (rows < kManyRows) {  // few rows: the weights stream through once, whole K per block
+    return Blocks<V, WD, MR_MAX, NR_MAX>(x, rows, k, w, k, cols, 0, k16, nullptr, y, ldy);
   }
-  for (int64_t i = m0; i < m1; i += MR_MAX) {
-    const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, m1 - i));
-    const float* xi = x + i * k;
-    for (int64_t j = n0; j < n1; j += NR_MAX) {
-      const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, n1 - j));
-      const WElem<WD>* wj = w + j * k;
-      float* yij = y + i * ldy + j;
-      if (mr >= MR_MAX) {
-        BlockNr<V, WD, MR_MAX, NR_MAX>(nr, xi, k, wj, yij, ldy);
-      } else if (mr == 1) {
-        BlockNr<V, WD, 1, NR_MAX>(nr, xi, k, wj, yij, ldy);
-      } else if (mr == 2) {
-        if constexpr (MR_MAX > 2) BlockNr<V, WD, 2, NR_MAX>(nr, xi, k, wj, yij, ldy);
-      } else {
-        if constexpr (MR_MAX > 3) BlockNr<V, WD, 3, NR_MAX>(nr, xi, k, wj, yij, ldy);
-      }
+  // Many rows: copy the tile's weights, widened to f32 (exact), once, rather than convert them in
+  // every block's inner loop, where the conversions would compete with the FMAs for ports; then
+  // block K so that the slices the inner loop reads stay in L1. Same bits either way.
+  // The copy's rows are 16 floats longer than K: with K a multiple of 1024, rows exactly 4 KiB
+  // multiples apart would all map to the same L1 sets and evict each other.
+  const int64_t ldw = k + 16;
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<size_t>(cols * ldw));
+  for (int64_t j = 0; j < cols; ++j) {
+    const WElem<WD>* src = w + j * k;
+    float* dst = wide.data() + j * ldw;
+    for (int64_t t = 0; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
+    for (int64_t t = k16; t < k; ++t) dst[t] = ScalarW<WD>(src + t);
+  }
+  const float* wf = wide.data();
+  if (k16 <= kKBlock) {
+    return Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf, ldw, cols, 0, k16, nullptr, y,
+                                                  ldy);
+  }
+  // Columns kSubCols at a time, K in kKBlock slices: one slice of those columns' weights
+  // (kSubCols x kKBlock f32, 32 KiB) stays in L1 while every block of rows passes over it.
+  thread_local std::vector<V> part;
+  part.resize(static_cast<size_t>(rows * kSubCols));
+  for (int64_t c0 = 0; c0 < cols; c0 += kSubCols) {
+    const int64_t sub = std::min(kSubCols, cols - c0);
+    for (int64_t t0 = 0; t0 < k16; t0 += kKBlock) {
+      Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf + c0 * ldw, ldw, sub, t0,
+                                             std::min(k16, t0 + kKBlock), part.data(), y + c0, ldy);
     }
   }
 }
