@@ -246,6 +246,13 @@ absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view json_tex
                                                        ", not a shard file name"));
       }
       const std::string name = shard.get<std::string>();
+      // A shard is a file of the model directory itself: no path, so an index cannot make the
+      // daemon map files elsewhere ("../../etc/...", "/dev/zero").
+      if (name == "." || name == ".." || name.find_first_of("/\\") != std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map maps tensor \"", tensor, "\" to \"", name,
+                         "\": a shard must be a file name in the model directory, not a path"));
+      }
       index.weight_map[tensor] = name;
       if (seen.insert(name).second) index.shards.emplace_back(name, tensor);
     }

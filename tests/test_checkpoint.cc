@@ -410,6 +410,22 @@ TEST_CASE("checkpoint error: index is not valid JSON", "[checkpoint][errors]") {
               dir / "model.safetensors.index.json", "invalid JSON");
 }
 
+TEST_CASE("checkpoint error: a shard name that is a path", "[checkpoint][errors]") {
+  for (const std::string bad :
+       {"../model-00001-of-00002.safetensors", "/dev/zero", "sub/x", ".."}) {
+    TempDir dir;
+    auto weight_map = WriteCheckpoint(dir.path(), TinyConfig(), TinyTensors(), /*shards=*/2);
+    const std::string tensor = weight_map.begin()->first;
+    weight_map[tensor] = bad;
+    const Json index = {{"metadata", Json::object()}, {"weight_map", weight_map}};
+    WriteFile(dir / "model.safetensors.index.json", index.dump());
+    INFO(bad);
+    CHECK_ERROR(LoadStatus(dir.path()), absl::StatusCode::kInvalidArgument,
+                dir / "model.safetensors.index.json", "tensor \"" + tensor + "\"",
+                "\"" + bad + "\"", "not a path");
+  }
+}
+
 TEST_CASE("checkpoint error: unknown architecture", "[checkpoint][errors]") {
   TempDir dir;
   Json config = TinyConfig();
