@@ -110,6 +110,8 @@ class EngineWorker {
   // Engine thread only.
   std::map<int64_t, InFlight> in_flight_;           // engine request id -> request
   std::set<std::pair<std::string, int64_t>> keys_;  // (job, index) in flight
+  std::string
+      last_fed_tenant_;  // the tenant of the request fed last: the next feed starts after it
 };
 
 }  // namespace moebatch

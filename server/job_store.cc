@@ -763,40 +763,79 @@ absl::Status JobStore::SetJobState(const std::string& job_id, JobState state,
   return txn.Commit();
 }
 
-absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(int64_t limit) {
+absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(
+    int64_t limit, const std::string& after_tenant) {
   if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("negative limit ", limit));
+  const int64_t sql_limit = limit == 0 ? int64_t{-1} : limit;
   absl::MutexLock lock(&impl_->mu);
-  absl::StatusOr<Statement> stmt =
-      Statement::Prepare(impl_->db,
-                         "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids, "
-                         "r.budget_tokens "
-                         "FROM jobs j JOIN requests r ON r.job_id = j.id "
-                         "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
-                         "WHERE j.state IN (?, ?) AND s.idx IS NULL ORDER BY j.seq, r.idx LIMIT ?");
-  if (!stmt.ok()) return stmt.status();
-  if (absl::Status s = stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
-                                     static_cast<int64_t>(JobState::kInProgress),
-                                     limit == 0 ? int64_t{-1} : limit);
+  Transaction txn(impl_->db);  // one snapshot for the tenants and their requests
+  if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
+  // Tenants with runnable jobs, by name.
+  absl::StatusOr<Statement> tenants_stmt = Statement::Prepare(
+      impl_->db, "SELECT DISTINCT tenant FROM jobs WHERE state IN (?, ?) ORDER BY tenant");
+  if (!tenants_stmt.ok()) return tenants_stmt.status();
+  if (absl::Status s = tenants_stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
+                                             static_cast<int64_t>(JobState::kInProgress));
       !s.ok()) {
     return s;
   }
-  std::vector<PendingRequest> pending;
+  std::vector<std::string> tenants;
   for (;;) {
-    absl::StatusOr<bool> row = stmt->Step();
+    absl::StatusOr<bool> row = tenants_stmt->Step();
     if (!row.ok()) return row.status();
     if (!*row) break;
-    PendingRequest p;
-    p.job_id = stmt->Text(0);
-    p.request.index = stmt->Int(1);
-    p.request.custom_id = stmt->Text(2);
-    p.request.line = stmt->Text(3);
-    absl::StatusOr<std::vector<int32_t>> ids = DecodeTokenIds(stmt->BlobBytes(4));
-    if (!ids.ok()) return ids.status();
-    p.request.prompt_token_ids = *std::move(ids);
-    p.request.budget_tokens = stmt->Int(5);
-    pending.push_back(std::move(p));
+    tenants.push_back(tenants_stmt->Text(0));
   }
-  return pending;
+  // Start after `after_tenant`.
+  const auto start = std::upper_bound(tenants.begin(), tenants.end(), after_tenant);
+  std::rotate(tenants.begin(), start, tenants.end());
+  // Each tenant's first `limit` pending requests, in its job order then index.
+  std::vector<std::vector<PendingRequest>> per_tenant;
+  for (const std::string& tenant : tenants) {
+    absl::StatusOr<Statement> stmt = Statement::Prepare(
+        impl_->db,
+        "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids, r.budget_tokens "
+        "FROM jobs j JOIN requests r ON r.job_id = j.id "
+        "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
+        "WHERE j.state IN (?, ?) AND j.tenant = ? AND s.idx IS NULL ORDER BY j.seq, r.idx "
+        "LIMIT ?");
+    if (!stmt.ok()) return stmt.status();
+    if (absl::Status s =
+            stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
+                          static_cast<int64_t>(JobState::kInProgress), tenant, sql_limit);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<PendingRequest>& list = per_tenant.emplace_back();
+    for (;;) {
+      absl::StatusOr<bool> row = stmt->Step();
+      if (!row.ok()) return row.status();
+      if (!*row) break;
+      PendingRequest p;
+      p.job_id = stmt->Text(0);
+      p.tenant = tenant;
+      p.request.index = stmt->Int(1);
+      p.request.custom_id = stmt->Text(2);
+      p.request.line = stmt->Text(3);
+      absl::StatusOr<std::vector<int32_t>> ids = DecodeTokenIds(stmt->BlobBytes(4));
+      if (!ids.ok()) return ids.status();
+      p.request.prompt_token_ids = *std::move(ids);
+      p.request.budget_tokens = stmt->Int(5);
+      list.push_back(std::move(p));
+    }
+  }
+  // Round robin over the tenants: one team's large job does not hold back another's.
+  std::vector<PendingRequest> pending;
+  for (size_t turn = 0;; ++turn) {
+    bool any = false;
+    for (std::vector<PendingRequest>& list : per_tenant) {
+      if (turn >= list.size()) continue;
+      any = true;
+      if (limit != 0 && static_cast<int64_t>(pending.size()) == limit) return pending;
+      pending.push_back(std::move(list[turn]));
+    }
+    if (!any) return pending;
+  }
 }
 
 absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& job_id,

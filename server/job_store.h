@@ -80,6 +80,7 @@ struct TenantUsage {
 
 struct PendingRequest {
   std::string job_id;
+  std::string tenant;  // the job's
   StoredRequest request;
 };
 
@@ -126,9 +127,13 @@ class JobStore {
   absl::Status SetJobState(const std::string& job_id, JobState state,
                            const std::string& error = "");
 
-  // Requests without a result, of jobs in IN_PROGRESS or VALIDATING, in job creation order then
-  // index. At most `limit` (0 = all).
-  absl::StatusOr<std::vector<PendingRequest>> PendingRequests(int64_t limit = 0);
+  // Requests without a result, of jobs in IN_PROGRESS or VALIDATING: round robin over the tenants
+  // in name order, starting with the first tenant after `after_tenant` (wrapping around; "" starts
+  // with the first), each tenant's in job creation order then index. A caller that passes the
+  // tenant it fed last serves tenants in turn, so one tenant's large job does not hold back
+  // another's. At most `limit` (0 = all).
+  absl::StatusOr<std::vector<PendingRequest>> PendingRequests(int64_t limit = 0,
+                                                              const std::string& after_tenant = "");
 
   // Results of a job with index >= from_index in index order, at most `limit` (0 = all).
   absl::StatusOr<std::vector<StoredResult>> Results(const std::string& job_id, int64_t from_index,

@@ -3,6 +3,7 @@
 // while it commits results. Each test uses its own temporary data directory.
 #include <fcntl.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sqlite3.h>
 
 #include "absl/strings/match.h"
 #include "server/job_store.h"
@@ -579,6 +578,49 @@ TEST_CASE("JobStore: jobs belong to a tenant; ListJobs filters by tenant", "[job
   REQUIRE(second->jobs.size() == 1);
   CHECK(second->jobs[0].id == a1.id);
   CHECK(second->next_page_token.empty());
+}
+
+TEST_CASE("JobStore: pending requests take turns across tenants", "[job_store][tenant]") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  JobRecord a, b, c;
+  a.tenant = "team-a";
+  b.tenant = "team-b";
+  c.tenant = "team-c";
+  const std::string c1 = CreateOk(*store, 1, c).id;
+  const std::string a1 = CreateOk(*store, 5, a).id;  // a large job
+  const std::string a2 = CreateOk(*store, 1, a).id;
+  const std::string b1 = CreateOk(*store, 2, b).id;
+  CHECK(CommitOk(*store, a1, Result(0)));
+  auto order = [&](int64_t limit, const std::string& after) {
+    absl::StatusOr<std::vector<PendingRequest>> pending = store->PendingRequests(limit, after);
+    REQUIRE(pending.ok());
+    std::vector<std::string> out;
+    for (const PendingRequest& p : *pending) {
+      out.push_back(p.tenant + ":" + p.job_id + "/" + std::to_string(p.request.index));
+    }
+    return out;
+  };
+  auto at = [](const std::string& tenant, const std::string& job, int index) {
+    return tenant + ":" + job + "/" + std::to_string(index);
+  };
+  // Round robin a, b, c (by name); each tenant's own requests in job order then index.
+  CHECK(order(0, "") == std::vector<std::string>{at("team-a", a1, 1), at("team-b", b1, 0),
+                                                 at("team-c", c1, 0), at("team-a", a1, 2),
+                                                 at("team-b", b1, 1), at("team-a", a1, 3),
+                                                 at("team-a", a1, 4), at("team-a", a2, 0)});
+  CHECK(order(4, "") == std::vector<std::string>{at("team-a", a1, 1), at("team-b", b1, 0),
+                                                 at("team-c", c1, 0), at("team-a", a1, 2)});
+  // The turn starts after the tenant fed last, wrapping around.
+  CHECK(order(1, "team-a") == std::vector<std::string>{at("team-b", b1, 0)});
+  CHECK(order(3, "team-b") ==
+        std::vector<std::string>{at("team-c", c1, 0), at("team-a", a1, 1), at("team-b", b1, 0)});
+  CHECK(order(1, "team-c") == std::vector<std::string>{at("team-a", a1, 1)});
+  CHECK(order(1, "gone") == std::vector<std::string>{at("team-a", a1, 1)});
+  // A tenant whose jobs are all done or cancelled drops out of the turns.
+  REQUIRE(store->SetJobState(b1, JobState::kCancelling).ok());
+  CHECK(order(3, "team-a") ==
+        std::vector<std::string>{at("team-c", c1, 0), at("team-a", a1, 1), at("team-a", a1, 2)});
 }
 
 TEST_CASE("JobStore: per-tenant quotas refuse a job atomically and name the limit",

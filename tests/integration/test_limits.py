@@ -71,7 +71,7 @@ def test_each_limit_gives_its_code_and_the_daemon_keeps_serving(limited):
     j2 = a.create_job(requests=long)
     refused(lambda: a.create_job(requests=[request("x")]), grpc.StatusCode.RESOURCE_EXHAUSTED,
             "max_pending_jobs_per_tenant", "team-a")
-    # Cancelling frees team-a's slot (and the engine, which serves jobs in order).
+    # Cancelling frees team-a's slot.
     a.cancel(j1.id)
     a.wait(j1.id)
     j3 = a.create_job(requests=[request("after")])
@@ -86,4 +86,28 @@ def test_each_limit_gives_its_code_and_the_daemon_keeps_serving(limited):
     assert results["too-long"]["response"]["status_code"] == 400
     assert "context" in results["too-long"]["response"]["body"]["error"]["message"]
     assert results["fits"]["response"]["status_code"] == 200
+    assert daemon.proc.poll() is None
+
+
+def test_tenants_take_turns(limited):
+    """One tenant's large job does not hold back another tenant: with one request in flight at a
+    time, team-b's 3 requests finish after a few more of team-a's 300 (in job order they would
+    wait for all of team-a's that remain)."""
+    daemon, c = limited
+    a, b = c["team-a"], c["team-b"]
+    big = a.create_job(requests=[request(f"l{i}", 8, 16) for i in range(300)])
+    for p in a.watch(big.id):  # team-a's job is under way
+        if p.request_counts.completed >= 5:
+            break
+    small = b.create_job(requests=[request(f"s{i}", 8, 16) for i in range(3)])
+    at_submit = a.get_job(big.id).request_counts.completed
+    final, _ = b.wait(small.id)
+    assert final.request_counts.completed == 3
+    at_finish = a.get_job(big.id).request_counts.completed
+    print(f"team-a's requests completed: {at_submit} when team-b submitted, {at_finish} when "
+          f"team-b's 3 were done")
+    assert at_submit < 300 - 20, "team-a's job was nearly done before team-b came: no test"
+    assert at_finish - at_submit <= 8, (at_submit, at_finish)
+    a.cancel(big.id)
+    a.wait(big.id)
     assert daemon.proc.poll() is None
