@@ -18,9 +18,9 @@ void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const voi
   ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(w_dtype)
                      : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(w_dtype)
                                             : ili::PortableTile(w_dtype);
-  // Tiles: 64 rows of x by as many weight rows as fit in ~256 KiB (a core's L2 share), so a tile's
-  // weights are read from memory once and from cache for each block of rows. The split changes
-  // which thread computes an element, never how.
+  // Tiles: 64 rows of x by as many weight rows as fit in ~256 KiB (within a core's L2), so the
+  // weights are read from memory once per 64 rows and from cache for each block of rows in them.
+  // The split changes which thread computes an element, never how.
   constexpr int64_t kTileRows = 64;
   constexpr int64_t kTileWeightBytes = int64_t{256} << 10;
   const int64_t row_bytes = std::max<int64_t>(1, k * static_cast<int64_t>(DTypeSize(w_dtype)));
