@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -43,6 +44,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/batch_service.h"
@@ -71,6 +75,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain (TLS when set
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(int32_t, tls_reload_s, 60,
+          "seconds between checks of the TLS files for renewed certificates (read again without a "
+          "restart)");
 ABSL_FLAG(int64_t, max_request_bytes, 64 << 20,
           "largest gRPC message accepted (a CreateJob payload), bytes; RESOURCE_EXHAUSTED above");
 ABSL_FLAG(int32_t, max_tokens_per_request, 0,
@@ -162,7 +169,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string&
 }
 
 // Insecure, or TLS from --tls_cert / --tls_key (client certificates required and verified when
-// --tls_client_ca is given).
+// --tls_client_ca is given). gRPC's file-watcher provider reads the files again every
+// --tls_reload_s seconds, so renewed certificates take effect without a restart (replace the files
+// by rename, so that it never sees a certificate beside the old key). The files are read once here
+// too, so that a missing one stops the start with the flag named.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
   const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
                     ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -174,22 +184,31 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
   if (cert.empty() || key.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
-  grpc::SslServerCredentialsOptions options;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  auto cert_pem = ReadFile("tls_cert", cert);
-  if (!cert_pem.ok()) return cert_pem.status();
-  auto key_pem = ReadFile("tls_key", key);
-  if (!key_pem.ok()) return key_pem.status();
-  pair.cert_chain = *cert_pem;
-  pair.private_key = *key_pem;
-  options.pem_key_cert_pairs.push_back(pair);
-  if (!ca.empty()) {
-    auto ca_pem = ReadFile("tls_client_ca", ca);
-    if (!ca_pem.ok()) return ca_pem.status();
-    options.pem_root_certs = *ca_pem;
-    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  const int reload_s = absl::GetFlag(FLAGS_tls_reload_s);
+  if (reload_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_reload_s: must be at least 1 second, got ", reload_s));
   }
-  return grpc::SslServerCredentials(options);
+  for (const auto& [flag, path] :
+       {std::pair{"tls_cert", cert}, std::pair{"tls_key", key}, std::pair{"tls_client_ca", ca}}) {
+    if (path.empty()) continue;
+    auto pem = ReadFile(flag, path);
+    if (!pem.ok()) return pem.status();
+    if (pem->find("-----BEGIN") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is not PEM"));
+    }
+  }
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      key, cert, ca, static_cast<unsigned int>(reload_s));
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (ca.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 int Run(const std::set<std::string>& given) {

@@ -5,6 +5,8 @@ openssl command line (a throw-away CA, a server certificate for localhost / 127.
 certificate).
 """
 import json
+import os
+import shutil
 import signal
 import subprocess
 import time
@@ -266,3 +268,59 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, certs):
         assert code == grpc.StatusCode.UNAVAILABLE
     finally:
         d.stop()
+
+
+def make_server_cert(d: Path, name: str) -> None:
+    """A CA of its own (d/name-ca.pem) and a localhost server certificate it signed
+    (d/name.pem, d/name.key)."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-ca.key", "-out",
+            f"{name}-ca.pem", "-days", "2", "-subj", f"/CN=moebatch test CA {name}", cwd=d)
+    (d / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", "/CN=localhost", cwd=d)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem", "-CAkey",
+            f"{name}-ca.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile",
+            "server.ext", cwd=d)
+
+
+def test_renewed_certificates_are_picked_up_without_a_restart(tmp_path):
+    """The daemon reads --tls_cert/--tls_key again every --tls_reload_s seconds: after the files
+    are replaced (by rename) by a certificate from another CA, clients that trust the new CA get
+    in and clients that trust only the old one are refused, with no restart."""
+    d = tmp_path / "tls"
+    d.mkdir()
+    make_server_cert(d, "old")
+    make_server_cert(d, "new")
+    live_cert, live_key = d / "live.pem", d / "live.key"
+    shutil.copy(d / "old.pem", live_cert)
+    shutil.copy(d / "old.key", live_key)
+    daemon = Daemon(tmp_path / "data", ["--tls_cert", str(live_cert), "--tls_key", str(live_key),
+                                        "--tls_reload_s", "1"], tls_ca=d / "old-ca.pem").start()
+    try:
+        old = client(daemon, tls_ca=d / "old-ca.pem")
+        job = old.create_job(requests=[completion("before")])
+        assert len(list(old.results(job.id))) == 1
+        code, _ = code_of(lambda: client(daemon, tls_ca=d / "new-ca.pem").list_jobs_page())
+        assert code == grpc.StatusCode.UNAVAILABLE
+        # Renew: new files renamed over the live ones, key first then certificate.
+        for src, dst in ((d / "new.key", live_key), (d / "new.pem", live_cert)):
+            tmp = dst.with_suffix(".tmp")
+            shutil.copy(src, tmp)
+            os.replace(tmp, dst)
+        from moebatch import ClientError
+        deadline = time.time() + 20
+        while True:
+            try:
+                client(daemon, tls_ca=d / "new-ca.pem").list_jobs_page()
+                break
+            except ClientError as e:
+                assert e.code == grpc.StatusCode.UNAVAILABLE, e.message
+                assert time.time() < deadline, f"renewed certificate not picked up: {e.message}"
+                time.sleep(0.5)
+        fresh = client(daemon, tls_ca=d / "new-ca.pem")
+        assert [j.id for j in fresh.list_jobs()] == [job.id]
+        code, _ = code_of(lambda: client(daemon, tls_ca=d / "old-ca.pem").list_jobs_page())
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
