@@ -128,16 +128,14 @@ absl::Status EngineWorker::HandleCancels() {
 absl::Status EngineWorker::Feed() {
   const int64_t room = options_.max_in_flight - static_cast<int64_t>(in_flight_.size());
   if (room <= 0) return absl::OkStatus();
-  // In-flight requests are still pending in the store: ask for enough to find `room` new ones.
-  // Tenants take turns: the store's round robin starts after the tenant fed last
-  // (JobStore::PendingRequests), so the in-flight ones need not come first: stop at `room`.
-  auto pending =
-      store_->PendingRequests(static_cast<int64_t>(in_flight_.size()) + room, last_fed_tenant_);
+  // In-flight requests are still pending in the store: they are skipped. Tenants take turns: the
+  // store's round robin starts after the tenant fed last (JobStore::PendingRequests).
+  auto pending = store_->PendingRequests(room, last_fed_tenant_,
+                                         [this](const std::string& job, int64_t index) {
+                                           return keys_.count({job, index}) != 0;
+                                         });
   if (!pending.ok()) return pending.status();
-  int64_t added = 0;
   for (PendingRequest& p : *pending) {
-    if (added == room) break;
-    if (keys_.count({p.job_id, p.request.index}) != 0) continue;
     ParsedBatchLine parsed = ParseBatchLine(p.request.line);
     InFlight flight;
     flight.job_id = p.job_id;
@@ -172,7 +170,6 @@ absl::Status EngineWorker::Feed() {
     keys_.insert({p.job_id, p.request.index});
     in_flight_.emplace(*id, std::move(flight));
     last_fed_tenant_ = p.tenant;
-    ++added;
   }
   return absl::OkStatus();
 }

@@ -764,9 +764,8 @@ absl::Status JobStore::SetJobState(const std::string& job_id, JobState state,
 }
 
 absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(
-    int64_t limit, const std::string& after_tenant) {
+    int64_t limit, const std::string& after_tenant, const PendingFilter& skip) {
   if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("negative limit ", limit));
-  const int64_t sql_limit = limit == 0 ? int64_t{-1} : limit;
   absl::MutexLock lock(&impl_->mu);
   Transaction txn(impl_->db);  // one snapshot for the tenants and their requests
   if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
@@ -789,7 +788,7 @@ absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(
   // Start after `after_tenant`.
   const auto start = std::upper_bound(tenants.begin(), tenants.end(), after_tenant);
   std::rotate(tenants.begin(), start, tenants.end());
-  // Each tenant's first `limit` pending requests, in its job order then index.
+  // Each tenant's first `limit` pending requests not skipped, in its job order then index.
   std::vector<std::vector<PendingRequest>> per_tenant;
   for (const std::string& tenant : tenants) {
     absl::StatusOr<Statement> stmt = Statement::Prepare(
@@ -797,24 +796,25 @@ absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(
         "SELECT r.job_id, r.idx, r.custom_id, r.line, r.prompt_token_ids, r.budget_tokens "
         "FROM jobs j JOIN requests r ON r.job_id = j.id "
         "LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
-        "WHERE j.state IN (?, ?) AND j.tenant = ? AND s.idx IS NULL ORDER BY j.seq, r.idx "
-        "LIMIT ?");
+        "WHERE j.state IN (?, ?) AND j.tenant = ? AND s.idx IS NULL ORDER BY j.seq, r.idx");
     if (!stmt.ok()) return stmt.status();
-    if (absl::Status s =
-            stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
-                          static_cast<int64_t>(JobState::kInProgress), tenant, sql_limit);
+    if (absl::Status s = stmt->BindAll(static_cast<int64_t>(JobState::kValidating),
+                                       static_cast<int64_t>(JobState::kInProgress), tenant);
         !s.ok()) {
       return s;
     }
     std::vector<PendingRequest>& list = per_tenant.emplace_back();
-    for (;;) {
+    while (limit == 0 || static_cast<int64_t>(list.size()) < limit) {
       absl::StatusOr<bool> row = stmt->Step();
       if (!row.ok()) return row.status();
       if (!*row) break;
+      const std::string job_id = stmt->Text(0);
+      const int64_t index = stmt->Int(1);
+      if (skip && skip(job_id, index)) continue;  // before the costly columns are read
       PendingRequest p;
-      p.job_id = stmt->Text(0);
+      p.job_id = job_id;
       p.tenant = tenant;
-      p.request.index = stmt->Int(1);
+      p.request.index = index;
       p.request.custom_id = stmt->Text(2);
       p.request.line = stmt->Text(3);
       absl::StatusOr<std::vector<int32_t>> ids = DecodeTokenIds(stmt->BlobBytes(4));

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,6 +79,9 @@ struct TenantUsage {
   int64_t queued_tokens = 0;
 };
 
+// JobStore::PendingRequests leaves out the requests for which it returns true: (job id, index).
+using PendingFilter = std::function<bool(const std::string& job_id, int64_t index)>;
+
 struct PendingRequest {
   std::string job_id;
   std::string tenant;  // the job's
@@ -131,9 +135,11 @@ class JobStore {
   // in name order, starting with the first tenant after `after_tenant` (wrapping around; "" starts
   // with the first), each tenant's in job creation order then index. A caller that passes the
   // tenant it fed last serves tenants in turn, so one tenant's large job does not hold back
-  // another's. At most `limit` (0 = all).
+  // another's. Requests `skip` names (the engine worker's in flight) are left out before their
+  // line and tokens are read, and do not count. At most `limit` (0 = all).
   absl::StatusOr<std::vector<PendingRequest>> PendingRequests(int64_t limit = 0,
-                                                              const std::string& after_tenant = "");
+                                                              const std::string& after_tenant = "",
+                                                              const PendingFilter& skip = {});
 
   // Results of a job with index >= from_index in index order, at most `limit` (0 = all).
   absl::StatusOr<std::vector<StoredResult>> Results(const std::string& job_id, int64_t from_index,

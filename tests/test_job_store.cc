@@ -617,6 +617,20 @@ TEST_CASE("JobStore: pending requests take turns across tenants", "[job_store][t
         std::vector<std::string>{at("team-c", c1, 0), at("team-a", a1, 1), at("team-b", b1, 0)});
   CHECK(order(1, "team-c") == std::vector<std::string>{at("team-a", a1, 1)});
   CHECK(order(1, "gone") == std::vector<std::string>{at("team-a", a1, 1)});
+  // Skipped requests (the engine's in flight) are left out and do not count toward the limit.
+  {
+    absl::StatusOr<std::vector<PendingRequest>> pending =
+        store->PendingRequests(3, "", [&](const std::string& job, int64_t index) {
+          return (job == a1 && index == 1) || (job == b1 && index == 0);
+        });
+    REQUIRE(pending.ok());
+    std::vector<std::string> got;
+    for (const PendingRequest& p : *pending) {
+      got.push_back(p.tenant + ":" + p.job_id + "/" + std::to_string(p.request.index));
+    }
+    CHECK(got ==
+          std::vector<std::string>{at("team-a", a1, 2), at("team-b", b1, 1), at("team-c", c1, 0)});
+  }
   // A tenant whose jobs are all done or cancelled drops out of the turns.
   REQUIRE(store->SetJobState(b1, JobState::kCancelling).ok());
   CHECK(order(3, "team-a") ==
