@@ -124,9 +124,8 @@ Triad MeasureTriad(int64_t mib, int64_t repeats) {
 // XOR of the n 64-bit words at w into acc[8] (8 independent lanes). Compiled for AVX-512, AVX2 and
 // baseline x86-64, picked at load time (target_clones), so the probe reads with the widest loads
 // the CPU has, like the kernels.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(const uint64_t* w,
-                                                                            size_t n,
-                                                                            uint64_t* acc) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(
+    const uint64_t* w, size_t n, uint64_t* acc) {
   uint64_t a[8] = {acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -252,7 +251,7 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // The memory-side ceiling for this cache layout: every K and V byte the kernels read, read by a
-// loop with no math (an XOR of 64-bit words, which the compiler vectorises), split over threads by
+// loop with no math (XorWords: an XOR of 64-bit words with the widest loads), split over threads by
 // (sequence, KV head) like the kernels. `interleave` runs: 1 reads each block's K run and then its V
 // run whole, as the kernels do; 8 reads 8 runs at a time, 1 KiB of each in turn (the hardware
 // prefetchers stream from several pages at once faster than from one). Returns the XOR, so the
@@ -480,6 +479,12 @@ int main(int argc, char** argv) {
               "baseline | vs fastest compiled | ms/call best [median; range] | max rel diff |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows) {
+    if (r.is_probe) {  // no speed-ups or output to compare
+      std::printf("| %s | %s | %d | %.3g M | %.2f | %.1f%% | - | - | %.2f [%.2f; %.2f-%.2f] | - |\n",
+                  r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs,
+                  r.pct_triad, r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3, r.t.worst * 1e3);
+      continue;
+    }
     std::printf(
         "| %s | %s | %d | %.3g M | %.2f | %.1f%% | %.2fx | %.2fx | %.2f [%.2f; %.2f-%.2f] | %.1e |\n",
         r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs, r.pct_triad,
