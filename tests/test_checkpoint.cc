@@ -1,6 +1,7 @@
 // Checkpoint loading (engine/model_config.h, engine/safetensors.h, engine/checkpoint.h): tiny
 // synthetic Mixtral checkpoints written by tests/safetensors_writer.h into a temporary directory,
-// good and corrupted in one way each, plus the committed transformers-made fixtures.
+// good and corrupted in one way each, plus the committed transformers-made fixtures. config.json
+// parsing on its own: test_model_config.cc.
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
@@ -19,6 +20,7 @@
 #include "engine/dtype.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
+#include "tests/checkpoint_test_util.h"
 #include "tests/safetensors_writer.h"
 
 namespace moebatch {
@@ -26,23 +28,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::RawSafetensors;
+using testing::TinyConfig;
 using testing::SafetensorsBytes;
 using testing::TestTensor;
 using testing::WriteFile;
 using Json = nlohmann::json;
 using Tensors = std::map<std::string, TestTensor>;
-
-// Checks that `status_expr` failed with `expected_code` and that its message contains every
-// substring.
-#define CHECK_ERROR(status_expr, expected_code, ...)                                            \
-  do {                                                                                          \
-    const absl::Status status_ = (status_expr);                                                 \
-    INFO("status: " << status_.ToString());                                                     \
-    CHECK(absl::StatusCodeToString(status_.code()) == absl::StatusCodeToString(expected_code)); \
-    for (const std::string& sub_ : std::vector<std::string>{__VA_ARGS__}) {                     \
-      CHECK_THAT(std::string(status_.message()), Catch::Contains(sub_));                        \
-    }                                                                                           \
-  } while (0)
 
 // A fresh directory under $TMPDIR, removed with its contents at scope exit.
 class TempDir {
@@ -62,28 +53,6 @@ class TempDir {
  private:
   std::string path_;
 };
-
-// config.json of a tiny Mixtral, as transformers' save_pretrained writes it (subset of keys).
-Json TinyConfig() {
-  return Json{{"architectures", {"MixtralForCausalLM"}},
-              {"model_type", "mixtral"},
-              {"vocab_size", 32},
-              {"hidden_size", 8},
-              {"intermediate_size", 12},
-              {"num_hidden_layers", 2},
-              {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},
-              {"num_local_experts", 4},
-              {"num_experts_per_tok", 2},
-              {"max_position_embeddings", 256},
-              {"rope_theta", 1000000.0},
-              {"rms_norm_eps", 1e-05},
-              {"sliding_window", nullptr},
-              {"tie_word_embeddings", false},
-              {"bos_token_id", 1},
-              {"eos_token_id", 2},
-              {"torch_dtype", "bfloat16"}};
-}
 
 // A tensor of `dtype` (BF16, F16 or F32) with distinct, deterministic values per name and element.
 TestTensor MakeTensor(const std::string& name, std::vector<int64_t> shape,
@@ -602,118 +571,6 @@ TEST_CASE("safetensors: each malformed header gives its own error", "[safetensor
 }
 
 // ---------------------------------------------------------------------------------------------
-// config.json parsing: optional keys and their MixtralConfig defaults.
-
-TEST_CASE("config.json: optional keys take transformers' MixtralConfig defaults", "[config]") {
-  Json j = TinyConfig();
-  for (const char* key : {"rope_theta", "rms_norm_eps", "tie_word_embeddings",
-                          "max_position_embeddings", "num_experts_per_tok", "num_local_experts",
-                          "sliding_window", "bos_token_id", "eos_token_id", "torch_dtype"}) {
-    j.erase(key);
-  }
-  auto c = ParseModelConfig(j.dump());
-  INFO(c.status().ToString());
-  REQUIRE(c.ok());
-  CHECK(c->rope_theta == 1e6);
-  CHECK(c->rms_norm_eps == 1e-5);
-  CHECK(!c->tie_word_embeddings);
-  CHECK(c->max_position_embeddings == 4096 * 32);
-  CHECK(c->num_experts_per_tok == 2);
-  CHECK(c->num_local_experts == 8);
-  CHECK(!c->sliding_window.has_value());
-  CHECK(c->bos_token_id == 1);
-  CHECK(c->eos_token_id == 2);
-  CHECK(c->torch_dtype == DType::kBF16);
-  CHECK(c->head_dim == 2);
-}
-
-TEST_CASE("config.json: explicit values, lists and nulls", "[config]") {
-  Json j = TinyConfig();
-  j["sliding_window"] = 4096;
-  j["head_dim"] = 16;
-  j["eos_token_id"] = {7, 2};
-  j["bos_token_id"] = 0;
-  j["rope_theta"] = 10000;  // an integer is a number too
-  j["torch_dtype"] = "float16";
-  j["num_key_value_heads"] = nullptr;  // MixtralConfig: None -> num_attention_heads
-  auto c = ParseModelConfig(j.dump());
-  INFO(c.status().ToString());
-  REQUIRE(c.ok());
-  CHECK(c->sliding_window == 4096);
-  CHECK(c->head_dim == 16);
-  CHECK(c->q_size() == 64);
-  CHECK(c->eos_token_id == 7);
-  CHECK(c->bos_token_id == 0);
-  CHECK(c->rope_theta == 10000.0);
-  CHECK(c->torch_dtype == DType::kF16);
-  CHECK(c->num_key_value_heads == 4);
-
-  j["head_dim"] = nullptr;
-  j["dtype"] = "float32";
-  j.erase("torch_dtype");
-  c = ParseModelConfig(j.dump());
-  REQUIRE(c.ok());
-  CHECK(c->head_dim == 2);
-  CHECK(c->torch_dtype == DType::kF32);
-}
-
-TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]") {
-  const auto check = [](Json j, const std::string& expected) {
-    CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
-                "config.json: ", expected);
-  };
-  Json j = TinyConfig();
-  SECTION("not JSON") {
-    CHECK_ERROR(ParseModelConfig("{\"vocab_size\": ").status(), absl::StatusCode::kInvalidArgument,
-                "config.json: invalid JSON");
-  }
-  SECTION("no architectures") {
-    j.erase("architectures");
-    check(j, "key \"architectures\" is required but missing");
-  }
-  SECTION("mistyped size") {
-    j["hidden_size"] = "8";
-    check(j, "key \"hidden_size\" must be an integer, got \"8\"");
-  }
-  SECTION("non-integral size") {
-    j["vocab_size"] = 32.5;
-    check(j, "key \"vocab_size\" must be an integer");
-  }
-  SECTION("non-positive size") {
-    j["intermediate_size"] = 0;
-    check(j, "key \"intermediate_size\" must be positive, got 0");
-  }
-  SECTION("top-k larger than the number of experts") {
-    j["num_experts_per_tok"] = 5;
-    check(j, "key \"num_experts_per_tok\" (5) exceeds num_local_experts (4)");
-  }
-  SECTION("hidden size not divisible by heads without head_dim") {
-    j["hidden_size"] = 10;
-    check(j, "key \"hidden_size\" (10) is not divisible by num_attention_heads (4)");
-  }
-  SECTION("unknown torch_dtype") {
-    j["torch_dtype"] = "int8";
-    check(j, "key \"torch_dtype\" must be \"bfloat16\", \"float16\" or \"float32\", got \"int8\"");
-  }
-  SECTION("empty eos list") {
-    j["eos_token_id"] = Json::array();
-    check(j, "key \"eos_token_id\" is an empty list");
-  }
-  SECTION("bad sliding window") {
-    j["sliding_window"] = -1;
-    check(j, "key \"sliding_window\" must be positive, got -1");
-  }
-  SECTION("scaled RoPE") {
-    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-    check(j, "key \"rope_scaling\" asks for unsupported RoPE scaling");
-  }
-  SECTION("mistyped tie_word_embeddings") {
-    j["tie_word_embeddings"] = 1;
-    check(j, "key \"tie_word_embeddings\" must be true or false");
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The parsers on bytes (what the fuzz targets in tests/fuzz call), and what fuzzing found.
 
 TEST_CASE("safetensors: ParseSafetensors and ParseSafetensorsIndex read bytes as Open reads files",
@@ -785,24 +642,6 @@ TEST_CASE("fuzz regression: JSON nested deeper than 128 levels is refused, not d
                 dir / "model.safetensors.index.json",
                 "invalid JSON: nested deeper than 128 levels");
   }
-}
-
-TEST_CASE("fuzz regression: head_dim times num_attention_heads must fit int64",
-          "[config][errors]") {
-  // ModelConfig::q_size() multiplied these: signed overflow (undefined behavior) for a config that
-  // passed every check.
-  Json j = TinyConfig();
-  j["num_attention_heads"] = int64_t{1} << 32;
-  j["num_key_value_heads"] = int64_t{1} << 32;
-  j["head_dim"] = int64_t{1} << 32;
-  CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
-              "config.json: key \"head_dim\" (4294967296) times num_attention_heads (4294967296) "
-              "overflows");
-  j["head_dim"] = int64_t{1} << 30;  // 2^62: fits
-  auto c = ParseModelConfig(j.dump());
-  INFO(c.status().ToString());
-  REQUIRE(c.ok());
-  CHECK(c->q_size() == int64_t{1} << 62);
 }
 
 // ---------------------------------------------------------------------------------------------
