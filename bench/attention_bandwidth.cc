@@ -2,16 +2,17 @@
 // (issue 4, MoE-Lens §6.6).
 //
 //   bench_attention_bandwidth [--repeats 7 --triad_mib 512 --shapes 256x512,64x4096
-//       --num_heads 32 --num_kv_heads 8 --head_dim 128 --dtype bf16]
+//       --num_heads 32 --num_kv_heads 8 --head_dim 128 --dtype bf16 --block_size 16]
 //
 // In one run, for 1 thread and for all threads (OMP_NUM_THREADS, default: every core):
 //  1. Memory bandwidth: a STREAM triad a[i] = b[i] + s * c[i] over three f32 arrays of --triad_mib
 //     MiB (far beyond the last-level cache), plain loop (no non-temporal stores), first-touched by
-//     the threads that run it; best of --repeats. Bytes counted as STREAM does: 3 arrays x size (the
-//     write-allocate read of `a` is not counted; the 4-array figure is printed next to it). The
-//     triad runs again right before each shape's kernels (the VM's bandwidth drifts, and another
-//     process on the 2 cores halves it); "% of triad" divides by the highest triad seen so far, the
-//     conservative choice. Run it on an idle machine: a busy one lowers the triad and flatters %.
+//     the threads that run it; best of --repeats. Bytes counted as STREAM does: 3 arrays x size
+//     (the write-allocate read of `a` is not counted; the 4-array figure is printed next to it).
+//     The triad runs again right before each shape's kernels (the VM's bandwidth drifts, and
+//     another process on the 2 cores halves it); "% of triad" divides by the highest triad seen so
+//     far, the conservative choice. Run it on an idle machine: a busy one lowers the triad and
+//     flatters %.
 //  2. Decode attention (one query token per sequence, GQA) over a paged KV cache whose blocks are
 //     shuffled in memory, for each shape "SEQSxTOKENS": every ISA in SupportedCpuIsas(), and the
 //     baseline. Figures per call: KV tokens attended = sum of context lengths; KV bytes = K + V of
@@ -24,8 +25,8 @@
 //     of the reference on its own with the hand kernel's instructions. Speed-ups are given over the
 //     baseline of the kernel's ISA and over the fastest compiled build (both baselines and the
 //     library's portable kernel): on GCC 12 the AVX-512 baseline runs slower than the library's
-//     scalar (SSE2) build (-fopt-info-vec reports the q.K loop vectorised; with strict FP order that
-//     can only be an in-order reduction), so the second speed-up is the honest lower figure.
+//     scalar (SSE2) build (-fopt-info-vec reports the q.K loop vectorised; with strict FP order
+//     that can only be an in-order reduction), so the second speed-up is the honest lower figure.
 // Then the acceptance bounds of issue 4: all threads, bf16 KV, the best ISA reads >= 85% of the
 // triad bandwidth; single thread, the best ISA is >= 3x the baseline.
 #include <omp.h>
@@ -58,6 +59,7 @@ ABSL_FLAG(int64_t, num_heads, 32, "query heads (Mixtral: 32)");
 ABSL_FLAG(int64_t, num_kv_heads, 8, "KV heads (Mixtral: 8)");
 ABSL_FLAG(int64_t, head_dim, 128, "head dimension (Mixtral: 128)");
 ABSL_FLAG(std::string, dtype, "bf16", "KV cache dtype: bf16, f16 or f32");
+ABSL_FLAG(int64_t, block_size, 16, "KV block size, token slots (the engine default: 16)");
 
 namespace moebatch {
 
@@ -180,7 +182,7 @@ std::unique_ptr<DecodeProblem> BuildProblem(int64_t num_seqs, int64_t tokens, in
   config.num_layers = 1;
   config.num_kv_heads = num_kv_heads;
   config.head_dim = head_dim;
-  config.block_size = 16;
+  config.block_size = absl::GetFlag(FLAGS_block_size);
   const int64_t blocks_per_seq = BlocksForTokens(tokens, config.block_size);
   config.num_blocks = num_seqs * blocks_per_seq;
   config.dtype = dtype;
@@ -324,6 +326,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown --dtype %s\n", absl::GetFlag(FLAGS_dtype).c_str());
     return 1;
   }
+  if (absl::GetFlag(FLAGS_block_size) <= 0) {
+    std::fprintf(stderr, "--block_size must be positive (got %lld)\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_block_size)));
+    return 1;
+  }
   std::vector<std::pair<int64_t, int64_t>> shapes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',', absl::SkipEmpty())) {
     std::vector<std::string> parts = absl::StrSplit(s, 'x');
@@ -359,10 +366,12 @@ int main(int argc, char** argv) {
   const std::vector<CpuIsa> isas = SupportedCpuIsas();
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
-  std::printf("decode attention bandwidth: %lld heads, %lld KV heads, head_dim %lld, %s KV, "
-              "block_size 16 (blocks shuffled), 1 query/sequence\n",
-              static_cast<long long>(num_heads), static_cast<long long>(num_kv_heads),
-              static_cast<long long>(head_dim), std::string(DTypeName(*dtype)).c_str());
+  std::printf(
+      "decode attention bandwidth: %lld heads, %lld KV heads, head_dim %lld, %s KV, "
+      "block_size %lld (blocks shuffled), 1 query/sequence\n",
+      static_cast<long long>(num_heads), static_cast<long long>(num_kv_heads),
+      static_cast<long long>(head_dim), std::string(DTypeName(*dtype)).c_str(),
+      static_cast<long long>(absl::GetFlag(FLAGS_block_size)));
   std::printf("host: %d threads (OMP), L3 %.0f MiB (sysconf); ISAs:", all_threads, l3 / 1048576.0);
   for (CpuIsa isa : isas) std::printf(" %s", CpuIsaName(isa));
   std::printf("; selected %s; baselines:", CpuIsaName(SelectedCpuIsa()));

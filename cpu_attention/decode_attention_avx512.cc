@@ -29,11 +29,17 @@ namespace {
 //  * the 16 score vectors of a tile are reduced to one vector of 16 scores by a transpose-add
 //    tree (45 instructions instead of 16 horizontal reductions of ~8 each), so the softmax runs on
 //    registers.
-// Prefetch: while the scores of a tile are computed, the rows of the tile `kPrefetchTiles` ahead
-// are prefetched (each 4 KiB K or V run of a block starts a new page, where the hardware
-// prefetchers stop).
-
-constexpr int kPrefetchTiles = 2;
+// Prefetch: each 4 KiB K or V run of a block starts a new page, where the hardware prefetchers
+// stop, so the kernel prefetches every row itself, paced over the score steps (a burst of 128
+// prefetches fills the core's miss buffers and stalls it: 88 -> 64 ns per key row from DRAM).
+// Each tile's rows are prefetched over the kPrefetchSpan tiles before it, a 1/kPrefetchSpan slice
+// of the tile per tile, latest slice nearest; while one tile is computed, 2 x kPrefetchSpan pages
+// (K and V) are being read at once. This is the read-only probe's lesson (bench/attention_
+// bandwidth.cc: 8 runs read a KiB at a time go faster than whole runs one after another); measured
+// against prefetching all of the tile kPrefetchFirst ahead during one tile, it reads 2-15% faster
+// with 2 threads on the development host (docs/performance.md).
+constexpr int kPrefetchFirst = 2;  // the nearest tile ahead that is prefetched
+constexpr int kPrefetchSpan = 4;   // tiles ahead being prefetched at once
 
 // r[i] = sum of the 16 lanes of v[i], i = 0..15.
 inline __m512 TransposeReduce16(const __m512* v) {
@@ -149,27 +155,35 @@ void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
     const std::byte* keys = row_address(j);
     const std::byte* values = keys + kv.value_offset_bytes;
 
-    // Prefetch the tile kPrefetchTiles ahead (tiles of up to kTile keys), a few lines before each
-    // step of the scores below rather than all at once: a burst of 128 prefetches fills the
-    // core's miss buffers and stalls it (measured: 88 -> 64 ns per key row from DRAM).
-    const std::byte* pk = nullptr;
-    size_t prefetch_bytes = 0;
-    const int64_t pj = j + kPrefetchTiles * kTile;
-    if (pj <= last) {
+    // The tiles kPrefetchFirst .. kPrefetchFirst + kPrefetchSpan - 1 ahead (tiles of up to kTile
+    // keys, as if aligned to blocks; an approximation only when a chunk starts mid-block). Tile
+    // k gets its slice kPrefetchSpan - 1 - k of kPrefetchSpan during this tile, spread over the
+    // score steps below.
+    const std::byte* ahead[kPrefetchSpan] = {};
+    size_t ahead_bytes[kPrefetchSpan] = {};
+    for (int k = 0; k < kPrefetchSpan; ++k) {
+      const int64_t pj = j + (kPrefetchFirst + k) * kTile;
+      if (pj > last) break;
       int64_t pn = bs - pj % bs;
       if (pn > kTile) pn = kTile;
       if (pn > last - pj + 1) pn = last - pj + 1;
-      pk = row_address(pj);
-      prefetch_bytes = static_cast<size_t>(pn) * row_bytes;
+      ahead[k] = row_address(pj);
+      ahead_bytes[k] = static_cast<size_t>(pn) * row_bytes;
     }
+    constexpr int kSteps = kTile / R;  // score steps per full tile
+    const size_t slice = static_cast<size_t>(kTile) * row_bytes / (kPrefetchSpan * kSteps);
 
     // Scores.
     int64_t t = 0;
     for (; t + R <= n; t += R) {
-      const size_t end = static_cast<size_t>(t + R) * row_bytes;
-      for (size_t x = static_cast<size_t>(t) * row_bytes; x < end && x < prefetch_bytes; x += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(pk + x), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pk + kv.value_offset_bytes + x), _MM_HINT_T0);
+      const size_t step = static_cast<size_t>(t / R);
+      for (int k = 0; k < kPrefetchSpan; ++k) {
+        const size_t from = ((kPrefetchSpan - 1 - k) * kSteps + step) * slice;
+        for (size_t x = from; x < from + slice && x < ahead_bytes[k]; x += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(ahead[k] + x), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(ahead[k] + kv.value_offset_bytes + x),
+                       _MM_HINT_T0);
+        }
       }
       ScoreRows<T, G, R>(keys, row_bytes, t, d, qp, dots);
     }
