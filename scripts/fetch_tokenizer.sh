@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Fetches the real Mixtral-8x7B sentencepiece tokenizer (32,000 pieces) from the PyPI package
 # mistral-common (mistral_common/data/tokenizer.model.v1) and places it as tokenizer.model in each
-# fixture model directory. Third-party data is never committed; this runs at install time.
+# fixture model directory and in each benchmark model directory (bench/models/*: Mixtral-shaped
+# configs whose weights are synthetic; the engine still detokenizes with the real tokenizer).
+# Third-party data is never committed; this runs at install time.
 #
-# Usage: scripts/fetch_tokenizer.sh [DEST_DIR ...]   (default: every tests/fixtures/*/ model dir)
+# Usage: scripts/fetch_tokenizer.sh [DEST_DIR ...]
+#        (default: every model dir under tests/fixtures and bench/models)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 version=1.13.1
@@ -22,7 +25,7 @@ if [ ! -f "$model" ] || ! echo "$sha256  $model" | sha256sum -c --status; then
 fi
 
 if [ $# -eq 0 ]; then
-  set -- $(find "$root/tests/fixtures" -name config.json -printf '%h\n' | sort)
+  set -- $(find "$root/tests/fixtures" "$root/bench/models" -name config.json -printf '%h\n' | sort)
 fi
 for dir in "$@"; do
   cp "$model" "$dir/tokenizer.model"
