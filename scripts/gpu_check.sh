@@ -45,9 +45,10 @@ if [ ! -f "$bundle" ]; then
 fi
 
 # --- Unpack (once per machine and bundle) and find what the machine provides. -------------------
-if ! cmp -s "$dest/commit.bundle" <(tar -xJOf "$bundle" ./commit) 2>/dev/null; then
+sum="$(sha256sum "$bundle" | cut -d' ' -f1)"
+if [ "$(cat "$dest/bundle.sha256" 2>/dev/null)" != "$sum" ]; then
   rm -rf "$dest" && mkdir -p "$dest" && tar -C "$dest" -xJf "$bundle" || exit 1
-  cp "$dest/commit" "$dest/commit.bundle"
+  echo "$sum" > "$dest/bundle.sha256"
 fi
 echo "gpu_check: bundle of commit $(cat "$dest/commit"); checkout at $(git rev-parse HEAD 2>/dev/null)"
 

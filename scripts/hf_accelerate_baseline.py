@@ -14,8 +14,24 @@ offload hooks); prompts of random token ids, --prompt_tokens +- 25%, left-padded
 batches of --batch with greedy decoding and exactly --gen_tokens new tokens each. Prints the
 generated tokens per second over the whole job as one JSON line.
 
-Needs a CUDA GPU and torch, transformers and accelerate (the GPU host's PyTorch; `pip install
-accelerate` if missing). Written for the GPU host: it has not run on the machines without one.
+--config_overrides takes a JSON object merged into the config file's keys after loading (before the
+model is built, so derived sizes such as the head dimension follow), e.g. a tiny model for a smoke
+run: '{"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+"num_key_value_heads": 2, "vocab_size": 1000}'.
+
+Needs torch, transformers and accelerate (the GPU host's PyTorch; `pip install accelerate` if
+missing); with the default --device cuda, a CUDA GPU.
+
+--device cpu is a smoke run of this script's code path on a machine without a GPU, not a baseline
+figure: no accelerate placement (nothing is dispatched, --gpu_memory_gb is ignored), the whole model
+and the inputs stay in CPU memory, and the JSON line says "device": "cpu" and "gpu": null. Its
+tokens per second measure nothing comparable; use it only to check that the script runs against the
+installed torch / transformers / accelerate, e.g.
+
+    python3 scripts/hf_accelerate_baseline.py --device cpu --layers 2 --requests 4 --batch 2 \
+        --prompt_tokens 16 --gen_tokens 4 --config_overrides '{"hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 1000}'
 """
 import argparse
 import json
@@ -35,7 +51,23 @@ def main() -> int:
     parser.add_argument("--gen_tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda: the baseline (accelerate placement under --gpu_memory_gb); "
+                             "cpu: a smoke run of the code path without a GPU, not a baseline figure")
+    parser.add_argument("--config_overrides", default=None,
+                        help="JSON object merged into the config's keys after loading, e.g. "
+                             "'{\"hidden_size\": 64, \"vocab_size\": 1000}' for a tiny smoke-run model")
     args = parser.parse_args()
+    overrides = {}
+    if args.config_overrides:
+        try:
+            overrides = json.loads(args.config_overrides)
+        except json.JSONDecodeError as e:
+            print(f"hf_accelerate_baseline: --config_overrides is not JSON: {e}", file=sys.stderr)
+            return 1
+        if not isinstance(overrides, dict):
+            print("hf_accelerate_baseline: --config_overrides must be a JSON object", file=sys.stderr)
+            return 1
     try:
         import torch
         from accelerate import dispatch_model, infer_auto_device_map
@@ -43,13 +75,14 @@ def main() -> int:
     except ImportError as e:
         print(f"hf_accelerate_baseline: {e} (needs torch, transformers, accelerate)", file=sys.stderr)
         return 1
-    if not torch.cuda.is_available():
-        print("hf_accelerate_baseline: no CUDA GPU", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("hf_accelerate_baseline: no CUDA GPU (--device cpu for a smoke run)", file=sys.stderr)
         return 1
 
     with open(args.config) as f:
         raw = json.load(f)
     raw["num_hidden_layers"] = args.layers
+    raw.update(overrides)
     config = MixtralConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
     torch.manual_seed(args.seed)
     # Built in bf16 directly (random init of an 8-layer Mixtral-8x7B in f32 would take 45 GB and
@@ -60,14 +93,19 @@ def main() -> int:
         model = MixtralForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(default_dtype)
-    device_map = infer_auto_device_map(
-        model,
-        max_memory={0: f"{args.gpu_memory_gb}GiB", "cpu": f"{args.cpu_memory_gb}GiB"},
-        no_split_module_classes=["MixtralDecoderLayer"],
-        dtype=torch.bfloat16,
-    )
-    model = dispatch_model(model, device_map=device_map)
-    on_gpu = sum(1 for d in device_map.values() if d == 0)
+    if args.device == "cuda":
+        device_map = infer_auto_device_map(
+            model,
+            max_memory={0: f"{args.gpu_memory_gb}GiB", "cpu": f"{args.cpu_memory_gb}GiB"},
+            no_split_module_classes=["MixtralDecoderLayer"],
+            dtype=torch.bfloat16,
+        )
+        model = dispatch_model(model, device_map=device_map)
+        on_gpu = sum(1 for d in device_map.values() if d == 0)
+        input_device = "cuda:0"
+    else:
+        on_gpu = 0
+        input_device = "cpu"
 
     rng = random.Random(args.seed)
     low, high = max(1, args.prompt_tokens * 3 // 4), args.prompt_tokens * 5 // 4
@@ -80,8 +118,9 @@ def main() -> int:
     for i in range(0, len(prompts), args.batch):
         chunk = prompts[i:i + args.batch]
         width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device="cuda:0")
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device="cuda:0")
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=input_device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk],
+                            device=input_device)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                  max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens,
@@ -95,7 +134,8 @@ def main() -> int:
         "gen_tokens": args.gen_tokens, "batch": args.batch,
         "generated_tokens": generated, "seconds": round(seconds, 3),
         "generated_tokens_per_s": round(generated / seconds, 2),
-        "gpu": torch.cuda.get_device_name(0)}))
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}))
     return 0
 
 
