@@ -229,7 +229,7 @@ int Run() {
         pos[i] = i % 4096;
       }
       OrDie(device->Embed(0, ids.data(), pos.data(), n), "embed");
-      OrDie(device->TaskA(0, 0, q.data(), k.data(), v.data()), "task A");
+      OrDie(device->TaskA(0, 0, q.data(), k.data(), v.data(), nullptr), "task A");
       double best = 1e30;
       for (int r = 0; r <= repeats; ++r) {
         const double t0 = Now();

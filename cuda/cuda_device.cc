@@ -172,7 +172,13 @@ class CudaDevice final : public Device {
   const ModelConfig& config() const override { return store_.config(); }
   absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
                      int64_t tokens) override;
-  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) override;
+  // Prefill attention in task A (MoE-Lens §6.4): gpu::PrefillAttention over the segments' own
+  // q/k/v, f32, before q/k/v go to the host.
+  bool AttendsPrefill() const override { return true; }
+  absl::Status SetPrefillSegments(int micro_batch, const int32_t* cu_rows,
+                                  int64_t num_segments) override;
+  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                     float* attn) override;
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
@@ -248,6 +254,10 @@ class CudaDevice final : public Device {
   float* h_[kMaxMicroBatches] = {};
   int64_t* positions_[kMaxMicroBatches] = {};
   int64_t tokens_[kMaxMicroBatches] = {};
+  int32_t* prefill_cu_[kMaxMicroBatches] = {};  // [T + 1] segment row offsets (device)
+  int64_t prefill_segments_[kMaxMicroBatches] = {};
+  int64_t prefill_first_[kMaxMicroBatches] = {};  // rows [first, last) are in the segments
+  int64_t prefill_last_[kMaxMicroBatches] = {};
   // Scratch (one task at a time).
   void* x_ = nullptr;  // [T, hidden] dtype
   float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_f_ = nullptr, *proj_ = nullptr;
@@ -303,6 +313,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   for (int mb = 0; mb < kMaxMicroBatches; ++mb) {
     d->h_[mb] = d->Carve<float>(T * hidden);
     d->positions_[mb] = d->Carve<int64_t>(T);
+    d->prefill_cu_[mb] = d->Carve<int32_t>(T + 1);
   }
   d->x_ = d->Carve<std::byte>(T * hidden * d->elem_);
   d->q_ = d->Carve<float>(T * c.q_size());
@@ -485,6 +496,7 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
 absl::Status CudaDevice::Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
                                int64_t tokens) {
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  prefill_segments_[micro_batch] = 0;
   const ModelConfig& c = config();
   const TensorInfo& table = *store_.weights().embed_tokens;
   const size_t row_bytes = static_cast<size_t>(c.hidden_size) * DTypeSize(*table.dtype);
@@ -517,7 +529,36 @@ absl::Status CudaDevice::Embed(int micro_batch, const int32_t* token_ids, const 
   return CudaError(cudaStreamSynchronize(compute_), "embedding");
 }
 
-absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) {
+absl::Status CudaDevice::SetPrefillSegments(int micro_batch, const int32_t* cu_rows,
+                                            int64_t num_segments) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  if (num_segments < 0 || num_segments > tokens || (num_segments > 0 && cu_rows == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill segments: ", num_segments, " segments in a micro-batch of ", tokens, " tokens"));
+  }
+  for (int64_t s = 0; s < num_segments + (num_segments > 0 ? 1 : 0); ++s) {
+    if (cu_rows[s] < 0 || cu_rows[s] > tokens || (s > 0 && cu_rows[s] < cu_rows[s - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefill segments: cu_rows[", s, "] = ", cu_rows[s],
+                       " is out of order or outside [0, ", tokens, "]"));
+    }
+  }
+  prefill_segments_[micro_batch] = num_segments;
+  if (num_segments == 0) return absl::OkStatus();
+  prefill_first_[micro_batch] = cu_rows[0];
+  prefill_last_[micro_batch] = cu_rows[num_segments];
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(prefill_cu_[micro_batch], cu_rows,
+                                static_cast<size_t>(num_segments + 1) * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, compute_),
+                "prefill segments H2D"));
+  return CudaError(cudaStreamSynchronize(compute_), "prefill segments");
+}
+
+absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                               float* attn) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
@@ -537,13 +578,35 @@ absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* 
                                     positions_[micro_batch], inv_freq_, compute_));
   MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
                                     positions_[micro_batch], inv_freq_, compute_));
-  // q/k/v to the host on the transfer stream, after the compute stream's work.
+  // Prefill attention of the segments (their rows' attention output in attn_f_, which task B
+  // overwrites only after this call has copied it to the host).
+  const int64_t segments = prefill_segments_[micro_batch];
+  const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
+  const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
+  if (segments > 0) {
+    if (attn == nullptr) return absl::InvalidArgumentError("task A: prefill segments, null attn");
+    MB_RETURN_IF_ERROR(gpu::PrefillAttention(
+        q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
+        c.num_key_value_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+        c.sliding_window.value_or(0), attn_f_, compute_));
+  }
+  // q (rows outside the segments: the CPU attends them), k, v and the segments' attention to the
+  // host on the transfer stream, after the compute stream's work.
   MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
   MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
-  const size_t qb = static_cast<size_t>(tokens * c.q_size()) * sizeof(float);
+  const int64_t q_row = c.q_size();
   const size_t kvb = static_cast<size_t>(tokens * c.kv_size()) * sizeof(float);
-  MB_RETURN_IF_ERROR(
-      CudaError(cudaMemcpyAsync(q, q_, qb, cudaMemcpyDeviceToHost, transfer_), "q D2H"));
+  auto rows_d2h = [&](float* host, const float* device, int64_t from, int64_t to,
+                      const char* what) {
+    if (to <= from) return absl::OkStatus();
+    return CudaError(cudaMemcpyAsync(host + from * q_row, device + from * q_row,
+                                     static_cast<size_t>((to - from) * q_row) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, transfer_),
+                     what);
+  };
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, 0, first, "q D2H"));
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, last, tokens, "q D2H"));
+  MB_RETURN_IF_ERROR(rows_d2h(attn, attn_f_, first, last, "prefill attention D2H"));
   MB_RETURN_IF_ERROR(
       CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
   MB_RETURN_IF_ERROR(

@@ -125,7 +125,8 @@ absl::Status CpuDevice::Embed(int micro_batch, const int32_t* token_ids, const i
   return absl::OkStatus();
 }
 
-absl::Status CpuDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) {
+absl::Status CpuDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                              float* /*attn: no prefill segments here (AttendsPrefill false)*/) {
   auto got = Get(micro_batch, layer);
   if (!got.ok()) return got.status();
   MicroBatch& mb = **got;

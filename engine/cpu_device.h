@@ -49,7 +49,8 @@ class CpuDevice final : public Device {
   const ModelConfig& config() const override { return config_; }
   absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
                      int64_t tokens) override;
-  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) override;
+  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                     float* attn) override;
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;

@@ -45,6 +45,7 @@ struct ForwardStats {
   double weight_transfer_seconds = 0;  // weight copies in flight (Device::counters)
   int64_t weight_bytes = 0;            // weight bytes copied to the device
   int64_t kv_tokens_read = 0;          // sum of the sequences' context lengths (per layer)
+  int64_t device_attention_tokens = 0;  // rows whose attention the device computed (prefill)
 };
 
 // What the device's weight transfers did so far (the cuda backend's data mover; zero on the cpu
@@ -75,9 +76,35 @@ class Device {
   virtual absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
                              int64_t tokens) = 0;
 
+  // Prefill attention on the device (MoE-Lens §6.4 puts the prefill tokens' attention in GPU
+  // task A; the CPU attends the decode tokens). A sequence whose rows in a micro-batch are its
+  // whole context (positions 0, 1, ..., a prompt prefilled in one chunk) attends only to its own
+  // rows, so a device that has q, k and v of those rows can compute it. true: SetPrefillSegments
+  // and TaskA's `attn` output are supported.
+  virtual bool AttendsPrefill() const { return false; }
+
+  // The rows of the micro-batch whose attention TaskA computes, for every layer of the pass begun;
+  // called after Embed of the micro-batch (which clears them), before its first TaskA. cu_rows
+  // [num_segments + 1] int32, non-decreasing, within [0, tokens]: segment s is rows [cu_rows[s],
+  // cu_rows[s + 1]), one sequence's whole context at positions 0, 1, .... num_segments 0 clears.
+  // InvalidArgument for a malformed list; FailedPrecondition for segments on a device that does not
+  // attend prefill.
+  virtual absl::Status SetPrefillSegments(int micro_batch, const int32_t* cu_rows,
+                                          int64_t num_segments) {
+    return num_segments == 0
+               ? absl::OkStatus()
+               : absl::FailedPreconditionError("this device does not attend prefill tokens");
+  }
+
   // Task A of `layer` for the micro-batch: writes q [tokens, num_heads, head_dim] and
-  // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k).
-  virtual absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v) = 0;
+  // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k), and, for the rows of the
+  // prefill segments (SetPrefillSegments), their attention output into attn [tokens, num_heads,
+  // head_dim] f32 (causal over the segment, GQA, the model's sliding window, scale head_dim^-0.5:
+  // the math of cpu_attention/paged_attention.h); the other rows of attn are left untouched, and
+  // q of the segments' rows may be left unwritten (nothing reads it). attn may be null when there
+  // are no segments.
+  virtual absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                             float* attn) = 0;
 
   // Task B of `layer`: attn [tokens, num_heads * head_dim] f32 is the attention output; updates
   // the micro-batch's hidden state. Adds the routing counts to *stats when not null.

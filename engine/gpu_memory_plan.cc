@@ -28,7 +28,7 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
   const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size;
   int64_t bytes = 0;
-  bytes += 2 * (hidden * f + 8);     // h and position, each micro-batch (kMaxMicroBatches = 2)
+  bytes += 2 * (hidden * f + 8 + 4);  // h, position, prefill segment offset, each micro-batch
   bytes += hidden * e;               // x = RMSNorm(h), GEMM input
   bytes += (q + 2 * kv) * f;         // q, k, v
   bytes += q * f + q * e;            // attention output, and as GEMM input

@@ -7,8 +7,8 @@
 // Buffers (bytes; T = tokens per pass, `c` the compute dtype's size, f = 4):
 //   weight_slots   2 x the largest layer region (engine/weight_store.h)
 //   resident       lm_head [vocab, hidden] c + final norm [hidden] c
-//   activations    per token: hidden state h [hidden] f and position (8) for each of the
-//                  kMaxMicroBatches micro-batches,
+//   activations    per token: hidden state h [hidden] f, position (8) and prefill segment
+//                  offset (4) for each of the kMaxMicroBatches micro-batches,
 //                  plus the scratch of one task at a time: x [hidden] c, q/k/v [q + 2 kv] f,
 //                  attention in [q] f and [q] c, o-proj out [hidden] f, router logits [E] f,
 //                  top-k ids/weights/slots [k] x 12, expert inputs [k, hidden] c, gate and up

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -112,31 +113,51 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
   }
   num_micro_batches_ = micro_batches;
   const int64_t q_row = c.q_size(), kv_row = c.kv_size();
-  size_t logits_out = 0;
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
     mb.token_ids.clear();
     mb.positions.clear();
     mb.append_rows.clear();
     mb.attn_seqs.clear();
+    mb.prefill_cu_rows.clear();
     mb.logit_rows.clear();
     mb.logit_outputs.clear();
   }
+  // Sequences the device attends (whole context in this pass) go after the others of their
+  // micro-batch, so that their rows form one run of segments; logits stay in batch order.
+  const bool device_prefill =
+      device_->AttendsPrefill() && tokens < std::numeric_limits<int32_t>::max();
+  auto on_device = [&](const ForwardSequence& seq) {
+    return device_prefill && seq.context_len == seq.num_tokens;
+  };
+  std::vector<size_t> logit_index(num_seqs, 0);
+  size_t logits_out = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
-    const ForwardSequence& seq = batch.seqs[s];
-    MicroBatch& mb = micro_batches_[owner[s]];
-    const int64_t start = mb.tokens();
-    for (int64_t i = 0; i < seq.num_tokens; ++i) {
-      const int64_t position = seq.context_len - seq.num_tokens + i;
-      mb.token_ids.push_back(batch.token_ids[seq.token_start + i]);
-      mb.positions.push_back(position);
-      mb.append_rows.push_back(KvAppendRow{seq.block_table->data(), position});
-    }
-    mb.attn_seqs.push_back(
-        AttentionSequence{seq.block_table->data(), start, seq.num_tokens, seq.context_len});
-    if (seq.need_logits) {
-      mb.logit_rows.push_back(start + seq.num_tokens - 1);
-      mb.logit_outputs.push_back(logits_out++);
+    if (batch.seqs[s].need_logits) logit_index[s] = logits_out++;
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const ForwardSequence& seq = batch.seqs[s];
+      if (on_device(seq) != (round == 1)) continue;
+      MicroBatch& mb = micro_batches_[owner[s]];
+      const int64_t start = mb.tokens();
+      for (int64_t i = 0; i < seq.num_tokens; ++i) {
+        const int64_t position = seq.context_len - seq.num_tokens + i;
+        mb.token_ids.push_back(batch.token_ids[seq.token_start + i]);
+        mb.positions.push_back(position);
+        mb.append_rows.push_back(KvAppendRow{seq.block_table->data(), position});
+      }
+      if (round == 0) {
+        mb.attn_seqs.push_back(
+            AttentionSequence{seq.block_table->data(), start, seq.num_tokens, seq.context_len});
+      } else {
+        if (mb.prefill_cu_rows.empty()) mb.prefill_cu_rows.push_back(static_cast<int32_t>(start));
+        mb.prefill_cu_rows.push_back(static_cast<int32_t>(start + seq.num_tokens));
+      }
+      if (seq.need_logits) {
+        mb.logit_rows.push_back(start + seq.num_tokens - 1);
+        mb.logit_outputs.push_back(logit_index[s]);
+      }
     }
   }
   for (int m = 0; m < micro_batches; ++m) {
@@ -192,9 +213,11 @@ absl::Status ModelRunner::RunPlain(PagedKvCache& cache, ForwardStats* stats) {
   Device& device = *device_;
   MicroBatch& mb = micro_batches_[0];
   for (int64_t layer = 0; layer < config().num_hidden_layers; ++layer) {
-    if (auto st = DeviceCall(
-            "A", layer, 0, stats,
-            [&] { return device.TaskA(0, layer, mb.q.data(), mb.k.data(), mb.v.data()); });
+    if (auto st = DeviceCall("A", layer, 0, stats,
+                             [&] {
+                               return device.TaskA(0, layer, mb.q.data(), mb.k.data(), mb.v.data(),
+                                                   mb.attn.data());
+                             });
         !st.ok()) {
       return st;
     }
@@ -217,7 +240,7 @@ absl::Status ModelRunner::RunPipelined(PagedKvCache& cache, ForwardStats* stats)
   auto task_a = [&](int m, int64_t layer) {
     MicroBatch& mb = micro_batches_[m];
     return DeviceCall("A", layer, m, stats, [&] {
-      return device.TaskA(m, layer, mb.q.data(), mb.k.data(), mb.v.data());
+      return device.TaskA(m, layer, mb.q.data(), mb.k.data(), mb.v.data(), mb.attn.data());
     });
   };
   auto task_b = [&](int m, int64_t layer) {
@@ -278,6 +301,16 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
             [&] { return device.Embed(m, mb.token_ids.data(), mb.positions.data(), mb.tokens()); });
         !st.ok()) {
       return st;
+    }
+    const int64_t segments =
+        mb.prefill_cu_rows.empty() ? 0 : static_cast<int64_t>(mb.prefill_cu_rows.size()) - 1;
+    if (device.AttendsPrefill()) {
+      if (auto st = device.SetPrefillSegments(m, mb.prefill_cu_rows.data(), segments); !st.ok()) {
+        return st;
+      }
+    }
+    if (segments > 0) {
+      local_stats.device_attention_tokens += mb.prefill_cu_rows.back() - mb.prefill_cu_rows.front();
     }
   }
   absl::Status run =

@@ -17,6 +17,11 @@
 // phase's end. Each micro-batch computes exactly what the plain pass computes for its tokens
 // (attention and K/V of a sequence never depend on other sequences), so the tokens are the same.
 //
+// Prefill attention on the device (MoE-Lens §6.4): when the device AttendsPrefill(), a sequence
+// whose rows in the pass are its whole context (a prompt prefilled in one chunk) is attended by
+// the device in task A; its rows go last in their micro-batch, and the CPU task only appends their
+// K/V. Other sequences (decode tokens, later chunks of a chunked prefill) are attended on the CPU.
+//
 // Threading: Forward is called from one thread at a time; it parallelises inside with OpenMP (the
 // worker thread has its own OpenMP team of the caller's size). The device and the cache must
 // outlive the call.
@@ -87,7 +92,8 @@ class ModelRunner {
     std::vector<int32_t> token_ids;
     std::vector<int64_t> positions;
     std::vector<KvAppendRow> append_rows;
-    std::vector<AttentionSequence> attn_seqs;
+    std::vector<AttentionSequence> attn_seqs;  // attended on the CPU
+    std::vector<int32_t> prefill_cu_rows;      // segments the device attends (empty: none)
     std::vector<int64_t> logit_rows;    // rows of this micro-batch that need logits
     std::vector<size_t> logit_outputs;  // their row in the pass's logits
     std::vector<float> q, k, v, attn;   // task A outputs, attention output

@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<ProfilePoint>> MeasureLayerTimes(Device& device,
       device.BeginPass(1);
       if (auto st = device.Embed(0, ids.data(), positions.data(), n); !st.ok()) return st;
       const auto t0 = std::chrono::steady_clock::now();
-      if (auto st = device.TaskA(0, 0, q.data(), k.data(), v.data()); !st.ok()) return st;
+      if (auto st = device.TaskA(0, 0, q.data(), k.data(), v.data(), nullptr); !st.ok()) return st;
       if (auto st = device.TaskB(0, 0, attn.data(), nullptr); !st.ok()) return st;
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) best = std::min(best, s);

@@ -39,9 +39,9 @@ class RecordingDevice final : public Device {
     Log("E" + std::to_string(mb));
     return inner_->Embed(mb, ids, pos, tokens);
   }
-  absl::Status TaskA(int mb, int64_t layer, float* q, float* k, float* v) override {
+  absl::Status TaskA(int mb, int64_t layer, float* q, float* k, float* v, float* attn) override {
     Log("A" + std::to_string(layer) + "." + std::to_string(mb));
-    return inner_->TaskA(mb, layer, q, k, v);
+    return inner_->TaskA(mb, layer, q, k, v, attn);
   }
   absl::Status TaskB(int mb, int64_t layer, const float* attn, ForwardStats* stats) override {
     Log("B" + std::to_string(layer) + "." + std::to_string(mb));
