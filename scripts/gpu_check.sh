@@ -20,7 +20,11 @@
 # memory cap only, not their compute or PCIe link: say so next to every figure), GEN_TOKENS
 # (default 32,64,128,256), REQUESTS (default 2000), LAYERS (synthetic layers, default 8),
 # GPU_TFLOPS, CPU_MEM_GBS, HF_REQUESTS (default 256), STEP_SECONDS (time limit per program,
-# default 240).
+# default 240), PIPELINE_SECONDS (bench_pipeline_throughput's, default 540).
+# Sizes: 2,000 requests of the four lengths at 8 layers are roughly 480 passes of ~23 GB of weights
+# each over PCIe, several minutes: give the pipeline phase one budget per call (GPU_BUDGETS=16,
+# then 24), and lower REQUESTS or GEN_TOKENS if the first call's log shows it will not fit. A
+# program stopped at its limit still leaves the rows it printed in the log.
 # What comes back (the device tool returns at most 8 files): gpu.txt, one log per phase
 # (PHASE.log, every program's output in order), passes-NNgb.csv and throughput-NNgb.png.
 set -uo pipefail
@@ -124,7 +128,7 @@ for phase in "${phases[@]}"; do
       ;;
     pipeline)
       for gb in ${GPU_BUDGETS:-16 24}; do
-        step "pipeline_${gb}gb" "$step_seconds" bench_pipeline_throughput \
+        step "pipeline_${gb}gb" "${PIPELINE_SECONDS:-540}" bench_pipeline_throughput \
           --model bench/models/mixtral-8x7b --weights synthetic --synthetic_layers "${LAYERS:-8}" \
           --backend cuda --gpu_memory_gb "$gb" --kv_cache_gb 64 --requests "${REQUESTS:-2000}" \
           --prompt_tokens 98 --gen_tokens "${GEN_TOKENS:-32,64,128,256}" \
