@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/cpu_device.h"
 #include "engine/model_runner.h"
+#include "tests/mixed_passes.h"
 
 namespace moebatch {
 namespace {
@@ -109,10 +110,10 @@ struct Run {
   int64_t device_rows = 0;  // PrefillAttendingDevice::rows_attended, over both passes
 };
 
-// Two passes on a fixture: (1) whole prompts of 40, 5, 9 tokens and the first 30 tokens of a
-// longer one; (2) decode tokens, that prompt's remaining 12 tokens (a continued chunk: CPU), and
-// a new 17-token prompt (device). As tests/test_vslpipe.cc; the 40-token prompt is longer than
-// tiny-mixtral-swa's sliding window (32), so the window applies on the device side too.
+// tests/mixed_passes.h's two passes on a fixture: the whole prompts (all 84 rows of pass 1, the
+// new 17-token prompt of pass 2) go to the device, the continued chunk and decode tokens to the
+// CPU; its 40-token prompt is longer than tiny-mixtral-swa's sliding window, so the window
+// applies on the device side too.
 Run RunTwoPasses(const Checkpoint& checkpoint, bool device_prefill, bool vslpipe) {
   const ModelConfig& c = checkpoint.config();
   auto cpu = CpuDevice::Create(c, checkpoint.weights(), CpuDeviceOptions{DType::kF32});
@@ -128,38 +129,10 @@ Run RunTwoPasses(const Checkpoint& checkpoint, bool device_prefill, bool vslpipe
   KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 32, DType::kF32};
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
-  std::vector<std::vector<int32_t>> tables = {{3, 9, 10}, {4}, {12, 13, 14}, {20}, {21, 22}};
-  auto ids = [&](int64_t n, int seed) {
-    std::vector<int32_t> out;
-    for (int64_t i = 0; i < n; ++i) {
-      out.push_back(static_cast<int32_t>((i * 37 + seed * 101) % c.vocab_size));
-    }
-    return out;
-  };
+  const auto passes = testing::MakeMixedPasses(c.vocab_size);
   Run run;
-  ForwardBatch first;
-  int64_t row = 0;
-  const std::pair<int, int64_t> pass1[] = {{0, 40}, {1, 5}, {2, 30}, {3, 9}};
-  for (auto [s, n] : pass1) {
-    auto t = ids(n, s);
-    first.token_ids.insert(first.token_ids.end(), t.begin(), t.end());
-    first.seqs.push_back(ForwardSequence{&tables[s], row, n, n, true});
-    row += n;
-  }
-  REQUIRE(runner.Forward(first, **cache, &run.logits1, &run.stats1).ok());
-  ForwardBatch second;
-  second.token_ids = {11, 22};
-  second.seqs.push_back(ForwardSequence{&tables[0], 0, 1, 41, true});
-  second.seqs.push_back(ForwardSequence{&tables[1], 1, 1, 6, true});
-  auto rest = ids(12, 7);
-  second.token_ids.insert(second.token_ids.end(), rest.begin(), rest.end());
-  second.seqs.push_back(ForwardSequence{&tables[2], 2, 12, 42, true});
-  auto fresh = ids(17, 8);
-  second.token_ids.insert(second.token_ids.end(), fresh.begin(), fresh.end());
-  second.seqs.push_back(ForwardSequence{&tables[4], 14, 17, 17, true});
-  second.token_ids.push_back(33);
-  second.seqs.push_back(ForwardSequence{&tables[3], 31, 1, 10, true});
-  REQUIRE(runner.Forward(second, **cache, &run.logits2, &run.stats2).ok());
+  REQUIRE(runner.Forward(passes->first, **cache, &run.logits1, &run.stats1).ok());
+  REQUIRE(runner.Forward(passes->second, **cache, &run.logits2, &run.stats2).ok());
   if (wrapped != nullptr) run.device_rows = wrapped->rows_attended;
   return run;
 }

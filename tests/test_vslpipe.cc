@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/pipeline_trace.h"
+#include "tests/mixed_passes.h"
 
 namespace moebatch {
 namespace {
@@ -69,8 +70,9 @@ struct Pass {
   int micro_batches = 0;
 };
 
-// A mixed pass on tiny-mixtral: three prefill chunks (one continuing an earlier chunk) and two
-// decode tokens, after a first pass that filled the earlier context.
+// A mixed pass on tiny-mixtral (tests/mixed_passes.h's second pass: two prefill chunks, one
+// continuing an earlier chunk, and three decode tokens) after the first pass that filled the
+// earlier context.
 Pass RunMixed(const Checkpoint& checkpoint, bool vslpipe) {
   const ModelConfig& c = checkpoint.config();
   auto cpu = CpuDevice::Create(c, checkpoint.weights(), CpuDeviceOptions{DType::kF32});
@@ -81,39 +83,10 @@ Pass RunMixed(const Checkpoint& checkpoint, bool vslpipe) {
   KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 32, DType::kF32};
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
-  std::vector<std::vector<int32_t>> tables = {{3, 9}, {4}, {12, 13, 14}, {20}, {21, 22}};
-  auto ids = [](int64_t n, int seed) {
-    std::vector<int32_t> v;
-    for (int64_t i = 0; i < n; ++i)
-      v.push_back(static_cast<int32_t>((i * 37 + seed * 101) % 32000));
-    return v;
-  };
-  // Pass 1: prompts of sequences 0 (20 tokens), 1 (5), 3 (9), and the first 30 of sequence 2.
-  ForwardBatch first;
-  int64_t row = 0;
-  const std::pair<int, int64_t> pass1[] = {{0, 20}, {1, 5}, {2, 30}, {3, 9}};
-  for (auto [s, n] : pass1) {
-    auto t = ids(n, s);
-    first.token_ids.insert(first.token_ids.end(), t.begin(), t.end());
-    first.seqs.push_back(ForwardSequence{&tables[s], row, n, n, s != 2});
-    row += n;
-  }
+  const auto passes = testing::MakeMixedPasses(c.vocab_size);
   std::vector<float> logits;
-  REQUIRE(runner.Forward(first, **cache, &logits).ok());
-  // Pass 2: decode tokens of 0 and 1, the remaining 12 tokens of 2, a new 17-token prompt (4), a
-  // decode token of 3.
-  ForwardBatch second;
-  second.token_ids = {11, 22};
-  second.seqs.push_back(ForwardSequence{&tables[0], 0, 1, 21, true});
-  second.seqs.push_back(ForwardSequence{&tables[1], 1, 1, 6, true});
-  auto rest = ids(12, 7);
-  second.token_ids.insert(second.token_ids.end(), rest.begin(), rest.end());
-  second.seqs.push_back(ForwardSequence{&tables[2], 2, 12, 42, true});
-  auto fresh = ids(17, 8);
-  second.token_ids.insert(second.token_ids.end(), fresh.begin(), fresh.end());
-  second.seqs.push_back(ForwardSequence{&tables[4], 14, 17, 17, true});
-  second.token_ids.push_back(33);
-  second.seqs.push_back(ForwardSequence{&tables[3], 31, 1, 10, true});
+  REQUIRE(runner.Forward(passes->first, **cache, &logits).ok());
+  const ForwardBatch& second = passes->second;
   rec->calls.clear();
   Pass out;
   REQUIRE(runner.Forward(second, **cache, &out.logits).ok());
