@@ -58,15 +58,17 @@ echo "gpu_check: bundle of commit $(cat "$dest/commit"); checkout at $(git rev-p
 
 # cuBLAS (and, should the bundle's be unusable, the CUDA runtime) from the machine's CUDA toolkit or
 # the Python wheels beside PyTorch.
+# libcublasLt from the same folder as libcublas when it is there (one CUDA installation).
 cuda_dirs=()
 for name in libcublas.so.13 libcublasLt.so.13; do
-  found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
-  if [ -z "$found" ]; then
-    found=$(find /usr/local /usr/lib /opt -name "$name" 2>/dev/null | head -1)
-  fi
+  found=""
+  [ ${#cuda_dirs[@]} -gt 0 ] && [ -e "${cuda_dirs[0]}/$name" ] && found="${cuda_dirs[0]}/$name"
+  [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+  [ -z "$found" ] && found=$(find /usr/local /usr/lib /opt -name "$name" 2>/dev/null | head -1)
   if [ -z "$found" ]; then echo "gpu_check: $name not found on this machine" >&2; exit 1; fi
   cuda_dirs+=("$(dirname "$found")")
 done
+echo "gpu_check: cuBLAS from ${cuda_dirs[*]}"
 libpath="$dest/lib"
 for d in "${cuda_dirs[@]}"; do libpath="$libpath:$d"; done
 export LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
