@@ -18,8 +18,9 @@
 //     baseline. Figures per call: KV tokens attended = sum of context lengths; KV bytes = K + V of
 //     every context (each KV byte counted once, whatever the GQA ratio). Best of --repeats calls,
 //     with the median and range.
-//     Also a read-only pass over the same bytes (ReadKvOnly): the memory-side ceiling for this
-//     layout, with no math.
+//     Also read-only passes over the same bytes with no math (ReadKvOnly: the kernels' order and
+//     8 runs interleaved; ReadKvHeadsInner: every KV head of a block in turn): the memory-side
+//     ceilings of this layout for those orders.
 //  3. The baselines: bench/attention_baseline.cc, the portable algorithm of PagedAttentionReference
 //     compiled at -O3 once per vector ISA the CPU has (AVX-512, AVX2), i.e. what the compiler makes
 //     of the reference on its own with the hand kernel's instructions. Speed-ups are given over the
@@ -300,6 +301,36 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
   return result;
 }
 
+// The same bytes in the order of a kernel that would take every KV head of a sequence in one work
+// item: block by block, and in each block KV head 0's K run and V run, then head 1's, ...; the K
+// runs of a block are adjacent (engine/kv_cache.h), so each block is read as two 32 KiB sequential
+// streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far apart. Split over sequences.
+uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t tokens) {
+  const KvLayerView& v = p.view;
+  const size_t elem = DTypeSize(v.dtype);
+  const size_t row_bytes = static_cast<size_t>(v.head_dim) * elem;
+  const size_t run_bytes = static_cast<size_t>(v.block_size) * row_bytes;
+  const int64_t blocks = BlocksForTokens(tokens, v.block_size);
+  uint64_t result = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(^ : result)
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t* table = p.seqs[s].block_table;
+    uint64_t acc[8] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n = std::min<int64_t>(v.block_size, tokens - b * v.block_size);
+      const std::byte* base = v.base + static_cast<size_t>(table[b]) * v.block_stride_bytes;
+      for (int64_t h = 0; h < v.num_kv_heads; ++h) {
+        const std::byte* k = base + static_cast<size_t>(h) * run_bytes;
+        const size_t words = static_cast<size_t>(n) * row_bytes / sizeof(uint64_t);
+        XorWords(reinterpret_cast<const uint64_t*>(k), words, acc);
+        XorWords(reinterpret_cast<const uint64_t*>(k + v.value_offset_bytes), words, acc);
+      }
+    }
+    for (int j = 0; j < 8; ++j) result ^= acc[j];
+  }
+  return result;
+}
+
 struct Row {
   std::string shape, impl;
   CpuIsa isa = CpuIsa::kPortable;
@@ -457,6 +488,13 @@ int main(int argc, char** argv) {
         if (sink == 0x5eed) std::printf(" ");  // keeps the reads
         add_row(interleave == 1 ? "read-only, runs whole" : "read-only, 8 runs by KiB",
                 CpuIsa::kPortable, false, t, true);
+      }
+      {
+        uint64_t sink = 0;
+        const Timing t =
+            TimeCalls(repeats, [&] { sink ^= ReadKvHeadsInner(*p, num_seqs, tokens); });
+        if (sink == 0x5eed) std::printf(" ");  // keeps the reads
+        add_row("read-only, heads inner", CpuIsa::kPortable, false, t, true);
       }
       // Speed-ups: over the baseline built for the same ISA (portable: the widest baseline), and
       // over the fastest compiler-vectorised build of the reference (every baseline and portable).
