@@ -17,14 +17,13 @@
 #include "engine/checkpoint.h"
 #include "engine/cpu_device.h"
 #include "engine/model_runner.h"
+#include "tests/golden.h"
 #include "tests/mixed_passes.h"
 
 namespace moebatch {
 namespace {
 
-std::string Fixture(const std::string& name) {
-  return std::string(MOEBATCH_FIXTURES_DIR) + "/" + name;
-}
+using testing::FixtureDir;
 
 // A CpuDevice that also attends the prefill segments in task A.
 class PrefillAttendingDevice final : public Device {
@@ -155,7 +154,7 @@ void CheckClose(const std::vector<float>& got, const std::vector<float>& want) {
 TEST_CASE("device prefill: whole-context sequences go to the device, the rest to the CPU",
           "[device_prefill]") {
   for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
-    auto checkpoint = Checkpoint::Load(Fixture(fixture));
+    auto checkpoint = Checkpoint::Load(FixtureDir(fixture));
     REQUIRE(checkpoint.ok());
     const int64_t layers = (*checkpoint)->config().num_hidden_layers;
     const Run plain = RunTwoPasses(**checkpoint, false, false);
@@ -174,7 +173,7 @@ TEST_CASE("device prefill: whole-context sequences go to the device, the rest to
 }
 
 TEST_CASE("device prefill: a device without it refuses segments", "[device_prefill]") {
-  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  auto checkpoint = Checkpoint::Load(FixtureDir("tiny-mixtral"));
   REQUIRE(checkpoint.ok());
   auto cpu = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
                                CpuDeviceOptions{DType::kF32});
