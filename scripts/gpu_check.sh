@@ -56,9 +56,9 @@ if [ "$(cat "$dest/bundle.sha256" 2>/dev/null)" != "$sum" ]; then
 fi
 echo "gpu_check: bundle of commit $(cat "$dest/commit"); checkout at $(git rev-parse HEAD 2>/dev/null)"
 
-# cuBLAS (and, should the bundle's be unusable, the CUDA runtime) from the machine's CUDA toolkit or
-# the Python wheels beside PyTorch.
-# libcublasLt from the same folder as libcublas when it is there (one CUDA installation).
+# cuBLAS from the machine's CUDA toolkit or the Python wheels beside PyTorch (the bundle carries
+# the CUDA runtime); libcublasLt from the same folder as libcublas when it is there (one CUDA
+# installation).
 cuda_dirs=()
 for name in libcublas.so.13 libcublasLt.so.13; do
   found=""
