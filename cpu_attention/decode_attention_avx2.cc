@@ -72,9 +72,10 @@ struct Avx2Ops {
 }  // namespace
 
 void AttendGroupAvx2(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                     int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
-                     float* l) {
-  AttendGroupDispatch<Avx2Ops>(kv, block_table, kv_head, first, last, q, group, acc, m, l);
+                     int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                     float* acc, float* m, float* l) {
+  AttendGroupDispatch<Avx2Ops>(kv, block_table, kv_head, num_kv_heads, first, last, q, group, acc,
+                               m, l);
 }
 
 void ConvertRowAvx2(DType dtype, const float* src, std::byte* dst, int64_t n) {

@@ -114,36 +114,113 @@ inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t 
     for (int k = 0; k < 2 * CC; ++k) _mm512_storeu_ps(acc + g * d + c + 16 * k, a[g][k]);
 }
 
+// Where one head-tile's prefetches go: the rows of the head-tiles kPrefetchFirst ..
+// kPrefetchFirst + kPrefetchSpan - 1 ahead; ahead[k] gets its slice kPrefetchSpan - 1 - k of
+// kPrefetchSpan, spread over the score steps.
+struct PrefetchPlan {
+  const std::byte* ahead[kPrefetchSpan] = {};
+  size_t bytes[kPrefetchSpan] = {};
+};
+
+// One tile of n <= kTile keys of one KV head (keys: its first K row; the V rows value_offset
+// bytes on), for the G query heads whose pair-order queries are qp[G][d]: updates the pair-order
+// accumulators acc[G][d], the running max m[G] and the per-lane running sums l[G].
 template <DType T, int G>
-void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                      int64_t first, int64_t last, const float* q, float* acc_out, float* m_out,
-                      float* l_out) {
-  constexpr size_t elem = DTypeSize(T);
+inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, size_t value_offset,
+                                                      int64_t n, size_t row_bytes, int64_t d,
+                                                      const PrefetchPlan& pf, const float* qp,
+                                                      float* acc, float* m, __m512* l) {
   constexpr int R = G <= 4 ? 4 : 2;   // key rows per q . K step
   constexpr int CC = G <= 4 ? 2 : 1;  // 32-element chunks per V step
-  const int64_t d = kv.head_dim;
-  const int64_t bs = kv.block_size;
-  const size_t row_bytes = static_cast<size_t>(d) * elem;
-  const size_t head_offset = static_cast<size_t>(kv_head) * bs * row_bytes;
-
-  alignas(64) float qp[G * kMaxTiledHeadDim];
-  alignas(64) float acc[G * kMaxTiledHeadDim];
-  for (int g = 0; g < G; ++g) ToPairOrder<T>(q + g * d, d, qp + g * d);
-  for (int64_t i = 0; i < G * d; ++i) acc[i] = 0.0f;
-  float m[G];
-  __m512 l[G];  // running sums per lane; summed at the end
-  alignas(64) float corr[16];
-  for (int g = 0; g < G; ++g) {
-    m[g] = -__builtin_inff();
-    l[g] = _mm512_setzero_ps();
-  }
+  constexpr int kSteps = kTile / R;   // score steps per full tile
   alignas(64) __m512 dots[G][kTile];
   alignas(64) float p[G][kTile];
+  alignas(64) float corr[16];
+  const std::byte* values = keys + value_offset;
+  const size_t slice = static_cast<size_t>(kTile) * row_bytes / (kPrefetchSpan * kSteps);
 
-  auto row_address = [&](int64_t j) {
+  // Scores.
+  int64_t t = 0;
+  for (; t + R <= n; t += R) {
+    const size_t step = static_cast<size_t>(t / R);
+    for (int k = 0; k < kPrefetchSpan; ++k) {
+      const size_t from = ((kPrefetchSpan - 1 - k) * kSteps + step) * slice;
+      for (size_t x = from; x < from + slice && x < pf.bytes[k]; x += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf.ahead[k] + x), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf.ahead[k] + value_offset + x), _MM_HINT_T0);
+      }
+    }
+    ScoreRows<T, G, R>(keys, row_bytes, t, d, qp, dots);
+  }
+  for (; t < n; ++t) ScoreRows<T, G, 1>(keys, row_bytes, t, d, qp, dots);
+  for (int g = 0; g < G; ++g)
+    for (int64_t u = n; u < kTile; ++u) dots[g][u] = _mm512_setzero_ps();
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+
+  // Online softmax update: the tile's scores per head, the new running max, the rescale factors
+  // exp(old max - new max) of every head in one vector exp (0 on the first tile, where the
+  // accumulators are 0), then p = exp(s - max) and the per-lane running sums.
+  __m512 s[G];
+  alignas(64) float old_max[16] = {}, new_max[16] = {};
+  for (int g = 0; g < G; ++g) {
+    s[g] = _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), valid, TransposeReduce16(dots[g]));
+    const float tile_max = _mm512_reduce_max_ps(s[g]);
+    old_max[g] = m[g];
+    new_max[g] = tile_max > m[g] ? tile_max : m[g];
+    m[g] = new_max[g];
+  }
+  _mm512_store_ps(corr,
+                  Avx512Ops::Exp(_mm512_sub_ps(_mm512_load_ps(old_max), _mm512_load_ps(new_max))));
+  for (int g = 0; g < G; ++g) {
+    const __m512 e = Avx512Ops::Exp(_mm512_sub_ps(s[g], _mm512_set1_ps(new_max[g])));
+    _mm512_store_ps(p[g], e);
+    l[g] = _mm512_fmadd_ps(l[g], _mm512_set1_ps(corr[g]), e);
+  }
+
+  // Values.
+  for (int64_t c = 0; c < d; c += 32 * CC) {
+    if (c + 32 * CC <= d) {
+      AccumulateValues<T, G, CC>(values, row_bytes, n, c, p, corr, d, acc);
+    } else {
+      AccumulateValues<T, G, 1>(values, row_bytes, n, c, p, corr, d, acc);
+    }
+  }
+}
+
+// Heads inner: the keys are walked tile by tile, and each tile is attended for every KV head of
+// the work item in turn, each head with its own queries, accumulators and softmax state. A block's
+// K runs of all KV heads are adjacent (engine/kv_cache.h), so a work item of 8 KV heads reads each
+// block as two 32 KiB sequential streams instead of one 4 KiB K run and one V run per item; the
+// read-only probe of bench/attention_bandwidth.cc reads that order faster (docs/performance.md).
+// The prefetches follow the same order: head-tile i = (tile, head) prefetches head-tiles
+// i + kPrefetchFirst .. i + kPrefetchFirst + kPrefetchSpan - 1. Each head's arithmetic is exactly
+// that of a one-head call.
+template <DType T, int G>
+void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
+                      int num_kv_heads, int64_t first, int64_t last, const float* q, float* acc_out,
+                      float* m_out, float* l_out) {
+  constexpr size_t elem = DTypeSize(T);
+  const int64_t d = kv.head_dim;
+  const int64_t bs = kv.block_size;
+  const int64_t hd = G * d;  // floats of one KV head's state
+  const size_t row_bytes = static_cast<size_t>(d) * elem;
+  const size_t run_bytes = static_cast<size_t>(bs) * row_bytes;
+
+  alignas(64) float qp[kMaxUnitFloats];
+  alignas(64) float acc[kMaxUnitFloats];
+  float m[kMaxUnitQueryHeads];
+  __m512 l[kMaxUnitQueryHeads];  // running sums per lane; summed at the end
+  for (int64_t x = 0; x < num_kv_heads * G; ++x) {
+    ToPairOrder<T>(q + x * d, d, qp + x * d);
+    m[x] = -__builtin_inff();
+    l[x] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < num_kv_heads * hd; ++i) acc[i] = 0.0f;
+
+  auto row_address = [&](int64_t j, int64_t head) {
     const int64_t block = j / bs;
-    return kv.base + static_cast<size_t>(block_table[block]) * kv.block_stride_bytes + head_offset +
-           static_cast<size_t>(j - block * bs) * row_bytes;
+    return kv.base + static_cast<size_t>(block_table[block]) * kv.block_stride_bytes +
+           static_cast<size_t>(head) * run_bytes + static_cast<size_t>(j - block * bs) * row_bytes;
   };
 
   int64_t j = first;
@@ -152,112 +229,62 @@ void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
     int64_t n = bs - off;
     if (n > kTile) n = kTile;
     if (n > last - j + 1) n = last - j + 1;
-    const std::byte* keys = row_address(j);
-    const std::byte* values = keys + kv.value_offset_bytes;
-
-    // The tiles kPrefetchFirst .. kPrefetchFirst + kPrefetchSpan - 1 ahead (tiles of up to kTile
-    // keys, as if aligned to blocks; an approximation only when a chunk starts mid-block). Tile
-    // k gets its slice kPrefetchSpan - 1 - k of kPrefetchSpan during this tile, spread over the
-    // score steps below.
-    const std::byte* ahead[kPrefetchSpan] = {};
-    size_t ahead_bytes[kPrefetchSpan] = {};
-    for (int k = 0; k < kPrefetchSpan; ++k) {
-      const int64_t pj = j + (kPrefetchFirst + k) * kTile;
-      if (pj > last) break;
-      int64_t pn = bs - pj % bs;
-      if (pn > kTile) pn = kTile;
-      if (pn > last - pj + 1) pn = last - pj + 1;
-      ahead[k] = row_address(pj);
-      ahead_bytes[k] = static_cast<size_t>(pn) * row_bytes;
-    }
-    constexpr int kSteps = kTile / R;  // score steps per full tile
-    const size_t slice = static_cast<size_t>(kTile) * row_bytes / (kPrefetchSpan * kSteps);
-
-    // Scores.
-    int64_t t = 0;
-    for (; t + R <= n; t += R) {
-      const size_t step = static_cast<size_t>(t / R);
+    for (int i = 0; i < num_kv_heads; ++i) {
+      // Head-tiles ahead (tiles of up to kTile keys, as if aligned to blocks: an approximation
+      // only when a chunk starts mid-block).
+      PrefetchPlan pf;
       for (int k = 0; k < kPrefetchSpan; ++k) {
-        const size_t from = ((kPrefetchSpan - 1 - k) * kSteps + step) * slice;
-        for (size_t x = from; x < from + slice && x < ahead_bytes[k]; x += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(ahead[k] + x), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(ahead[k] + kv.value_offset_bytes + x),
-                       _MM_HINT_T0);
-        }
+        const int idx = i + kPrefetchFirst + k;
+        const int64_t pj = j + static_cast<int64_t>(idx / num_kv_heads) * kTile;
+        if (pj > last) break;
+        int64_t pn = bs - pj % bs;
+        if (pn > kTile) pn = kTile;
+        if (pn > last - pj + 1) pn = last - pj + 1;
+        pf.ahead[k] = row_address(pj, kv_head + idx % num_kv_heads);
+        pf.bytes[k] = static_cast<size_t>(pn) * row_bytes;
       }
-      ScoreRows<T, G, R>(keys, row_bytes, t, d, qp, dots);
-    }
-    for (; t < n; ++t) ScoreRows<T, G, 1>(keys, row_bytes, t, d, qp, dots);
-    for (int g = 0; g < G; ++g)
-      for (int64_t u = n; u < kTile; ++u) dots[g][u] = _mm512_setzero_ps();
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
-
-    // Online softmax update: the tile's scores per head, the new running max, the rescale
-    // factors exp(old max - new max) of every head in one vector exp (0 on the first tile, where
-    // the accumulators are 0), then p = exp(s - max) and the per-lane running sums.
-    __m512 s[G];
-    alignas(64) float old_max[16] = {}, new_max[16] = {};
-    for (int g = 0; g < G; ++g) {
-      s[g] =
-          _mm512_mask_mov_ps(_mm512_set1_ps(-__builtin_inff()), valid, TransposeReduce16(dots[g]));
-      const float tile_max = _mm512_reduce_max_ps(s[g]);
-      old_max[g] = m[g];
-      new_max[g] = tile_max > m[g] ? tile_max : m[g];
-      m[g] = new_max[g];
-    }
-    _mm512_store_ps(
-        corr, Avx512Ops::Exp(_mm512_sub_ps(_mm512_load_ps(old_max), _mm512_load_ps(new_max))));
-    for (int g = 0; g < G; ++g) {
-      const __m512 e = Avx512Ops::Exp(_mm512_sub_ps(s[g], _mm512_set1_ps(new_max[g])));
-      _mm512_store_ps(p[g], e);
-      l[g] = _mm512_fmadd_ps(l[g], _mm512_set1_ps(corr[g]), e);
-    }
-
-    // Values.
-    for (int64_t c = 0; c < d; c += 32 * CC) {
-      if (c + 32 * CC <= d) {
-        AccumulateValues<T, G, CC>(values, row_bytes, n, c, p, corr, d, acc);
-      } else {
-        AccumulateValues<T, G, 1>(values, row_bytes, n, c, p, corr, d, acc);
-      }
+      AttendTile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d, pf,
+                       qp + i * hd, acc + i * hd, m + i * G, l + i * G);
     }
     j += n;
   }
-  for (int g = 0; g < G; ++g) {
-    FromPairOrder<T>(acc + g * d, d, acc_out + g * d);
-    m_out[g] = m[g];
-    l_out[g] = _mm512_reduce_add_ps(l[g]);
+  for (int64_t x = 0; x < num_kv_heads * G; ++x) {
+    FromPairOrder<T>(acc + x * d, d, acc_out + x * d);
+    m_out[x] = m[x];
+    l_out[x] = _mm512_reduce_add_ps(l[x]);
   }
 }
 
 template <DType T>
 void AttendGroupTiledG(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                       int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
-                       float* l) {
+                       int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                       float* acc, float* m, float* l) {
   WithGroup(group, [&](auto tag) {
-    AttendGroupTiled<T, decltype(tag)::value>(kv, block_table, kv_head, first, last, q, acc, m, l);
+    AttendGroupTiled<T, decltype(tag)::value>(kv, block_table, kv_head, num_kv_heads, first, last,
+                                              q, acc, m, l);
   });
 }
 
 }  // namespace
 
 void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                       int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
-                       float* l) {
+                       int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                       float* acc, float* m, float* l) {
   if (kv.head_dim % 32 != 0 || kv.head_dim > kMaxTiledHeadDim) {
-    AttendGroupDispatch<Avx512Ops>(kv, block_table, kv_head, first, last, q, group, acc, m, l);
+    AttendGroupDispatch<Avx512Ops>(kv, block_table, kv_head, num_kv_heads, first, last, q, group,
+                                   acc, m, l);
     return;
   }
   switch (kv.dtype) {
     case DType::kF32:
-      return AttendGroupTiledG<DType::kF32>(kv, block_table, kv_head, first, last, q, group, acc, m,
-                                            l);
+      return AttendGroupTiledG<DType::kF32>(kv, block_table, kv_head, num_kv_heads, first, last, q,
+                                            group, acc, m, l);
     case DType::kBF16:
-      return AttendGroupTiledG<DType::kBF16>(kv, block_table, kv_head, first, last, q, group, acc,
-                                             m, l);
+      return AttendGroupTiledG<DType::kBF16>(kv, block_table, kv_head, num_kv_heads, first, last, q,
+                                             group, acc, m, l);
     case DType::kF16:
-      return AttendGroupTiledG<DType::kF16>(kv, block_table, kv_head, first, last, q, group, acc, m,
-                                            l);
+      return AttendGroupTiledG<DType::kF16>(kv, block_table, kv_head, num_kv_heads, first, last, q,
+                                            group, acc, m, l);
   }
 }
 

@@ -1,7 +1,7 @@
-// AVX-512 vector primitives shared by decode_attention_avx512.cc and decode_attention_amx.cc.
-// Include only from files compiled with the AVX-512 flags (see CMakeLists.txt). Everything here has
-// internal linkage (anonymous namespace), so no AVX-512 code can be picked by the linker for a file
-// that runs on an AVX2-only host.
+// AVX-512 vector primitives of decode_attention_avx512.cc. Include only from files compiled with
+// the AVX-512 flags (see CMakeLists.txt). Everything here has internal linkage (anonymous
+// namespace), so no AVX-512 code can be picked by the linker for a file that runs on an AVX2-only
+// host.
 #pragma once
 
 #include <immintrin.h>
@@ -12,7 +12,8 @@ namespace moebatch {
 namespace decode_attention_internal {
 namespace {
 
-// Largest head_dim of the tiled kernels (their stack buffers are [kMaxGroup][kMaxTiledHeadDim]).
+// Largest head_dim of the tiled kernels (a KV head's state, [kMaxGroup][head_dim],
+// must fit kMaxUnitFloats).
 constexpr int64_t kMaxTiledHeadDim = 256;
 
 struct Avx512Ops {

@@ -7,12 +7,12 @@
 // compiled for AVX-512 can be picked by the linker for code that runs on an AVX2-only host. For the
 // same reason the kernel uses no std:: templates.
 //
-// Algorithm of one call (one query row, one KV head, `group` <= kMaxGroup of its query heads, keys
-// [first, last] in absolute positions): the keys are walked in tiles of up to kTile rows that lie
-// within one KV block. Per tile: scores s[g][t] = q_g . K_t (each K row widened to f32 once and
-// used by every head of the group), the tile's max per head, the running accumulators rescaled by
-// exp(old max - new max), p = exp(s - max) with a vectorised polynomial exp, then
-// acc_g += sum_t p[g][t] V_t with each V row widened once per tile. fp32 throughout.
+// Algorithm for each KV head of one call (one query row, `group` <= kMaxGroup query heads per KV
+// head, keys [first, last] in absolute positions): the keys are walked in tiles of up to kTile rows
+// that lie within one KV block. Per tile: scores s[g][t] = q_g . K_t (each K row widened to f32
+// once and used by every head of the group), the tile's max per head, the running accumulators
+// rescaled by exp(old max - new max), p = exp(s - max) with a vectorised polynomial exp, then acc_g
+// += sum_t p[g][t] V_t with each V row widened once per tile. fp32 throughout.
 #pragma once
 
 #include <cstddef>
@@ -25,8 +25,13 @@
 namespace moebatch {
 namespace decode_attention_internal {
 
-inline constexpr int kMaxGroup = 8;  // query heads per work item
+inline constexpr int kMaxGroup = 8;  // query heads of one KV head per work item
 inline constexpr int kTile = 16;     // keys per tile
+// A work item may take several KV heads (all their query heads, when a KV head has at most
+// kMaxGroup): at most kMaxUnitQueryHeads query heads and kMaxUnitFloats = query heads x head_dim
+// floats (the kernels' per-item state: 16 KiB of scaled queries and 16 KiB of accumulators).
+inline constexpr int kMaxUnitQueryHeads = 64;
+inline constexpr int64_t kMaxUnitFloats = 4096;
 
 // Parses a MOEBATCH_CPU_ISA value (nullptr or "" = unset) and clamps it to `supported` (lowest
 // first, never empty). Unset: the highest supported. Unknown names or unsupported levels: the
@@ -34,19 +39,23 @@ inline constexpr int kTile = 16;     // keys per tile
 CpuIsa ResolveCpuIsa(const char* requested, const std::vector<CpuIsa>& supported,
                      std::string* warning);
 
-// One ISA's kernel: attends keys [first, last] of `kv_head` for `group` query heads whose scaled
-// query vectors are q[group][head_dim] (already multiplied by the softmax scale). Writes the
-// unnormalised accumulators acc[group][head_dim], the running max m[group] and sum l[group]
-// (out = acc / l). Requires head_dim % lanes == 0 and 1 <= group <= kMaxGroup.
+// One ISA's kernel: attends keys [first, last] of the KV heads [kv_head, kv_head + num_kv_heads)
+// for `group` query heads each, whose scaled query vectors are q[num_kv_heads][group][head_dim]
+// (already multiplied by the softmax scale). Writes the unnormalised accumulators
+// acc[num_kv_heads][group][head_dim], the running max m[num_kv_heads][group] and sum
+// l[num_kv_heads][group] (out = acc / l). Each head's result is bitwise the same whatever
+// num_kv_heads is (the order the heads are taken in is the kernel's own). Requires head_dim % lanes
+// == 0, 1 <= group <= kMaxGroup, num_kv_heads * group <= kMaxUnitQueryHeads and
+// num_kv_heads * group * head_dim <= max(kMaxUnitFloats, group * head_dim).
 using AttendGroupFn = void (*)(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                               int64_t first, int64_t last, const float* q, int group, float* acc,
-                               float* m, float* l);
+                               int num_kv_heads, int64_t first, int64_t last, const float* q,
+                               int group, float* acc, float* m, float* l);
 void AttendGroupAvx2(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                     int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
-                     float* l);
+                     int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                     float* acc, float* m, float* l);
 void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                       int64_t first, int64_t last, const float* q, int group, float* acc, float* m,
-                       float* l);
+                       int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                       float* acc, float* m, float* l);
 
 // The KV append path's row conversion (kv_append.cc): n f32 -> n elements of `dtype` at dst,
 // round to nearest even, the same bits as ConvertFromF32 for every non-NaN input.
@@ -203,20 +212,31 @@ void AttendGroupDispatchG(const KvLayerView& kv, const int32_t* block_table, int
   });
 }
 
+// The generic kernels take the KV heads one after another (heads outer).
 template <class Ops>
 void AttendGroupDispatch(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                         int64_t first, int64_t last, const float* q, int group, float* acc,
-                         float* m, float* l) {
-  switch (kv.dtype) {
-    case DType::kF32:
-      return AttendGroupDispatchG<Ops, DType::kF32>(kv, block_table, kv_head, first, last, q, group,
-                                                    acc, m, l);
-    case DType::kBF16:
-      return AttendGroupDispatchG<Ops, DType::kBF16>(kv, block_table, kv_head, first, last, q,
-                                                     group, acc, m, l);
-    case DType::kF16:
-      return AttendGroupDispatchG<Ops, DType::kF16>(kv, block_table, kv_head, first, last, q, group,
-                                                    acc, m, l);
+                         int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
+                         float* acc, float* m, float* l) {
+  const int64_t floats = static_cast<int64_t>(group) * kv.head_dim;
+  for (int i = 0; i < num_kv_heads; ++i) {
+    const float* qi = q + i * floats;
+    float* ai = acc + i * floats;
+    float* mi = m + i * group;
+    float* li = l + i * group;
+    switch (kv.dtype) {
+      case DType::kF32:
+        AttendGroupDispatchG<Ops, DType::kF32>(kv, block_table, kv_head + i, first, last, qi, group,
+                                               ai, mi, li);
+        break;
+      case DType::kBF16:
+        AttendGroupDispatchG<Ops, DType::kBF16>(kv, block_table, kv_head + i, first, last, qi,
+                                                group, ai, mi, li);
+        break;
+      case DType::kF16:
+        AttendGroupDispatchG<Ops, DType::kF16>(kv, block_table, kv_head + i, first, last, qi, group,
+                                               ai, mi, li);
+        break;
+    }
   }
 }
 

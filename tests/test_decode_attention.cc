@@ -260,6 +260,45 @@ TEST_CASE("decode attention, every ISA: a row's bits do not depend on the batch 
   }
 }
 
+// The kernels' multi-head work items (decode_attention_internal.h): attending KV heads [h, h + n)
+// in one call (the AVX-512 kernel takes them heads inner, tile by tile) gives every head's
+// accumulators, max and sum bit for bit as n one-head calls do, on a chunk that starts mid-block.
+TEST_CASE("decode attention kernels: a multi-head call equals one-head calls bit for bit",
+          "[decode_attention]") {
+  namespace dai = decode_attention_internal;
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const Case tc{32, 8, 128, 16, {700}, {1}, std::nullopt, dtype};
+    const Fixture f = Build(tc, 95);
+    const int group = 4;
+    const int64_t d = tc.head_dim, q_heads = tc.heads;
+    std::vector<float> qs(f.q.begin(), f.q.begin() + q_heads * d);
+    for (float& x : qs) x *= f.scale;
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      if (isa == CpuIsa::kPortable) continue;
+      const dai::AttendGroupFn kernel =
+          isa == CpuIsa::kAvx512 ? dai::AttendGroupAvx512 : dai::AttendGroupAvx2;
+      for (auto [first, last] : {std::pair<int64_t, int64_t>{0, 699}, {21, 530}, {640, 645}}) {
+        std::vector<float> acc(q_heads * d, std::nanf("")), m(q_heads, std::nanf("")),
+            l(q_heads, std::nanf(""));
+        kernel(f.view, f.tables[0].data(), 0, 8, first, last, qs.data(), group, acc.data(),
+               m.data(), l.data());
+        std::vector<float> acc1(acc.size(), std::nanf("")), m1(m.size(), std::nanf("")),
+            l1(l.size(), std::nanf(""));
+        for (int h = 0; h < 8; ++h) {
+          kernel(f.view, f.tables[0].data(), h, 1, first, last, qs.data() + h * group * d, group,
+                 acc1.data() + h * group * d, m1.data() + h * group, l1.data() + h * group);
+        }
+        INFO("isa " << CpuIsaName(isa) << ", dtype " << DTypeName(dtype) << ", keys " << first
+                    << ".." << last);
+        for (float x : acc) REQUIRE(std::isfinite(x));
+        CHECK(std::memcmp(acc.data(), acc1.data(), acc.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(m.data(), m1.data(), m.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("decode attention: ISA selection and MOEBATCH_CPU_ISA clamping", "[decode_attention]") {
   using decode_attention_internal::ResolveCpuIsa;
   const std::vector<CpuIsa> supported = SupportedCpuIsas();
