@@ -65,7 +65,8 @@ inline int64_t BlocksForTokens(int64_t tokens, int64_t block_size) {
 class PagedKvCache {
  public:
   // Reserves config.num_blocks * bytes_per_block() bytes of anonymous memory (page-aligned, zero
-  // pages mapped lazily: resident memory grows with the blocks actually written). ResourceExhausted
+  // pages mapped lazily: resident memory grows with the blocks actually written, in 2 MiB steps
+  // where transparent huge pages back it: the mapping asks for them). ResourceExhausted
   // when the mapping fails; InvalidArgument for non-positive sizes.
   static absl::StatusOr<std::unique_ptr<PagedKvCache>> Create(const KvCacheConfig& config);
 

@@ -1,6 +1,10 @@
 // The block allocator and the paged KV cache layout.
 #include <catch2/catch.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
 #include <set>
+#include <string>
 
 #include "engine/kv_cache.h"
 
@@ -84,4 +88,37 @@ TEST_CASE("PagedKvCache writes each token to [layer][block][K|V][head][slot][dim
       }
     }
   }
+}
+
+// The cache's mapping asks for transparent huge pages (MADV_HUGEPAGE): /proc/self/smaps marks it
+// THP-eligible wherever the kernel's THP mode is not "never".
+TEST_CASE("PagedKvCache asks for transparent huge pages") {
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(mode_file, mode);
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    WARN("transparent huge pages are off on this host (" << mode << "): nothing to check");
+    return;
+  }
+  // 8 blocks of 2 KV heads x 16 slots x 128 dims x 2 (K, V) x 4 bytes = 256 KiB per layer; 32
+  // layers: 8 MiB, several 2 MiB pages.
+  auto cache = PagedKvCache::Create({32, 2, 128, 16, 8, DType::kF32});
+  REQUIRE(cache.ok());
+  const auto at = reinterpret_cast<uintptr_t>((*cache)->LayerBase(0));
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false, found = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2) {  // a mapping's header
+      in_mapping = lo <= at && at < hi;
+      continue;
+    }
+    if (in_mapping && line.rfind("THPeligible:", 0) == 0) {
+      found = true;
+      INFO(line << " (THP mode: " << mode << ")");
+      CHECK(line.find('1') != std::string::npos);
+    }
+  }
+  CHECK(found);
 }
