@@ -7,7 +7,8 @@
 // In one run, for 1 thread and for all threads (OMP_NUM_THREADS, default: every core):
 //  1. Memory bandwidth: a STREAM triad a[i] = b[i] + s * c[i] over three f32 arrays of --triad_mib
 //     MiB (far beyond the last-level cache), plain loop (no non-temporal stores), first-touched by
-//     the threads that run it; best of --repeats. Bytes counted as STREAM does: 3 arrays x size
+//     the threads that run it, transparent huge pages asked for as for the KV cache; best of
+//     --repeats. Bytes counted as STREAM does: 3 arrays x size
 //     (the write-allocate read of `a` is not counted; the 4-array figure is printed next to it).
 //     The triad runs again right before each shape's kernels (the VM's bandwidth drifts, and
 //     another process on the 2 cores halves it); "% of triad" divides by the highest triad seen so
@@ -18,9 +19,9 @@
 //     baseline. Figures per call: KV tokens attended = sum of context lengths; KV bytes = K + V of
 //     every context (each KV byte counted once, whatever the GQA ratio). Best of --repeats calls,
 //     with the median and range.
-//     Also read-only passes over the same bytes with no math (ReadKvOnly: the kernels' order and
-//     8 runs interleaved; ReadKvHeadsInner: every KV head of a block in turn): the memory-side
-//     ceilings of this layout for those orders.
+//     Also read-only passes over the same bytes with no math (ReadKvOnly: one KV head per work
+//     item, its runs whole or 8 runs interleaved; ReadKvHeadsInner: every KV head of a block in
+//     turn, the AVX-512 kernel's order): the memory-side ceilings of this layout for those orders.
 //  3. The baselines: bench/attention_baseline.cc, the portable algorithm of PagedAttentionReference
 //     compiled at -O3 once per vector ISA the CPU has (AVX-512, AVX2), i.e. what the compiler makes
 //     of the reference on its own with the hand kernel's instructions. Speed-ups are given over the
@@ -31,6 +32,7 @@
 // Then the acceptance bounds of issue 4: all threads, bf16 KV, the best ISA reads >= 85% of the
 // triad bandwidth; single thread, the best ISA is >= 3x the baseline.
 #include <omp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,13 +103,33 @@ struct Triad {
   double read = 0;  // MeasureRead over one array of the same size
 };
 
+// An uninitialised array of n T in its own anonymous mapping with transparent huge pages asked
+// for, like the KV cache (engine/kv_cache.cc), so that the bound and the kernels see the same page
+// size; its pages are first touched by the threads that use them.
+template <class T>
+struct HugeArray {
+  explicit HugeArray(int64_t n) : bytes(static_cast<size_t>(n) * sizeof(T)) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "cannot map %zu bytes\n", bytes);
+      std::exit(1);
+    }
+    (void)::madvise(p, bytes, MADV_HUGEPAGE);
+    data = static_cast<T*>(p);
+  }
+  ~HugeArray() { ::munmap(data, bytes); }
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  size_t bytes;
+  T* data;
+};
+
 Triad MeasureTriad(int64_t mib, int64_t repeats) {
   const int64_t n = mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float));
-  // Uninitialised allocations: the pages are first touched below by the threads that use them.
-  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
-  float* pa = a.get();
-  float* pb = b.get();
-  float* pc = c.get();
+  HugeArray<float> a(n), b(n), c(n);
+  float* pa = a.data;
+  float* pb = b.data;
+  float* pc = c.data;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     pa[i] = 0.0f;
@@ -142,8 +164,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(
 // words), contiguous, split statically over the threads that first touched it; best of `repeats`.
 double MeasureRead(int64_t mib, int64_t repeats) {
   const int64_t n = mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(uint64_t));
-  std::unique_ptr<uint64_t[]> a(new uint64_t[n]);
-  uint64_t* pa = a.get();
+  HugeArray<uint64_t> a(n);
+  uint64_t* pa = a.data;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) pa[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
   uint64_t sink = 0;
@@ -255,8 +277,9 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The memory-side ceiling for this cache layout: every K and V byte the kernels read, read by a
 // loop with no math (XorWords: an XOR of 64-bit words with the widest loads), split over threads by
-// (sequence, KV head) like the kernels. `interleave` runs: 1 reads each block's K run and then its V
-// run whole, as the kernels do; 8 reads 8 runs at a time, 1 KiB of each in turn (the hardware
+// (sequence, KV head) as the kernels were until 2026-11-22 (and the AVX2 kernel still reads).
+// `interleave` runs: 1 reads each block's K run and then its V run whole, as those kernels do; 8
+// reads 8 runs at a time, 1 KiB of each in turn (the hardware
 // prefetchers stream from several pages at once faster than from one). Returns the XOR, so the
 // reads cannot be dropped.
 uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, int interleave) {
@@ -272,7 +295,7 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
     const int64_t s = u / v.num_kv_heads;
     const int64_t h = u % v.num_kv_heads;
     const int32_t* table = p.seqs[s].block_table;
-    // Runs of this unit in the kernels' order: block b's K run, then its V run.
+    // Runs of this unit in the one-head kernels' order: block b's K run, then its V run.
     std::vector<std::pair<const std::byte*, size_t>> runs;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n = std::min<int64_t>(v.block_size, tokens - b * v.block_size);
@@ -301,8 +324,8 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
   return result;
 }
 
-// The same bytes in the order of a kernel that would take every KV head of a sequence in one work
-// item: block by block, and in each block KV head 0's K run and V run, then head 1's, ...; the K
+// The same bytes in the order of the AVX-512 kernel, which takes every KV head of a sequence in one
+// work item (decode_attention_avx512.cc): block by block, and in each block KV head 0's K run and V run, then head 1's, ...; the K
 // runs of a block are adjacent (engine/kv_cache.h), so each block is read as two 32 KiB sequential
 // streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far apart. Split over sequences.
 uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t tokens) {
