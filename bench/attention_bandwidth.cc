@@ -325,9 +325,10 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
 }
 
 // The same bytes in the order of the AVX-512 kernel, which takes every KV head of a sequence in one
-// work item (decode_attention_avx512.cc): block by block, and in each block KV head 0's K run and V run, then head 1's, ...; the K
-// runs of a block are adjacent (engine/kv_cache.h), so each block is read as two 32 KiB sequential
-// streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far apart. Split over sequences.
+// work item (decode_attention_avx512.cc): block by block, and in each block KV head 0's K run and V
+// run, then head 1's, ...; the K runs of a block are adjacent (engine/kv_cache.h), so each block is
+// read as two 32 KiB sequential streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far
+// apart. Split over sequences.
 uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t tokens) {
   const KvLayerView& v = p.view;
   const size_t elem = DTypeSize(v.dtype);

@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCache
   // Transparent huge pages (THP mode "madvise", Debian's default, gives them only to regions that
   // ask): decode attention walks each sequence's blocks scattered over the cache, and with 4 KiB
   // pages every K or V run of a block is a TLB miss, a two-level page walk under a hypervisor.
-  // docs/performance.md: decode attention read 0.5-9% faster in 6 of 8 paired runs. Advisory only;
+  // docs/performance.md: decode attention read 0.5-9% faster in 7 of 8 paired runs. Advisory only;
   // without THP support the call fails or does nothing and the cache works as before.
   (void)::madvise(p, cache->bytes_, MADV_HUGEPAGE);
   cache->data_ =
