@@ -30,16 +30,38 @@ namespace {
 //    tree (45 instructions instead of 16 horizontal reductions of ~8 each), so the softmax runs on
 //    registers.
 // Prefetch: each 4 KiB K or V run of a block starts a new page, where the hardware prefetchers
-// stop, so the kernel prefetches every row itself, paced over the score steps (a burst of 128
-// prefetches fills the core's miss buffers and stalls it: 88 -> 64 ns per key row from DRAM).
-// Each tile's rows are prefetched over the kPrefetchSpan tiles before it, a 1/kPrefetchSpan slice
-// of the tile per tile, latest slice nearest; while one tile is computed, 2 x kPrefetchSpan pages
-// (K and V) are being read at once. This is the read-only probe's lesson (bench/attention_
-// bandwidth.cc: 8 runs read a KiB at a time go faster than whole runs one after another); measured
-// against prefetching all of the tile kPrefetchFirst ahead during one tile, it reads 2-15% faster
-// with 2 threads on the development host (docs/performance.md).
-constexpr int kPrefetchFirst = 2;  // the nearest tile ahead that is prefetched
-constexpr int kPrefetchSpan = 4;   // tiles ahead being prefetched at once
+// stop, so the kernel prefetches every line itself. Each head-tile's lines are prefetched over the
+// kPrefetchSpan head-tiles before it, a 1/kPrefetchSpan slice per head-tile, latest slice nearest;
+// while one head-tile is computed, 2 x kPrefetchSpan pages (K and V) are being read at once (the
+// read-only probe's lesson, bench/attention_bandwidth.cc: several pages read a KiB at a time go
+// faster than whole runs one after another). The pacing matters as much as the addresses: the
+// core has few line-fill buffers, and a prefetch that finds none free stalls it, so the queue of a
+// head-tile (PrefetchQueue) is issued one K/V line pair per 32-element step of q . K and one per
+// key row of each p.V pass, the rest after the tile. On the development host that reads 10-30%
+// faster than the same prefetches issued in four bursts, one per q . K step (docs/performance.md).
+constexpr int kPrefetchFirst = 2;  // the nearest head-tile ahead that is prefetched
+constexpr int kPrefetchSpan = 4;   // head-tiles ahead being prefetched at once
+
+// One head-tile's prefetches: slice kPrefetchSpan - 1 - k of head-tile k ahead (K lines at base[k],
+// V lines value_offset further), taken round robin over k, one K/V line pair per step.
+struct PrefetchQueue {
+  const std::byte* base[kPrefetchSpan] = {};
+  size_t bytes[kPrefetchSpan] = {};
+  size_t value_offset = 0;
+  int next = 0, total = 0;  // pairs issued, pairs in the queue (round robin: span x longest slice)
+
+  inline void Issue(int pairs) {
+    for (; pairs > 0 && next < total; --pairs, ++next) {
+      const int k = next % kPrefetchSpan;
+      const size_t at = static_cast<size_t>(next / kPrefetchSpan) * 64;
+      if (at < bytes[k]) {
+        _mm_prefetch(reinterpret_cast<const char*>(base[k] + at), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(base[k] + value_offset + at), _MM_HINT_T0);
+      }
+    }
+  }
+  void IssueRest() { Issue(total - next); }
+};
 
 // r[i] = sum of the 16 lanes of v[i], i = 0..15.
 inline __m512 TransposeReduce16(const __m512* v) {
@@ -61,15 +83,17 @@ inline __m512 TransposeReduce16(const __m512* v) {
                        _mm512_shuffle_f32x4(z0, z1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Dot products of R key rows with G queries (pair order), added into dots[g][t0 + r].
+// Dot products of R key rows with G queries (pair order), added into dots[g][t0 + r]; one
+// prefetch pair from pq per 32 elements.
 template <DType T, int G, int R>
 inline void ScoreRows(const std::byte* keys, size_t row_bytes, int64_t t0, int64_t d,
-                      const float* qp, __m512 (*dots)[kTile]) {
+                      const float* qp, __m512 (*dots)[kTile], PrefetchQueue& pq) {
   constexpr size_t elem = DTypeSize(T);
   __m512 acc[R][G];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 32) {
+    pq.Issue(1);
     __m512 klo[R], khi[R];
     for (int r = 0; r < R; ++r) {
       LoadPair<T>(keys + static_cast<size_t>(t0 + r) * row_bytes + static_cast<size_t>(c) * elem,
@@ -88,10 +112,12 @@ inline void ScoreRows(const std::byte* keys, size_t row_bytes, int64_t t0, int64
     for (int g = 0; g < G; ++g) dots[g][t0 + r] = acc[r][g];
 }
 
-// acc[g][c..c+32*CC) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows.
+// acc[g][c..c+32*CC) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows;
+// one prefetch pair from pq per row.
 template <DType T, int G, int CC>
 inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t n, int64_t c,
-                             const float (*p)[kTile], const float* corr, int64_t d, float* acc) {
+                             const float (*p)[kTile], const float* corr, int64_t d, float* acc,
+                             PrefetchQueue& pq) {
   constexpr size_t elem = DTypeSize(T);
   __m512 a[G][2 * CC];
   for (int g = 0; g < G; ++g) {
@@ -100,6 +126,7 @@ inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t 
       a[g][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * d + c + 16 * k), cg);
   }
   for (int64_t t = 0; t < n; ++t) {
+    pq.Issue(1);
     __m512 v[2 * CC];
     const std::byte* row =
         values + static_cast<size_t>(t) * row_bytes + static_cast<size_t>(c) * elem;
@@ -114,45 +141,25 @@ inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t 
     for (int k = 0; k < 2 * CC; ++k) _mm512_storeu_ps(acc + g * d + c + 16 * k, a[g][k]);
 }
 
-// Where one head-tile's prefetches go: the rows of the head-tiles kPrefetchFirst ..
-// kPrefetchFirst + kPrefetchSpan - 1 ahead; ahead[k] gets its slice kPrefetchSpan - 1 - k of
-// kPrefetchSpan, spread over the score steps.
-struct PrefetchPlan {
-  const std::byte* ahead[kPrefetchSpan] = {};
-  size_t bytes[kPrefetchSpan] = {};
-};
-
 // One tile of n <= kTile keys of one KV head (keys: its first K row; the V rows value_offset
 // bytes on), for the G query heads whose pair-order queries are qp[G][d]: updates the pair-order
-// accumulators acc[G][d], the running max m[G] and the per-lane running sums l[G].
+// accumulators acc[G][d], the running max m[G] and the per-lane running sums l[G]; issues pq.
 template <DType T, int G>
 inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, size_t value_offset,
                                                       int64_t n, size_t row_bytes, int64_t d,
-                                                      const PrefetchPlan& pf, const float* qp,
+                                                      PrefetchQueue& pq, const float* qp,
                                                       float* acc, float* m, __m512* l) {
   constexpr int R = G <= 4 ? 4 : 2;   // key rows per q . K step
   constexpr int CC = G <= 4 ? 2 : 1;  // 32-element chunks per V step
-  constexpr int kSteps = kTile / R;   // score steps per full tile
   alignas(64) __m512 dots[G][kTile];
   alignas(64) float p[G][kTile];
   alignas(64) float corr[16];
   const std::byte* values = keys + value_offset;
-  const size_t slice = static_cast<size_t>(kTile) * row_bytes / (kPrefetchSpan * kSteps);
 
   // Scores.
   int64_t t = 0;
-  for (; t + R <= n; t += R) {
-    const size_t step = static_cast<size_t>(t / R);
-    for (int k = 0; k < kPrefetchSpan; ++k) {
-      const size_t from = ((kPrefetchSpan - 1 - k) * kSteps + step) * slice;
-      for (size_t x = from; x < from + slice && x < pf.bytes[k]; x += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf.ahead[k] + x), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(pf.ahead[k] + value_offset + x), _MM_HINT_T0);
-      }
-    }
-    ScoreRows<T, G, R>(keys, row_bytes, t, d, qp, dots);
-  }
-  for (; t < n; ++t) ScoreRows<T, G, 1>(keys, row_bytes, t, d, qp, dots);
+  for (; t + R <= n; t += R) ScoreRows<T, G, R>(keys, row_bytes, t, d, qp, dots, pq);
+  for (; t < n; ++t) ScoreRows<T, G, 1>(keys, row_bytes, t, d, qp, dots, pq);
   for (int g = 0; g < G; ++g)
     for (int64_t u = n; u < kTile; ++u) dots[g][u] = _mm512_setzero_ps();
   const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
@@ -180,11 +187,12 @@ inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, siz
   // Values.
   for (int64_t c = 0; c < d; c += 32 * CC) {
     if (c + 32 * CC <= d) {
-      AccumulateValues<T, G, CC>(values, row_bytes, n, c, p, corr, d, acc);
+      AccumulateValues<T, G, CC>(values, row_bytes, n, c, p, corr, d, acc, pq);
     } else {
-      AccumulateValues<T, G, 1>(values, row_bytes, n, c, p, corr, d, acc);
+      AccumulateValues<T, G, 1>(values, row_bytes, n, c, p, corr, d, acc, pq);
     }
   }
+  pq.IssueRest();
 }
 
 // Heads inner: the keys are walked tile by tile, and each tile is attended for every KV head of
@@ -205,6 +213,7 @@ void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
   const int64_t hd = G * d;  // floats of one KV head's state
   const size_t row_bytes = static_cast<size_t>(d) * elem;
   const size_t run_bytes = static_cast<size_t>(bs) * row_bytes;
+  const size_t slice = static_cast<size_t>(kTile) * row_bytes / kPrefetchSpan;  // per head-tile
 
   alignas(64) float qp[kMaxUnitFloats];
   alignas(64) float acc[kMaxUnitFloats];
@@ -231,8 +240,11 @@ void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
     if (n > last - j + 1) n = last - j + 1;
     for (int i = 0; i < num_kv_heads; ++i) {
       // Head-tiles ahead (tiles of up to kTile keys, as if aligned to blocks: an approximation
-      // only when a chunk starts mid-block).
-      PrefetchPlan pf;
+      // only when a chunk starts mid-block); head-tile k ahead gives its slice
+      // kPrefetchSpan - 1 - k.
+      PrefetchQueue pq;
+      pq.value_offset = kv.value_offset_bytes;
+      size_t longest = 0;
       for (int k = 0; k < kPrefetchSpan; ++k) {
         const int idx = i + kPrefetchFirst + k;
         const int64_t pj = j + static_cast<int64_t>(idx / num_kv_heads) * kTile;
@@ -240,10 +252,16 @@ void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
         int64_t pn = bs - pj % bs;
         if (pn > kTile) pn = kTile;
         if (pn > last - pj + 1) pn = last - pj + 1;
-        pf.ahead[k] = row_address(pj, kv_head + idx % num_kv_heads);
-        pf.bytes[k] = static_cast<size_t>(pn) * row_bytes;
+        const size_t from = static_cast<size_t>(kPrefetchSpan - 1 - k) * slice;
+        const size_t run = static_cast<size_t>(pn) * row_bytes;
+        const size_t to = from + slice < run ? from + slice : run;
+        if (to <= from) continue;
+        pq.base[k] = row_address(pj, kv_head + idx % num_kv_heads) + from;
+        pq.bytes[k] = to - from;
+        if (to - from > longest) longest = to - from;
       }
-      AttendTile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d, pf,
+      pq.total = static_cast<int>((longest + 63) / 64) * kPrefetchSpan;
+      AttendTile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d, pq,
                        qp + i * hd, acc + i * hd, m + i * G, l + i * G);
     }
     j += n;
