@@ -37,8 +37,9 @@ namespace {
 // faster than whole runs one after another). The pacing matters as much as the addresses: the
 // core has few line-fill buffers, and a prefetch that finds none free stalls it, so the queue of a
 // head-tile (PrefetchQueue) is issued one K/V line pair per 32-element step of q . K and one per
-// key row of each p.V pass, the rest after the tile. On the development host that reads 10-30%
-// faster than the same prefetches issued in four bursts, one per q . K step (docs/performance.md).
+// key row of each p.V pass, the rest after the tile. On the development host that read 16-31%
+// faster (8 paired runs) than the same prefetches issued in four bursts, one per q . K step, and
+// faster than spreading them over the q . K steps only or the p.V rows only (docs/performance.md).
 constexpr int kPrefetchFirst = 2;  // the nearest head-tile ahead that is prefetched
 constexpr int kPrefetchSpan = 4;   // head-tiles ahead being prefetched at once
 
