@@ -1,8 +1,8 @@
 // The AVX-512 (F/BW/VL/DQ) decode attention kernels, called only when the CPU has them
 // (decode_attention.cc); compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (CMakeLists.txt).
-// AttendGroupTiled below serves every head_dim that is a multiple of 32; other head dims use
-// decode_attention_internal.h's generic template with Avx512Ops. Also the KV append path's row
-// conversion (ConvertRowAvx512).
+// The tiled kernel below (AttendTile, driven by decode_attention_tiled.h) serves every head_dim
+// that is a multiple of 32; other head dims use decode_attention_internal.h's generic template with
+// Avx512Ops. Also the KV append path's row conversion (ConvertRowAvx512).
 //
 // Instructions measured on the development host (Xeon Sapphire Rapids VM) and not used:
 //  * AVX512-BF16 vdpbf16ps: 1.15 G instructions/s against 4.35 G/s for vfmadd231ps (a loop of
@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include "cpu_attention/decode_attention_avx512_ops.h"
+#include "cpu_attention/decode_attention_tiled.h"
 
 namespace moebatch {
 namespace decode_attention_internal {
@@ -29,40 +30,7 @@ namespace {
 //  * the 16 score vectors of a tile are reduced to one vector of 16 scores by a transpose-add
 //    tree (45 instructions instead of 16 horizontal reductions of ~8 each), so the softmax runs on
 //    registers.
-// Prefetch: each 4 KiB K or V run of a block starts a new page, where the hardware prefetchers
-// stop, so the kernel prefetches every line itself. Each head-tile's lines are prefetched over the
-// kPrefetchSpan head-tiles before it, a 1/kPrefetchSpan slice per head-tile, latest slice nearest;
-// while one head-tile is computed, 2 x kPrefetchSpan pages (K and V) are being read at once (the
-// read-only probe's lesson, bench/attention_bandwidth.cc: several pages read a KiB at a time go
-// faster than whole runs one after another). The pacing matters as much as the addresses: the
-// core has few line-fill buffers, and a prefetch that finds none free stalls it, so the queue of a
-// head-tile (PrefetchQueue) is issued one K/V line pair per 32-element step of q . K and one per
-// key row of each p.V pass, the rest after the tile. On the development host that read 16-31%
-// faster (8 paired runs) than the same prefetches issued in four bursts, one per q . K step, and
-// faster than spreading them over the q . K steps only or the p.V rows only (docs/performance.md).
-constexpr int kPrefetchFirst = 2;  // the nearest head-tile ahead that is prefetched
-constexpr int kPrefetchSpan = 4;   // head-tiles ahead being prefetched at once
-
-// One head-tile's prefetches: slice kPrefetchSpan - 1 - k of head-tile k ahead (K lines at base[k],
-// V lines value_offset further), taken round robin over k, one K/V line pair per step.
-struct PrefetchQueue {
-  const std::byte* base[kPrefetchSpan] = {};
-  size_t bytes[kPrefetchSpan] = {};
-  size_t value_offset = 0;
-  int next = 0, total = 0;  // pairs issued, pairs in the queue (round robin: span x longest slice)
-
-  inline void Issue(int pairs) {
-    for (; pairs > 0 && next < total; --pairs, ++next) {
-      const int k = next % kPrefetchSpan;
-      const size_t at = static_cast<size_t>(next / kPrefetchSpan) * 64;
-      if (at < bytes[k]) {
-        _mm_prefetch(reinterpret_cast<const char*>(base[k] + at), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(base[k] + value_offset + at), _MM_HINT_T0);
-      }
-    }
-  }
-  void IssueRest() { Issue(total - next); }
-};
+// Prefetch and the heads-inner walk over the KV heads of a work item: decode_attention_tiled.h.
 
 // r[i] = sum of the 16 lanes of v[i], i = 0..15.
 inline __m512 TransposeReduce16(const __m512* v) {
@@ -196,91 +164,33 @@ inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, siz
   pq.IssueRest();
 }
 
-// Heads inner: the keys are walked tile by tile, and each tile is attended for every KV head of
-// the work item in turn, each head with its own queries, accumulators and softmax state. A block's
-// K runs of all KV heads are adjacent (engine/kv_cache.h), so a work item of 8 KV heads reads each
-// block as two 32 KiB sequential streams instead of one 4 KiB K run and one V run per item; the
-// read-only probe of bench/attention_bandwidth.cc reads that order faster (docs/performance.md).
-// The prefetches follow the same order: head-tile i = (tile, head) prefetches head-tiles
-// i + kPrefetchFirst .. i + kPrefetchFirst + kPrefetchSpan - 1. Each head's arithmetic is exactly
-// that of a one-head call.
-template <DType T, int G>
-void AttendGroupTiled(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
-                      int num_kv_heads, int64_t first, int64_t last, const float* q, float* acc_out,
-                      float* m_out, float* l_out) {
-  constexpr size_t elem = DTypeSize(T);
-  const int64_t d = kv.head_dim;
-  const int64_t bs = kv.block_size;
-  const int64_t hd = G * d;  // floats of one KV head's state
-  const size_t row_bytes = static_cast<size_t>(d) * elem;
-  const size_t run_bytes = static_cast<size_t>(bs) * row_bytes;
-  const size_t slice = static_cast<size_t>(kTile) * row_bytes / kPrefetchSpan;  // per head-tile
-
-  alignas(64) float qp[kMaxUnitFloats];
-  alignas(64) float acc[kMaxUnitFloats];
-  float m[kMaxUnitQueryHeads];
-  __m512 l[kMaxUnitQueryHeads];  // running sums per lane; summed at the end
-  for (int64_t x = 0; x < num_kv_heads * G; ++x) {
-    ToPairOrder<T>(q + x * d, d, qp + x * d);
-    m[x] = -__builtin_inff();
-    l[x] = _mm512_setzero_ps();
+// The tile kernel of AttendHeadsTiled (decode_attention_tiled.h).
+struct Avx512Tile {
+  using Sum = __m512;
+  static Sum ZeroSum() { return _mm512_setzero_ps(); }
+  static float ReduceSum(Sum l) { return _mm512_reduce_add_ps(l); }
+  template <DType T>
+  static void ToPairOrder(const float* in, int64_t d, float* out) {
+    decode_attention_internal::ToPairOrder<T>(in, d, out);
   }
-  for (int64_t i = 0; i < num_kv_heads * hd; ++i) acc[i] = 0.0f;
-
-  auto row_address = [&](int64_t j, int64_t head) {
-    const int64_t block = j / bs;
-    return kv.base + static_cast<size_t>(block_table[block]) * kv.block_stride_bytes +
-           static_cast<size_t>(head) * run_bytes + static_cast<size_t>(j - block * bs) * row_bytes;
-  };
-
-  int64_t j = first;
-  while (j <= last) {
-    const int64_t off = j % bs;
-    int64_t n = bs - off;
-    if (n > kTile) n = kTile;
-    if (n > last - j + 1) n = last - j + 1;
-    for (int i = 0; i < num_kv_heads; ++i) {
-      // Head-tiles ahead (tiles of up to kTile keys, as if aligned to blocks: an approximation
-      // only when a chunk starts mid-block); head-tile k ahead gives its slice
-      // kPrefetchSpan - 1 - k.
-      PrefetchQueue pq;
-      pq.value_offset = kv.value_offset_bytes;
-      size_t longest = 0;
-      for (int k = 0; k < kPrefetchSpan; ++k) {
-        const int idx = i + kPrefetchFirst + k;
-        const int64_t pj = j + static_cast<int64_t>(idx / num_kv_heads) * kTile;
-        if (pj > last) break;
-        int64_t pn = bs - pj % bs;
-        if (pn > kTile) pn = kTile;
-        if (pn > last - pj + 1) pn = last - pj + 1;
-        const size_t from = static_cast<size_t>(kPrefetchSpan - 1 - k) * slice;
-        const size_t run = static_cast<size_t>(pn) * row_bytes;
-        const size_t to = from + slice < run ? from + slice : run;
-        if (to <= from) continue;
-        pq.base[k] = row_address(pj, kv_head + idx % num_kv_heads) + from;
-        pq.bytes[k] = to - from;
-        if (to - from > longest) longest = to - from;
-      }
-      pq.total = static_cast<int>((longest + 63) / 64) * kPrefetchSpan;
-      AttendTile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d, pq,
-                       qp + i * hd, acc + i * hd, m + i * G, l + i * G);
-    }
-    j += n;
+  template <DType T>
+  static void FromPairOrder(const float* in, int64_t d, float* out) {
+    decode_attention_internal::FromPairOrder<T>(in, d, out);
   }
-  for (int64_t x = 0; x < num_kv_heads * G; ++x) {
-    FromPairOrder<T>(acc + x * d, d, acc_out + x * d);
-    m_out[x] = m[x];
-    l_out[x] = _mm512_reduce_add_ps(l[x]);
+  template <DType T, int G>
+  static void Tile(const std::byte* keys, size_t value_offset, int64_t n, size_t row_bytes,
+                   int64_t d, PrefetchQueue& pq, const float* qp, float* acc, float* m, Sum* l) {
+    AttendTile<T, G>(keys, value_offset, n, row_bytes, d, pq, qp, acc, m, l);
   }
-}
+};
 
 template <DType T>
 void AttendGroupTiledG(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
                        int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
                        float* acc, float* m, float* l) {
   WithGroup(group, [&](auto tag) {
-    AttendGroupTiled<T, decltype(tag)::value>(kv, block_table, kv_head, num_kv_heads, first, last,
-                                              q, acc, m, l);
+    AttendHeadsTiled<Avx512Tile, T, decltype(tag)::value>(kv, block_table, kv_head, num_kv_heads,
+                                                          first, last, q, acc, m, l);
   });
 }
 
