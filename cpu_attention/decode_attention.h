@@ -4,8 +4,12 @@
 // q/out [tokens, num_heads, head_dim] f32, K/V in the paged cache as f32, bf16 or f16, GQA (the
 // query heads of one KV head are processed together so each KV byte is read once), causal, optional
 // sliding window, fp32 accumulation with an online softmax; contexts longer than 512 keys are split
-// into chunks across threads and merged (flash-decoding). Batch-invariant: the split depends on the
-// row's own key range only, so a row's bits do not depend on the other rows or the thread count.
+// into chunks across threads and merged (flash-decoding). Work items are (query row, KV heads,
+// chunk), with as many of the row's KV heads per item as still leave 4 items per thread; the
+// AVX-512 and AVX2 kernels walk an item's heads inner (each KV block read as two sequential
+// streams) with paced software prefetch (decode_attention_tiled.h). Batch-invariant: the chunk
+// split depends on the row's own key range only and each head's arithmetic not on the item's
+// size, so a row's bits do not depend on the other rows or the thread count.
 //
 // One binary runs everywhere: each ISA's kernel is compiled in its own file with its own flags
 // (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL/DQ) and
