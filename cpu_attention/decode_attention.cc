@@ -167,7 +167,7 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
   }
   if (rows.empty()) return;
 
-  // KV heads per unit: all of a row's (heads inner in the AVX-512 kernel: each KV block read as
+  // KV heads per unit: all of a row's (heads inner in the tiled kernels: each KV block read as
   // two sequential streams), within the kernels' per-unit state, and halved while there are fewer
   // than kMinItemsPerThread work items per thread. Each head's bits do not depend on it.
   int64_t heads_per_unit = 1;

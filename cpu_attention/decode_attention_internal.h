@@ -11,8 +11,8 @@
 // head, keys [first, last] in absolute positions): the keys are walked in tiles of up to kTile rows
 // that lie within one KV block. Per tile: scores s[g][t] = q_g . K_t (each K row widened to f32
 // once and used by every head of the group), the tile's max per head, the running accumulators
-// rescaled by exp(old max - new max), p = exp(s - max) with a vectorised polynomial exp, then acc_g
-// += sum_t p[g][t] V_t with each V row widened once per tile. fp32 throughout.
+// rescaled by exp(old max - new max), p = exp(s - max) with a vectorised polynomial exp, then
+// acc_g += sum_t p[g][t] V_t with each V row widened once per tile. fp32 throughout.
 #pragma once
 
 #include <cstddef>
