@@ -108,8 +108,8 @@ inline __m256 TransposeReduce8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
-// Dot products of R key rows with G queries (pair order), into dots[g][t0 + r]; one prefetch pair
-// from pq per 32 elements.
+// Dot products of R key rows with G queries (pair order), into dots[g][t0 + r]; one prefetch step
+// of pq per 32 elements.
 template <DType T, int G, int R>
 inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int64_t d,
                        const float* qp, __m256 (*dots)[kTile], PrefetchQueue& pq) {
@@ -118,7 +118,7 @@ inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int6
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
   for (int64_t c = 0; c < d; c += 16) {
-    if ((c & 31) == 0) pq.Issue(1);
+    if ((c & 31) == 0) pq.Step();
     __m256 klo[R], khi[R];
     for (int r = 0; r < R; ++r) {
       LoadPair8<T>(keys + static_cast<size_t>(t0 + r) * row_bytes + static_cast<size_t>(c) * elem,
@@ -138,7 +138,7 @@ inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int6
 }
 
 // acc[g][c..c+16) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows, for
-// GH <= 4 query heads; one prefetch pair from pq per row when `issue`.
+// GH <= 4 query heads; one prefetch step of pq per row when `issue`.
 template <DType T, int GH>
 inline void AccumulateValues8(const std::byte* values, size_t row_bytes, int64_t n, int64_t c,
                               const float (*p)[kTile], const float* corr, int64_t d, float* acc,
@@ -151,7 +151,7 @@ inline void AccumulateValues8(const std::byte* values, size_t row_bytes, int64_t
     a[g][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * d + c + 8), cg);
   }
   for (int64_t t = 0; t < n; ++t) {
-    if (issue) pq.Issue(1);
+    if (issue) pq.Step();
     __m256 v0, v1;
     LoadPair8<T>(values + static_cast<size_t>(t) * row_bytes + static_cast<size_t>(c) * elem, v0,
                  v1);

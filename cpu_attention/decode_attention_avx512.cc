@@ -53,7 +53,7 @@ inline __m512 TransposeReduce16(const __m512* v) {
 }
 
 // Dot products of R key rows with G queries (pair order), added into dots[g][t0 + r]; one
-// prefetch pair from pq per 32 elements.
+// prefetch step of pq per 32 elements.
 template <DType T, int G, int R>
 inline void ScoreRows(const std::byte* keys, size_t row_bytes, int64_t t0, int64_t d,
                       const float* qp, __m512 (*dots)[kTile], PrefetchQueue& pq) {
@@ -62,7 +62,7 @@ inline void ScoreRows(const std::byte* keys, size_t row_bytes, int64_t t0, int64
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 32) {
-    pq.Issue(1);
+    pq.Step();
     __m512 klo[R], khi[R];
     for (int r = 0; r < R; ++r) {
       LoadPair<T>(keys + static_cast<size_t>(t0 + r) * row_bytes + static_cast<size_t>(c) * elem,
@@ -82,7 +82,7 @@ inline void ScoreRows(const std::byte* keys, size_t row_bytes, int64_t t0, int64
 }
 
 // acc[g][c..c+32*CC) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows;
-// one prefetch pair from pq per row.
+// one prefetch step of pq per row.
 template <DType T, int G, int CC>
 inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t n, int64_t c,
                              const float (*p)[kTile], const float* corr, int64_t d, float* acc,
@@ -95,7 +95,7 @@ inline void AccumulateValues(const std::byte* values, size_t row_bytes, int64_t 
       a[g][k] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * d + c + 16 * k), cg);
   }
   for (int64_t t = 0; t < n; ++t) {
-    pq.Issue(1);
+    pq.Step();
     __m512 v[2 * CC];
     const std::byte* row =
         values + static_cast<size_t>(t) * row_bytes + static_cast<size_t>(c) * elem;

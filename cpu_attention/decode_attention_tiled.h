@@ -23,22 +23,27 @@ namespace {
 // once (the read-only probe's lesson, bench/attention_bandwidth.cc: several pages read a KiB at a
 // time go faster than whole runs one after another). The pacing matters as much as the addresses:
 // the core has few line-fill buffers, and a prefetch that finds none free stalls it, so the queue
-// of a head-tile (PrefetchQueue) is issued one K/V line pair per step of q . K and one per key row
-// of each p.V pass, the rest after the tile. On the development host that read 16-31% faster
-// (8 paired runs, AVX-512) than the same prefetches issued in four bursts, one per q . K step of 4
-// rows, and faster than spreading them over the q . K steps only or the p.V rows only
+// of a head-tile (PrefetchQueue) is issued a K/V line pair per step of q . K and one per key row
+// of each p.V pass (more for f32 rows), the rest after the tile. On the development host that read
+// 16-31% faster (8 paired runs, AVX-512) than the same prefetches issued in four bursts, one per q
+// . K step of 4 rows, and faster than spreading them over the q . K steps only or the p.V rows only
 // (docs/performance.md).
 constexpr int kPrefetchFirst = 2;  // the nearest head-tile ahead that is prefetched
 constexpr int kPrefetchSpan = 4;   // head-tiles ahead being prefetched at once
 
 // One head-tile's prefetches: slice kPrefetchSpan - 1 - k of head-tile k ahead (K lines at base[k],
-// V lines value_offset further), taken round robin over k, one K/V line pair per step.
+// V lines value_offset further), taken round robin over k, `per_step` K/V line pairs per step. The
+// schedule was measured with bf16 or f16 rows of 128 elements (64 pairs per head-tile, one per
+// step); per_step scales it to longer rows (f32: 2), so the share left for after the tile stays
+// the same.
 struct PrefetchQueue {
   const std::byte* base[kPrefetchSpan] = {};
   size_t bytes[kPrefetchSpan] = {};
   size_t value_offset = 0;
   int next = 0, total = 0;  // pairs issued, pairs in the queue (round robin: span x longest slice)
+  int per_step = 1;         // pairs per Step(): total / 64, at least 1
 
+  inline void Step() { Issue(per_step); }
   inline void Issue(int pairs) {
     for (; pairs > 0 && next < total; --pairs, ++next) {
       const int k = next % kPrefetchSpan;
@@ -129,6 +134,7 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
         if (to - from > longest) longest = to - from;
       }
       pq.total = static_cast<int>((longest + 63) / 64) * kPrefetchSpan;
+      pq.per_step = pq.total > 64 ? pq.total / 64 : 1;
       K::template Tile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d,
                              pq, qp + i * hd, acc + i * hd, m + i * G, l + i * G);
     }
