@@ -169,36 +169,10 @@ inline void AccumulateValues8(const std::byte* values, size_t row_bytes, int64_t
 
 // The tile kernel of AttendHeadsTiled (decode_attention_tiled.h).
 struct Avx2Tile {
+  static constexpr int kLanes = 8;
   using Sum = __m256;
   static Sum ZeroSum() { return _mm256_setzero_ps(); }
   static float ReduceSum(Sum l) { return Avx2Ops::ReduceAdd(l); }
-  template <DType T>
-  static void ToPairOrder(const float* in, int64_t d, float* out) {
-    if constexpr (T == DType::kBF16) {
-      for (int64_t c = 0; c < d; c += 16) {
-        for (int i = 0; i < 8; ++i) {
-          out[c + i] = in[c + 2 * i];
-          out[c + 8 + i] = in[c + 2 * i + 1];
-        }
-      }
-    } else {
-      for (int64_t i = 0; i < d; ++i) out[i] = in[i];
-    }
-  }
-  template <DType T>
-  static void FromPairOrder(const float* in, int64_t d, float* out) {
-    if constexpr (T == DType::kBF16) {
-      for (int64_t c = 0; c < d; c += 16) {
-        for (int i = 0; i < 8; ++i) {
-          out[c + 2 * i] = in[c + i];
-          out[c + 2 * i + 1] = in[c + 8 + i];
-        }
-      }
-    } else {
-      for (int64_t i = 0; i < d; ++i) out[i] = in[i];
-    }
-  }
-
   // One tile of n <= kTile keys of one KV head for G query heads (see decode_attention_tiled.h).
   template <DType T, int G>
   static void Tile(const std::byte* keys, size_t value_offset, int64_t n, size_t row_bytes,

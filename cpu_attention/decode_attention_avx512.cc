@@ -166,17 +166,10 @@ inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, siz
 
 // The tile kernel of AttendHeadsTiled (decode_attention_tiled.h).
 struct Avx512Tile {
+  static constexpr int kLanes = 16;
   using Sum = __m512;
   static Sum ZeroSum() { return _mm512_setzero_ps(); }
   static float ReduceSum(Sum l) { return _mm512_reduce_add_ps(l); }
-  template <DType T>
-  static void ToPairOrder(const float* in, int64_t d, float* out) {
-    decode_attention_internal::ToPairOrder<T>(in, d, out);
-  }
-  template <DType T>
-  static void FromPairOrder(const float* in, int64_t d, float* out) {
-    decode_attention_internal::FromPairOrder<T>(in, d, out);
-  }
   template <DType T, int G>
   static void Tile(const std::byte* keys, size_t value_offset, int64_t n, size_t row_bytes,
                    int64_t d, PrefetchQueue& pq, const float* qp, float* acc, float* m, Sum* l) {

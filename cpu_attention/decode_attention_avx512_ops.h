@@ -82,34 +82,6 @@ inline void LoadPair(const std::byte* p, __m512& lo, __m512& hi) {
   }
 }
 
-// natural order [d] -> pair order [d] (see LoadPair), and back.
-template <DType T>
-inline void ToPairOrder(const float* in, int64_t d, float* out) {
-  if constexpr (T == DType::kBF16) {
-    for (int64_t c = 0; c < d; c += 32) {
-      for (int i = 0; i < 16; ++i) {
-        out[c + i] = in[c + 2 * i];
-        out[c + 16 + i] = in[c + 2 * i + 1];
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < d; ++i) out[i] = in[i];
-  }
-}
-template <DType T>
-inline void FromPairOrder(const float* in, int64_t d, float* out) {
-  if constexpr (T == DType::kBF16) {
-    for (int64_t c = 0; c < d; c += 32) {
-      for (int i = 0; i < 16; ++i) {
-        out[c + 2 * i] = in[c + i];
-        out[c + 2 * i + 1] = in[c + 16 + i];
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < d; ++i) out[i] = in[i];
-  }
-}
-
 }  // namespace
 }  // namespace decode_attention_internal
 }  // namespace moebatch

@@ -57,6 +57,36 @@ struct PrefetchQueue {
   void IssueRest() { Issue(total - next); }
 };
 
+// Natural order [d] -> "pair order" [d] and back, for kernels whose vectors hold kLanes floats:
+// for bf16, per 2 x kLanes elements the even ones, then the odd ones (a bf16 pair in a 32-bit lane
+// is widened by a shift and a mask, no shuffles); for f16 and f32 the natural order.
+template <DType T, int kLanes>
+inline void ToPairOrder(const float* in, int64_t d, float* out) {
+  if constexpr (T == DType::kBF16) {
+    for (int64_t c = 0; c < d; c += 2 * kLanes) {
+      for (int i = 0; i < kLanes; ++i) {
+        out[c + i] = in[c + 2 * i];
+        out[c + kLanes + i] = in[c + 2 * i + 1];
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < d; ++i) out[i] = in[i];
+  }
+}
+template <DType T, int kLanes>
+inline void FromPairOrder(const float* in, int64_t d, float* out) {
+  if constexpr (T == DType::kBF16) {
+    for (int64_t c = 0; c < d; c += 2 * kLanes) {
+      for (int i = 0; i < kLanes; ++i) {
+        out[c + 2 * i] = in[c + i];
+        out[c + 2 * i + 1] = in[c + kLanes + i];
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < d; ++i) out[i] = in[i];
+  }
+}
+
 // Heads inner: the keys are walked in tiles of up to kTile keys within one KV block, and each tile
 // is attended for every KV head of the work item in turn, each head with its own queries,
 // accumulators and softmax state. A block's K runs of all KV heads are adjacent
@@ -68,10 +98,9 @@ struct PrefetchQueue {
 // call. Same contract as AttendGroupFn (decode_attention_internal.h).
 //
 // K, the ISA's tile kernel, provides:
+//   kLanes;                             floats per vector (the pair order's half width)
 //   using Sum;                          per-head running sum, one value per lane
 //   static Sum ZeroSum(); static float ReduceSum(Sum);
-//   template <DType T> static void ToPairOrder(const float* in, int64_t d, float* out);
-//   template <DType T> static void FromPairOrder(const float* in, int64_t d, float* out);
 //   template <DType T, int G> static void Tile(const std::byte* keys, size_t value_offset,
 //       int64_t n, size_t row_bytes, int64_t d, PrefetchQueue& pq, const float* qp, float* acc,
 //       float* m, Sum* l);          one tile of n keys for G query heads; issues pq, ends with
@@ -93,7 +122,7 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
   float m[kMaxUnitQueryHeads];
   typename K::Sum l[kMaxUnitQueryHeads];
   for (int64_t x = 0; x < num_kv_heads * G; ++x) {
-    K::template ToPairOrder<T>(q + x * d, d, qp + x * d);
+    ToPairOrder<T, K::kLanes>(q + x * d, d, qp + x * d);
     m[x] = -__builtin_inff();
     l[x] = K::ZeroSum();
   }
@@ -141,7 +170,7 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
     j += n;
   }
   for (int64_t x = 0; x < num_kv_heads * G; ++x) {
-    K::template FromPairOrder<T>(acc + x * d, d, acc_out + x * d);
+    FromPairOrder<T, K::kLanes>(acc + x * d, d, acc_out + x * d);
     m_out[x] = m[x];
     l_out[x] = K::ReduceSum(l[x]);
   }
