@@ -8,8 +8,8 @@
 //  1. Memory bandwidth: a STREAM triad a[i] = b[i] + s * c[i] over three f32 arrays of --triad_mib
 //     MiB (far beyond the last-level cache), plain loop (no non-temporal stores), first-touched by
 //     the threads that run it, transparent huge pages asked for as for the KV cache; best of
-//     --repeats. Bytes counted as STREAM does: 3 arrays x size
-//     (the write-allocate read of `a` is not counted; the 4-array figure is printed next to it).
+//     --repeats. Bytes counted as STREAM does: 3 arrays x size (the write-allocate read of `a` is
+//     not counted; the 4-array figure is printed next to it).
 //     The triad runs again right before each shape's kernels (the VM's bandwidth drifts, and
 //     another process on the 2 cores halves it); "% of triad" divides by the highest triad seen so
 //     far, the conservative choice. Run it on an idle machine: a busy one lowers the triad and
@@ -21,7 +21,7 @@
 //     with the median and range.
 //     Also read-only passes over the same bytes with no math (ReadKvOnly: one KV head per work
 //     item, its runs whole or 8 runs interleaved; ReadKvHeadsInner: every KV head of a block in
-//     turn, the AVX-512 kernel's order): the memory-side ceilings of this layout for those orders.
+//     turn, the tiled kernels' order): the memory-side ceilings of this layout for those orders.
 //  3. The baselines: bench/attention_baseline.cc, the portable algorithm of PagedAttentionReference
 //     compiled at -O3 once per vector ISA the CPU has (AVX-512, AVX2), i.e. what the compiler makes
 //     of the reference on its own with the hand kernel's instructions. Speed-ups are given over the
@@ -277,11 +277,10 @@ double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // The memory-side ceiling for this cache layout: every K and V byte the kernels read, read by a
 // loop with no math (XorWords: an XOR of 64-bit words with the widest loads), split over threads by
-// (sequence, KV head) as the kernels were until 2026-11-22 (and the AVX2 kernel still reads).
-// `interleave` runs: 1 reads each block's K run and then its V run whole, as those kernels do; 8
-// reads 8 runs at a time, 1 KiB of each in turn (the hardware
-// prefetchers stream from several pages at once faster than from one). Returns the XOR, so the
-// reads cannot be dropped.
+// (sequence, KV head) as the kernels were until 2026-11-22. `interleave` runs: 1 reads each block's
+// K run and then its V run whole, as those kernels did; 8 reads 8 runs at a time, 1 KiB of each in
+// turn (the hardware prefetchers stream from several pages at once faster than from one). Returns
+// the XOR, so the reads cannot be dropped.
 uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, int interleave) {
   const KvLayerView& v = p.view;
   const size_t elem = DTypeSize(v.dtype);
@@ -324,8 +323,8 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
   return result;
 }
 
-// The same bytes in the order of the AVX-512 kernel, which takes every KV head of a sequence in one
-// work item (decode_attention_avx512.cc): block by block, and in each block KV head 0's K run and V
+// The same bytes in the order of the tiled kernels, which take every KV head of a sequence in one
+// work item (decode_attention_tiled.h): block by block, and in each block KV head 0's K run and V
 // run, then head 1's, ...; the K runs of a block are adjacent (engine/kv_cache.h), so each block is
 // read as two 32 KiB sequential streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far
 // apart. Split over sequences.

@@ -243,10 +243,6 @@ void AttendGroupTiled8(const KvLayerView& kv, const int32_t* block_table, int64_
   });
 }
 
-// Largest head_dim of the tiled kernel (a KV head's state, [kMaxGroup][head_dim], must fit
-// kMaxUnitFloats).
-constexpr int64_t kMaxTiledHeadDim = 256;
-
 }  // namespace
 
 void AttendGroupAvx2(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,

@@ -12,10 +12,6 @@ namespace moebatch {
 namespace decode_attention_internal {
 namespace {
 
-// Largest head_dim of the tiled kernels (a KV head's state, [kMaxGroup][head_dim],
-// must fit kMaxUnitFloats).
-constexpr int64_t kMaxTiledHeadDim = 256;
-
 struct Avx512Ops {
   using V = __m512;
   static constexpr int kLanes = 16;

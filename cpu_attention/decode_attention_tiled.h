@@ -16,6 +16,11 @@ namespace moebatch {
 namespace decode_attention_internal {
 namespace {
 
+// Largest head_dim of the tiled kernels; larger ones take the generic template. A KV head's state,
+// [kMaxGroup][head_dim], must fit the driver's kMaxUnitFloats buffers.
+constexpr int64_t kMaxTiledHeadDim = 256;
+static_assert(kMaxGroup * kMaxTiledHeadDim <= kMaxUnitFloats, "tiled state exceeds the buffers");
+
 // Prefetch: each 4 KiB K or V run of a block starts a new page, where the hardware prefetchers
 // stop, so the kernels prefetch every line themselves. Each head-tile's lines are prefetched over
 // the kPrefetchSpan head-tiles before it, a 1/kPrefetchSpan slice per head-tile, latest slice
