@@ -8,8 +8,8 @@
 //    max_tokens_per_pass tokens and the cuBLAS workspace: nothing else is allocated on the device;
 //  * the weights in page-locked host memory (a WeightStore made with PinnedHostAllocator()),
 //    streamed layer by layer into the slots by the DataMover (engine/data_mover.h) with a copy
-//    engine on its own CUDA stream, packet by packet; layer L uses slot L % 2 and the next layer
-//    is prefetched while L computes;
+//    engine on its own CUDA stream, packet by packet; visit i of a layer uses slot i % 2 and the
+//    next layer is prefetched while L computes;
 //  * task A and task B as cuda/kernels.h kernels plus cuBLAS GEMMs (f32 accumulation) on a compute
 //    stream; q/k/v to the host and attention outputs back on a transfer stream, so they never
 //    queue behind a weight packet.
@@ -32,7 +32,7 @@ namespace moebatch {
 
 struct CudaBackendOptions {
   int device = 0;                // CUDA device ordinal
-  int64_t gpu_memory_bytes = 0;  // the hard budget (--gpu_memory_gb); 0: the device's free memory
+  int64_t gpu_memory_bytes = 0;  // the hard budget (--gpu_memory_gb); 0: CudaMemoryBudget's
   int64_t max_tokens_per_pass = 2048;
   size_t packet_bytes = size_t{64} << 20;  // the data mover's packet
 };
@@ -43,6 +43,11 @@ HostAllocator* PinnedHostAllocator();
 // The compute dtype for `device`: bf16 on sm_80 and later, f16 below. Unavailable without CUDA or
 // without that device.
 absl::StatusOr<DType> CudaComputeDType(int device);
+
+// The GPU memory budget of `options`, bytes: gpu_memory_bytes when positive, else the device's free
+// memory less 1 GiB left to CUDA (cuBLAS state, lazily loaded kernels). Unavailable without CUDA or
+// without that device.
+absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options);
 
 // The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).
 // ResourceExhausted when the GpuMemoryPlan exceeds the budget (naming the parts and how many tokens

@@ -13,6 +13,8 @@ HostAllocator* PinnedHostAllocator() { return nullptr; }
 
 absl::StatusOr<DType> CudaComputeDType(int device) { return NoCuda(); }
 
+absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options) { return NoCuda(); }
+
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
                                                          const CudaBackendOptions& options) {
   return NoCuda();

@@ -86,7 +86,9 @@ class Pinned final : public HostAllocator {
 // Device slots filled from pinned memory on the mover's own stream, one packet in flight at a time
 // (each packet's event is waited for before the next is issued, MoE-Lens §6.5). A fill is ordered
 // after the consumer's release of the slot: OnRelease records an event on the compute stream, and
-// BeforeFill makes the mover stream wait for it.
+// BeforeFill waits on the host until the compute stream has passed it (so the mover's busy time is
+// copying only). The events block rather than spin: the mover thread must not take a core from
+// CPU attention while a packet is in flight.
 class CudaCopyEngine final : public CopyEngine {
  public:
   static absl::StatusOr<std::unique_ptr<CudaCopyEngine>> Create(int device,
@@ -101,13 +103,12 @@ class CudaCopyEngine final : public CopyEngine {
     MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device), "cudaSetDevice"));
     MB_RETURN_IF_ERROR(CudaError(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking),
                                  "data mover stream"));
-    MB_RETURN_IF_ERROR(CudaError(cudaEventCreateWithFlags(&e->packet_, cudaEventDisableTiming),
-                                 "data mover event"));
+    constexpr unsigned kFlags = cudaEventDisableTiming | cudaEventBlockingSync;
+    MB_RETURN_IF_ERROR(
+        CudaError(cudaEventCreateWithFlags(&e->packet_, kFlags), "data mover event"));
     e->released_.assign(e->slots_.size(), nullptr);
-    e->ever_released_.assign(e->slots_.size(), false);
     for (cudaEvent_t& ev : e->released_) {
-      MB_RETURN_IF_ERROR(
-          CudaError(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "slot event"));
+      MB_RETURN_IF_ERROR(CudaError(cudaEventCreateWithFlags(&ev, kFlags), "slot event"));
     }
     return e;
   }
@@ -125,8 +126,8 @@ class CudaCopyEngine final : public CopyEngine {
 
   absl::Status BeforeFill(int slot) override {
     MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device_), "cudaSetDevice (data mover)"));
-    if (!ever_released_[slot]) return absl::OkStatus();
-    return CudaError(cudaStreamWaitEvent(stream_, released_[slot], 0), "wait for slot release");
+    // An event never recorded (the slot's first fill) is complete.
+    return CudaError(cudaEventSynchronize(released_[slot]), "wait for slot release");
   }
   absl::Status CopyPacket(int slot, size_t offset, const std::byte* src, size_t bytes) override {
     MB_RETURN_IF_ERROR(CudaError(
@@ -137,9 +138,10 @@ class CudaCopyEngine final : public CopyEngine {
   }
   absl::Status AfterFill(int slot) override { return absl::OkStatus(); }
   void OnRelease(int slot) override {
-    // Called on the compute thread (the device is current there).
+    // Called on the compute thread (the device is current there). Should the record fail, the
+    // event keeps its last record and the next fill could overwrite the slot early; the failure
+    // is a CUDA error that the compute stream's next synchronisation reports anyway.
     cudaEventRecord(released_[slot], consumer_);
-    ever_released_[slot] = true;
   }
 
  private:
@@ -151,9 +153,6 @@ class CudaCopyEngine final : public CopyEngine {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t packet_ = nullptr;
   std::vector<cudaEvent_t> released_;
-  // Written by the compute thread before DataMover::Release, read by the mover thread after the
-  // mover saw that release (DataMover's mutex orders the two).
-  std::vector<bool> ever_released_;
 };
 
 // --- The device
@@ -170,19 +169,33 @@ class CudaDevice final : public Device {
 
   const char* name() const override { return "cuda"; }
   const ModelConfig& config() const override { return store_.config(); }
+  // Every call makes the device current on the calling thread first (the engine may be created on
+  // one thread and stepped on another), and a failed call leaves the weight slots to be reset at
+  // the next BeginPass.
   absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
-                     int64_t tokens) override;
+                     int64_t tokens) override {
+    return OnDevice([&] { return RunEmbed(micro_batch, token_ids, positions, tokens); });
+  }
   // Prefill attention in task A (MoE-Lens §6.4): gpu::PrefillAttention over the segments' own
   // q/k/v, f32, before q/k/v go to the host.
   bool AttendsPrefill() const override { return true; }
   absl::Status SetPrefillSegments(int micro_batch, const int32_t* cu_rows,
-                                  int64_t num_segments) override;
+                                  int64_t num_segments) override {
+    return OnDevice([&] { return RunSetPrefillSegments(micro_batch, cu_rows, num_segments); });
+  }
   absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
-                     float* attn) override;
+                     float* attn) override {
+    return OnDevice([&] { return RunTaskA(micro_batch, layer, q, k, v, attn); });
+  }
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
-                     ForwardStats* stats) override;
-  absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+                     ForwardStats* stats) override {
+    return OnDevice([&] { return RunTaskB(micro_batch, layer, attn, stats); });
+  }
+  absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override {
+    return OnDevice([&] { return RunLogits(micro_batch, rows, n, logits); });
+  }
   void BeginPass(int micro_batches) override {
+    if (failed_) ResetWeightSlots();
     micro_batches_in_pass_ = std::max(1, micro_batches);
     task_b_calls_ = 0;
   }
@@ -193,6 +206,24 @@ class CudaDevice final : public Device {
 
  private:
   explicit CudaDevice(const WeightStore& store) : store_(store) {}
+
+  template <typename Call>
+  absl::Status OnDevice(Call&& call) {
+    absl::Status st = CudaError(cudaSetDevice(device_), "cudaSetDevice");
+    if (st.ok()) st = call();
+    if (!st.ok()) failed_ = true;
+    return st;
+  }
+  absl::Status RunEmbed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
+                        int64_t tokens);
+  absl::Status RunSetPrefillSegments(int micro_batch, const int32_t* cu_rows, int64_t num_segments);
+  absl::Status RunTaskA(int micro_batch, int64_t layer, float* q, float* k, float* v, float* attn);
+  absl::Status RunTaskB(int micro_batch, int64_t layer, const float* attn, ForwardStats* stats);
+  absl::Status RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits);
+  // After a failed call, which may have left a pass half done (two layers live, a fill waited
+  // for by no one): let the fills in flight finish, release both slots, forget what they hold and
+  // drain the streams, so the next pass starts from layer 0 as the first one did.
+  void ResetWeightSlots();
 
   // Bump allocation inside the one budgeted cudaMalloc.
   template <typename T>
@@ -245,6 +276,7 @@ class CudaDevice final : public Device {
   int next_slot_ = 0;
   int micro_batches_in_pass_ = 1;
   int task_b_calls_ = 0;  // of the oldest live layer, this pass
+  bool failed_ = false;   // a call failed since the last BeginPass
 
   // Resident.
   void* lm_head_ = nullptr;
@@ -283,22 +315,15 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->dtype_ = ToGpu(store.dtype());
   d->elem_ = gpu::GpuDTypeSize(d->dtype_);
   MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
-  int64_t budget = options.gpu_memory_bytes;
-  if (budget <= 0) {
-    size_t free_bytes = 0, total_bytes = 0;
-    MB_RETURN_IF_ERROR(CudaError(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
-    budget = static_cast<int64_t>(free_bytes) - (int64_t{256} << 20);  // leave the driver room
-  }
+  auto budget = CudaMemoryBudget(options);
+  if (!budget.ok()) return budget.status();
   auto plan = PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
-                            options.max_tokens_per_pass, budget);
+                            options.max_tokens_per_pass, *budget);
   if (!plan.ok()) return plan.status();
   d->plan_ = *plan;
-  // Room for 256-byte alignment of every carved buffer (a few dozen of them).
-  const size_t arena_bytes = static_cast<size_t>(d->plan_.total_bytes) + (size_t{64} << 10);
-  if (static_cast<int64_t>(arena_bytes) > budget) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("GPU memory: ", d->plan_.ToString(), " plus alignment exceeds the budget"));
-  }
+  // The plan's workspace holds the cuBLAS workspace, the small buffers and the 256-byte alignment
+  // of every carved buffer (checked after carving).
+  const size_t arena_bytes = static_cast<size_t>(d->plan_.total_bytes);
   void* arena = nullptr;
   MB_RETURN_IF_ERROR(CudaError(cudaMalloc(&arena, arena_bytes), "cudaMalloc (the GPU budget)"));
   d->arena_ = static_cast<std::byte*>(arena);
@@ -335,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->expert_out_ = d->Carve<float>(T * k * hidden);
   d->logits_ = d->Carve<float>(T * c.vocab_size);
   d->rows_ = d->Carve<int32_t>(T);
-  const size_t workspace_bytes = size_t{32} << 20;
+  const size_t workspace_bytes = GpuMemoryPlan::kCublasWorkspaceBytes;
   d->workspace_ = d->Carve<std::byte>(static_cast<int64_t>(workspace_bytes));
   if (d->arena_used_ > arena_bytes) {
     return absl::InternalError(absl::StrCat("GPU memory: carved ", d->arena_used_,
@@ -385,7 +410,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, options.device);
   spdlog::info("cuda backend: {} (sm_{}{}), {} compute, budget {:.2f} GiB: {}", prop.name,
-               prop.major, prop.minor, DTypeName(store.dtype()), budget / double(1 << 30),
+               prop.major, prop.minor, DTypeName(store.dtype()), *budget / double(1 << 30),
                d->plan_.ToString());
   return std::unique_ptr<Device>(std::move(d));
 }
@@ -420,6 +445,31 @@ absl::Status CudaDevice::CheckCall(int micro_batch, int64_t layer, int64_t token
   return absl::OkStatus();
 }
 
+void CudaDevice::ResetWeightSlots() {
+  if (cudaSetDevice(device_) != cudaSuccess) return;
+  // Slots the consumer holds first: a queued fill may be waiting for one of them.
+  for (const Visit& v : visits_) {
+    if (v.waited) mover_->Release(v.slot);
+  }
+  for (const Visit& v : visits_) {
+    if (v.waited) continue;
+    if (absl::Status st = mover_->Wait(v.ticket); !st.ok()) {
+      spdlog::warn("cuda backend: resetting the weight slots: {}", st.ToString());
+    }
+    mover_->Release(v.slot);
+  }
+  visits_.clear();
+  slot_content_[0] = slot_content_[1] = -1;
+  next_slot_ = 0;
+  task_b_calls_ = 0;
+  for (cudaStream_t stream : {compute_, transfer_}) {
+    if (cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+      spdlog::warn("cuda backend: resetting after a failed call: {}", cudaGetErrorString(err));
+    }
+  }
+  failed_ = false;
+}
+
 absl::StatusOr<CudaDevice::Visit*> CudaDevice::Queue(int64_t layer) {
   for (Visit& v : visits_) {
     if (v.layer == layer) return &v;
@@ -430,7 +480,6 @@ absl::StatusOr<CudaDevice::Visit*> CudaDevice::Queue(int64_t layer) {
         visits_[1].layer, " hold both weight slots (layers must be visited in order)"));
   }
   const int slot = next_slot_;
-  next_slot_ ^= 1;
   Visit v{layer, slot, 0, true};
   if (slot_content_[slot] != layer) {
     const WeightRegion& region = store_.layer(layer);
@@ -440,6 +489,7 @@ absl::StatusOr<CudaDevice::Visit*> CudaDevice::Queue(int64_t layer) {
     v.waited = false;
     slot_content_[slot] = layer;
   }
+  next_slot_ ^= 1;
   visits_.push_back(v);
   return &visits_.back();
 }
@@ -493,8 +543,8 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
       "cublasGemmEx");
 }
 
-absl::Status CudaDevice::Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
-                               int64_t tokens) {
+absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
+                                  const int64_t* positions, int64_t tokens) {
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
   prefill_segments_[micro_batch] = 0;
   const ModelConfig& c = config();
@@ -529,8 +579,8 @@ absl::Status CudaDevice::Embed(int micro_batch, const int32_t* token_ids, const 
   return CudaError(cudaStreamSynchronize(compute_), "embedding");
 }
 
-absl::Status CudaDevice::SetPrefillSegments(int micro_batch, const int32_t* cu_rows,
-                                            int64_t num_segments) {
+absl::Status CudaDevice::RunSetPrefillSegments(int micro_batch, const int32_t* cu_rows,
+                                               int64_t num_segments) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
@@ -557,11 +607,14 @@ absl::Status CudaDevice::SetPrefillSegments(int micro_batch, const int32_t* cu_r
   return CudaError(cudaStreamSynchronize(compute_), "prefill segments");
 }
 
-absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
-                               float* attn) {
+absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                                  float* attn) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
+  if (prefill_segments_[micro_batch] > 0 && attn == nullptr) {
+    return absl::InvalidArgumentError("task A: prefill segments, null attn");
+  }
   const ModelConfig& c = config();
   auto slot = AwaitLayer(layer);
   if (!slot.ok()) return slot.status();
@@ -584,7 +637,6 @@ absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* 
   const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
   const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
   if (segments > 0) {
-    if (attn == nullptr) return absl::InvalidArgumentError("task A: prefill segments, null attn");
     MB_RETURN_IF_ERROR(gpu::PrefillAttention(
         q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
@@ -614,8 +666,8 @@ absl::Status CudaDevice::TaskA(int micro_batch, int64_t layer, float* q, float* 
   return CudaError(cudaStreamSynchronize(transfer_), "task A");
 }
 
-absl::Status CudaDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
-                               ForwardStats* stats) {
+absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* attn,
+                                  ForwardStats* stats) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
@@ -687,12 +739,16 @@ absl::Status CudaDevice::TaskB(int micro_batch, int64_t layer, const float* attn
   return CudaError(cudaStreamSynchronize(compute_), "task B");
 }
 
-absl::Status CudaDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
+absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
   const ModelConfig& c = config();
   if (n == 0) return absl::OkStatus();
+  if (n < 0 || n > tokens) {  // the row buffers hold the micro-batch's tokens
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits: ", n, " rows of a micro-batch of ", tokens, " tokens"));
+  }
   std::vector<int32_t> host_rows(n);
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= tokens) {
@@ -732,6 +788,16 @@ absl::StatusOr<DType> CudaComputeDType(int device) {
         absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(err)));
   }
   return prop.major >= 8 ? DType::kBF16 : DType::kF16;
+}
+
+absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options) {
+  if (options.gpu_memory_bytes > 0) return options.gpu_memory_bytes;
+  MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
+  size_t free_bytes = 0, total_bytes = 0;
+  MB_RETURN_IF_ERROR(CudaError(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  // Room for what CUDA allocates after the arena: cuBLAS/cuBLASLt state and the kernel modules it
+  // loads lazily on first use.
+  return static_cast<int64_t>(free_bytes) - (int64_t{1} << 30);
 }
 
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,

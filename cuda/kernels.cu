@@ -7,9 +7,11 @@
 // Numerics: f32 everywhere, IEEE division and sqrt (nvcc's defaults; this file must not be built
 // with --use_fast_math), cosf/sinf/expf rather than the __ intrinsics. Where the CPU reference
 // (engine/cpu_device.cc) does a product and a sum separately, the kernels use __fmul_rn /
-// __fadd_rn so nvcc cannot contract them into an FMA, which keeps RoPE, SiLU-mul and the combine
-// equal to the CPU's rounding. Reductions (RMSNorm, q.k) run as trees, so they differ from the
-// CPU's sequential sums by rounding only.
+// __fadd_rn so nvcc cannot contract them into an FMA: RoPE, SiLU-mul and the combine do the CPU's
+// operations in the CPU's order. They are not bit-equal to it: CUDA's cosf/sinf/expf are within
+// 2 ulp where glibc's are nearly correctly rounded, so RoPE, SiLU and the router weights may
+// differ in the last bit. Reductions (RMSNorm, q.k) run as trees, so they differ from the CPU's
+// sequential sums by rounding only.
 //
 // Run the checks: build test_cuda_kernels and run it on a machine with a GPU (ctest -L gpu).
 #include <cuda_bf16.h>
@@ -412,10 +414,12 @@ absl::Status BuildExpertPermutation(const int32_t* ids, int64_t tokens, int64_t 
                                     int64_t experts, int32_t* expert_offsets, int32_t* sorted_token,
                                     int32_t* slot_of, cudaStream_t stream) {
   constexpr const char* kFn = "BuildExpertPermutation";
+  // The kernel's int loop counters step past the last pair by up to kPermThreads.
   if (tokens < 0 || top_k < 1 || top_k > kMaxInt || experts < 1 ||
-      experts > kMaxPermutationExperts || tokens > kMaxInt / top_k) {
+      experts > kMaxPermutationExperts || tokens > (kMaxInt - kPermThreads) / top_k) {
     return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k, " experts=", experts,
-                   " (1 <= experts <= ", kMaxPermutationExperts, ", tokens * top_k < 2^31)");
+                   " (1 <= experts <= ", kMaxPermutationExperts, ", tokens * top_k < 2^31 - ",
+                   kPermThreads, ")");
   }
   if (expert_offsets == nullptr) return Invalid(kFn, "null pointer");
   if (tokens > 0 && (ids == nullptr || sorted_token == nullptr || slot_of == nullptr)) {

@@ -6,7 +6,8 @@
 //
 // The math is the cpu backend's (engine/cpu_device.cc, CpuDevice), which follows Hugging Face
 // transformers' models/mixtral/modeling_mixtral.py; each function names the transformers code it
-// implements. tests/test_cuda_kernels.cc checks every kernel against a CPU loop.
+// implements. tests/test_cuda_kernels_task_a.cc and _task_b.cc check every kernel against a CPU
+// loop.
 //
 // Conventions, for every function below:
 // - Pointers are device memory; tensors are dense and row-major, shapes written [rows, cols].
@@ -17,7 +18,7 @@
 //   size is out of range or a pointer is null with a non-zero size (nothing is launched); Internal
 //   when the launch fails (cudaGetLastError, which also reports earlier asynchronous failures).
 //   Errors inside a kernel surface at the caller's next synchronisation. Zero rows: OK, nothing
-//   launched.
+//   launched (except BuildExpertPermutation, which still zeroes the expert offsets).
 // - Thread-safe: the functions keep no state; ordering is the stream's.
 #pragma once
 
@@ -71,7 +72,8 @@ absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype,
 // (1 / theta^(2i/d), as CpuDevice::Create computes it). For i < d/2, with
 // f = float(pos) * inv_freq[i], c = cosf(f), s = sinf(f) (accurate f32 cosf/sinf, not __cosf):
 //   y[i] = x[i] c - x[i + d/2] s,   y[i + d/2] = x[i + d/2] c + x[i] s,
-// each product and sum rounded separately (no FMA), like the CPU. d even, 2 <= d <= 1024.
+// each product and sum rounded separately (no FMA), like the CPU; CUDA's cosf/sinf are within 2 ulp
+// of glibc's, so a result may differ from the CPU's in the last bit. d even, 2 <= d <= 1024.
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
                        const float* inv_freq, cudaStream_t stream);
 
@@ -138,7 +140,8 @@ absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_
 // final_hidden_states) and the residual add of MixtralDecoderLayer.forward, in the CPU's order:
 // for each token, moe = 0.0f, then moe += expert_out[slot] * weight over its choices taken in
 // increasing expert id order, then h += moe (products and sums rounded separately, no FMA, so the
-// f32 result equals CpuDevice::TaskB's when expert_out does). No atomics: one block per token.
+// f32 result equals CpuDevice::TaskB's when expert_out and the weights do; the weights come through
+// expf, within 2 ulp of the CPU's). No atomics: one block per token.
 // expert_out [tokens * top_k, hidden] f32, row = slot (the w2 GEMM output over the sorted buffer);
 // slot_of, ids [tokens, top_k] int32 (BuildExpertPermutation's, RouterTopK's); weights
 // [tokens, top_k] f32; h [tokens, hidden] f32, updated. A slot outside [0, tokens * top_k) is

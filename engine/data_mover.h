@@ -6,14 +6,14 @@
 //
 // Protocol, per slot:
 //   Enqueue(slot, src, bytes, tag)   the producer (the pipeline) asks for a fill; FIFO order
-//   ... the mover waits until the slot's previous content has been Released, then copies the
-//       bytes packet by packet (each packet complete before the next is issued) and marks the
-//       slot ready (CopyEngine::AfterFill: the cuda engine records the slot's event, which the
-//       compute stream waits on)
+//   ... the mover waits until the slot's previous content has been Released (and, in
+//       CopyEngine::BeforeFill, until the device is past its last use: the cuda engine waits for
+//       the release event), then copies the bytes packet by packet (each packet complete before
+//       the next is issued) and marks the slot ready (CopyEngine::AfterFill)
 //   Wait(ticket)                     blocks the caller until that fill is complete
 //   Release(slot)                    the consumer is done with the content (cuda: records the
-//                                    release event on the compute stream, so the next fill is
-//                                    ordered after the last kernel that read the slot)
+//                                    release event on the compute stream; the next fill of the
+//                                    slot starts after the last kernel that read it)
 // A fill of a slot that has never been filled does not wait for a Release.
 //
 // What a "copy" is belongs to the CopyEngine: HostCopyEngine (host slots, memcpy) serves the cpu

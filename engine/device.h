@@ -67,6 +67,8 @@ class Device {
   // A pass of `micro_batches` micro-batches (1 or 2) begins; their Embed calls follow. Layers are
   // then visited in order, and a layer's task B runs once per micro-batch before the device may
   // drop its weights (VSLPipe interleaves task A of layer i + 1 between them, MoE-Lens Fig. 9).
+  // After a failed call the pass is abandoned; the next BeginPass starts afresh whatever state
+  // the failed pass left.
   virtual void BeginPass(int micro_batches) {}
 
   // Starts micro-batch `micro_batch` with `tokens` tokens: h = embed_tokens[token_ids]

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/device_probe.h"
 #include "engine/cpu_device.h"
+#include "engine/gpu_memory_plan.h"
 #include "engine/pipeline_profiler.h"
 #include "spdlog/spdlog.h"
 
@@ -60,7 +62,11 @@ namespace {
 
 // MoE-Lens §6.3 on the cuda backend: n_real from a one-layer device (weights resident), the
 // layer's transfer time from the data mover's first fill. Cached under options.profile_dir.
-absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const EngineOptions& options) {
+// nullopt (with a warning) when the timings give no usable line (e.g. a model so small that the
+// time does not grow with tokens): the budget stays at the ceiling. Device errors are errors.
+absl::StatusOr<std::optional<int64_t>> ProfileTokenBudget(const WeightStore& store,
+                                                          const EngineOptions& options,
+                                                          const CudaBackendOptions& cuda_options) {
   std::string gpu = "gpu" + std::to_string(options.gpu_device);
   if (auto gpus = ProbeGpus(); gpus.ok()) {
     for (const GpuInfo& g : *gpus) {
@@ -72,7 +78,7 @@ absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const Engin
     auto cached = LoadProfile(options.profile_dir, key);
     if (cached.ok()) {
       spdlog::info("pipeline profile {}: n_real {} tokens per pass (cached)", key, cached->n_real);
-      return cached->n_real;
+      return std::optional<int64_t>(cached->n_real);
     }
     if (cached.status().code() != absl::StatusCode::kNotFound) {
       spdlog::warn("{}; profiling again", cached.status().ToString());
@@ -80,22 +86,23 @@ absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const Engin
   }
   auto one_layer = WeightStore::View(store, 1);
   if (!one_layer.ok()) return one_layer.status();
-  CudaBackendOptions cuda_options;
-  cuda_options.device = options.gpu_device;
-  cuda_options.gpu_memory_bytes = options.gpu_memory_bytes;
-  cuda_options.max_tokens_per_pass = options.max_tokens_per_pass;
-  cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
   auto device = CreateCudaDevice(**one_layer, cuda_options);
   if (!device.ok()) return device.status();
+  const int64_t most = cuda_options.max_tokens_per_pass;
   std::vector<int64_t> tokens;
-  for (int64_t n = 128; n <= options.max_tokens_per_pass; n *= 2) tokens.push_back(n);
-  if (tokens.size() < 2) tokens = {1, std::max<int64_t>(2, options.max_tokens_per_pass)};
+  for (int64_t n = 128; n <= most; n *= 2) tokens.push_back(n);
+  if (tokens.size() < 2) tokens = {1, std::max<int64_t>(2, most)};
   PipelineProfile profile;
   auto points = MeasureLayerTimes(**device, tokens, 3);
   if (!points.ok()) return points.status();
   profile.points = *std::move(points);
+  auto unusable = [&](const absl::Status& st) {
+    spdlog::warn("pipeline profile {}: {}; the token budget stays at the ceiling of {} tokens", key,
+                 std::string(st.message()), most);
+    return std::optional<int64_t>();
+  };
   auto fit = FitLine(profile.points);
-  if (!fit.ok()) return fit.status();
+  if (!fit.ok()) return unusable(fit.status());
   profile.fit = *fit;
   const DeviceCounters moved = (*device)->counters();
   if (moved.weight_bytes <= 0 || moved.weight_busy_seconds <= 0) {
@@ -104,7 +111,7 @@ absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const Engin
   profile.layer_transfer_seconds = static_cast<double>(store.max_layer_bytes()) /
                                    (moved.weight_bytes / moved.weight_busy_seconds);
   auto n_real = TokensToSaturate(profile.fit, profile.layer_transfer_seconds);
-  if (!n_real.ok()) return n_real.status();
+  if (!n_real.ok()) return unusable(n_real.status());
   profile.n_real = *n_real;
   spdlog::info(
       "pipeline profile {}: layer time {:.3f} ms + {:.4f} ms/token (r2 {:.3f}), transfer {:.2f} "
@@ -116,7 +123,7 @@ absl::StatusOr<int64_t> ProfileTokenBudget(const WeightStore& store, const Engin
       spdlog::warn("{}", st.ToString());
     }
   }
-  return profile.n_real;
+  return std::optional<int64_t>(profile.n_real);
 }
 
 }  // namespace
@@ -137,6 +144,15 @@ absl::Status Engine::WriteTrace() const {
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  // Before anything large is loaded.
+  if (options.max_num_seqs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_seqs: must be >= 0 (0: automatic), got ", options.max_num_seqs));
+  }
+  if (options.max_tokens_per_pass < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens_per_pass: must be >= 0 (0: automatic), got ", options.max_tokens_per_pass));
+  }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
   // Bad thread options fail here, at start-up, rather than at the first Step.
@@ -195,18 +211,43 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
 
-  int64_t token_budget = options.max_tokens_per_pass;
-  if (cuda && options.profile_token_budget) {
-    auto n_real = ProfileTokenBudget(*engine->weight_store_, options);
-    if (!n_real.ok()) return n_real.status();
-    token_budget = std::max<int64_t>(1, std::min(token_budget, *n_real));
-  }
+  // Tokens per pass and sequences (MoE-Lens §6.2-6.3; 0: automatic). The cuda backend's ceiling is
+  // what its GPU budget holds activations for, lowered to the profiler's n_real; the device is then
+  // sized for that budget (no pass exceeds it: engine/scheduler.h), no more.
+  int64_t max_tokens = options.max_tokens_per_pass;
+  std::optional<int64_t> n_real;
+  CudaBackendOptions cuda_options;
   if (cuda) {
-    CudaBackendOptions cuda_options;
     cuda_options.device = options.gpu_device;
     cuda_options.gpu_memory_bytes = options.gpu_memory_bytes;
-    cuda_options.max_tokens_per_pass = options.max_tokens_per_pass;
     cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
+    // Resolved once, so the profiling device and the engine's plan against the same bytes.
+    auto budget = CudaMemoryBudget(cuda_options);
+    if (!budget.ok()) return budget.status();
+    cuda_options.gpu_memory_bytes = *budget;
+    if (max_tokens == 0) {
+      const WeightStore& store = *engine->weight_store_;
+      max_tokens = MaxTokensPerPassForBudget(
+          c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()), *budget);
+      if (max_tokens < 1) {  // PlanGpuMemory says what does not fit
+        return PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()), 1,
+                             *budget)
+            .status();
+      }
+    }
+    cuda_options.max_tokens_per_pass = max_tokens;
+    if (options.profile_token_budget) {
+      auto profiled = ProfileTokenBudget(*engine->weight_store_, options, cuda_options);
+      if (!profiled.ok()) return profiled.status();
+      n_real = *profiled;  // nullopt: no usable profile
+    }
+  } else if (max_tokens == 0) {
+    max_tokens = kCpuTokensPerPass;
+  }
+  const SchedulerConfig schedule =
+      SchedulerConfigFor(max_tokens, options.max_num_seqs, n_real, options.kv_block_size);
+  if (cuda) {
+    cuda_options.max_tokens_per_pass = schedule.max_tokens_per_pass;
     auto device = CreateCudaDevice(*engine->weight_store_, cuda_options);
     if (!device.ok()) return device.status();
     engine->model_ = std::make_unique<ModelRunner>(
@@ -259,11 +300,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!cache.ok()) return cache.status();
   engine->cache_ = *std::move(cache);
   engine->allocator_ = std::make_unique<BlockAllocator>(kv.num_blocks);
-  if (options.max_num_seqs < 1 || options.max_tokens_per_pass < 1) {
-    return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_pass must be >= 1");
-  }
-  engine->scheduler_ = std::make_unique<Scheduler>(
-      SchedulerConfig{options.max_num_seqs, token_budget, kv.block_size}, engine->allocator_.get());
+  engine->scheduler_ = std::make_unique<Scheduler>(schedule, engine->allocator_.get());
   engine->max_context_ = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
   if (!options.trace_file.empty()) {
     engine->trace_ = std::make_unique<PipelineTrace>();
@@ -271,13 +308,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   spdlog::info(
       "engine: {} backend, {} layers, {} experts (top-{}), compute {}{}, KV cache {} blocks x {} "
-      "tokens ({} MiB, {}), max context {} tokens",
+      "tokens ({} MiB, {}), max context {} tokens; {} tokens per pass{}, up to {} sequences",
       engine->model_->device().name(), c.num_hidden_layers, c.num_local_experts,
       c.num_experts_per_tok,
       cuda ? DTypeName(engine->weight_store_->dtype()) : DTypeName(options.compute_dtype),
       cuda ? "" : (options.batch_invariant ? " (batch-invariant)" : " (oneDNN)"), kv.num_blocks,
-      kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype),
-      engine->max_context_);
+      kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(kv.dtype), engine->max_context_,
+      schedule.max_tokens_per_pass,
+      n_real ? absl::StrCat(" (n_real ", *n_real, ", ceiling ", max_tokens, ")") : std::string(),
+      schedule.max_num_seqs);
   return engine;
 }
 

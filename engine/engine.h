@@ -30,6 +30,9 @@
 
 namespace moebatch {
 
+// The cpu backend's tokens per pass when EngineOptions::max_tokens_per_pass is 0.
+inline constexpr int64_t kCpuTokensPerPass = 2048;
+
 struct EngineOptions {
   std::string model_dir;              // Hugging Face directory: config.json, safetensors,
                                       // tokenizer.model
@@ -40,8 +43,14 @@ struct EngineOptions {
   // (host_memory_bytes, else 90% of MemAvailable), less 1 GiB (MoE-Lens §5.1: KV capacity bounds
   // throughput, so use the memory there is).
   int64_t kv_cache_bytes = int64_t{1} << 30;
-  int64_t max_num_seqs = 256;          // sequences holding KV at once
-  int64_t max_tokens_per_pass = 2048;  // prefill + decode tokens per pass
+  // Prefill + decode tokens per pass, the ceiling (MoE-Lens §6.2-6.3). 0 (automatic): on the cuda
+  // backend as many as the GPU budget holds activations for, on the cpu backend
+  // kCpuTokensPerPass. The cuda backend lowers the scheduler's budget to the profiler's n_real
+  // (profile_token_budget) and sizes the GPU activations for that budget.
+  int64_t max_tokens_per_pass = 0;
+  // Sequences holding KV at once. 0 (automatic): no limit but the token budget's, so the decode
+  // tokens of a pass can fill it (engine/scheduler.h: SchedulerConfigFor).
+  int64_t max_num_seqs = 0;
   // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
   // (engine/matmul.h); beyond it weights are widened on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
@@ -73,7 +82,7 @@ struct EngineOptions {
   enum class Backend { kCpu, kCuda };
   Backend backend = Backend::kCpu;
   int gpu_device = 0;
-  int64_t gpu_memory_bytes = 0;                     // the GPU budget; 0: the device's free memory
+  int64_t gpu_memory_bytes = 0;  // the GPU budget; 0: the device's free memory less 1 GiB
   int64_t weight_packet_bytes = int64_t{64} << 20;  // the data mover's packet
   // VSLPipe (engine/model_runner.h): passes of two or more sequences run as two micro-batches in
   // a CPU/device pipeline. nullopt: on for the cuda backend, off for the cpu backend, whose device
@@ -169,6 +178,9 @@ class Engine {
   const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const EngineOptions& options() const { return options_; }
+  // The scheduler's limits as resolved from the options (automatic values filled in, the token
+  // budget lowered to n_real on the cuda backend).
+  const SchedulerConfig& schedule() const { return scheduler_->config(); }
   // Writes the trace recorded so far to options().trace_file (FailedPrecondition when unset).
   absl::Status WriteTrace() const;
   // Longest sequence (prompt + generated) the engine can hold: min(max_position_embeddings,

@@ -45,8 +45,12 @@ ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
           "available, leaves after the weights, less 1 GiB)");
 ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
-ABSL_FLAG(int64_t, max_num_seqs, 256, "sequences holding KV cache at once");
-ABSL_FLAG(int64_t, max_tokens_per_pass, 2048, "prefill + decode tokens per forward pass");
+ABSL_FLAG(int64_t, max_num_seqs, 0,
+          "sequences holding KV cache at once (0: no limit but the tokens per pass, so decode "
+          "can fill a pass)");
+ABSL_FLAG(int64_t, max_tokens_per_pass, 0,
+          "prefill + decode tokens per forward pass, the ceiling (0: the cuda backend's GPU budget "
+          "holds the activations of, lowered to the profiled n_real; the cpu backend's 2048)");
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "CPU threads for attention and the cpu backend (0: one per CPU this process may use)");
 ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
@@ -146,6 +150,12 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
+  if (options.max_num_seqs < 0 || options.max_tokens_per_pass < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.max_num_seqs < 0 ? "--max_num_seqs" : "--max_tokens_per_pass",
+        ": must be >= 0 (0: automatic), got ",
+        options.max_num_seqs < 0 ? options.max_num_seqs : options.max_tokens_per_pass));
+  }
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
 

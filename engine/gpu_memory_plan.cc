@@ -34,7 +34,7 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   bytes += q * f + q * e;            // attention output, and as GEMM input
   bytes += hidden * f;               // o-proj output
   bytes += c.num_local_experts * f;  // router logits
-  bytes += k * 12;                   // top-k ids, weights, slots
+  bytes += k * 16;                   // top-k ids, weights, slots; tokens sorted by expert
   bytes += k * hidden * e;           // expert inputs (rows sorted by expert)
   bytes += k * 2 * ffn * f;          // gate and up
   bytes += k * ffn * e;              // silu(gate) * up, GEMM input

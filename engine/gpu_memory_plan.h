@@ -11,10 +11,11 @@
 //                  offset (4) for each of the kMaxMicroBatches micro-batches,
 //                  plus the scratch of one task at a time: x [hidden] c, q/k/v [q + 2 kv] f,
 //                  attention in [q] f and [q] c, o-proj out [hidden] f, router logits [E] f,
-//                  top-k ids/weights/slots [k] x 12, expert inputs [k, hidden] c, gate and up
-//                  [k, 2 x ffn] f, SiLU-mul out [k, ffn] c, expert outputs [k, hidden] f,
-//                  logits [vocab] f and their row index (4) (one row per token at most)
-//   workspace      cuBLAS workspace and the expert offsets (fixed: kWorkspaceBytes)
+//                  top-k ids, weights, slots and sorted tokens [k] x 16, expert inputs [k, hidden]
+//                  c, gate and up [k, 2 x ffn] f, SiLU-mul out [k, ffn] c, expert outputs [k,
+//                  hidden] f, logits [vocab] f and their row index (4) (one row per token at most)
+//   workspace      fixed (kWorkspaceBytes): the cuBLAS workspace (kCublasWorkspaceBytes), the
+//                  expert offsets, the RoPE table and the 256-byte alignment of every buffer
 // The CUDA context itself (a few hundred MiB, driver-managed) is outside cudaMalloc and outside
 // the budget; docs/performance.md says so next to each figure.
 //
@@ -32,6 +33,7 @@ namespace moebatch {
 
 struct GpuMemoryPlan {
   static constexpr int64_t kWorkspaceBytes = int64_t{64} << 20;
+  static constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 
   int64_t tokens_per_pass = 0;    // T the activations are sized for
   int64_t weight_slot_bytes = 0;  // one slot; two are allocated

@@ -4,6 +4,16 @@
 
 namespace moebatch {
 
+SchedulerConfig SchedulerConfigFor(int64_t max_tokens_per_pass, int64_t max_num_seqs,
+                                   std::optional<int64_t> n_real, int64_t block_size) {
+  SchedulerConfig config;
+  config.max_tokens_per_pass =
+      n_real ? std::min(max_tokens_per_pass, std::max<int64_t>(1, *n_real)) : max_tokens_per_pass;
+  config.max_num_seqs = max_num_seqs > 0 ? max_num_seqs : config.max_tokens_per_pass;
+  config.block_size = block_size;
+  return config;
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, BlockAllocator* allocator)
     : config_(config), allocator_(allocator) {}
 

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/kv_cache.h"
@@ -41,6 +42,20 @@ struct SchedulerConfig {
   int64_t max_tokens_per_pass = 2048;  // prefill + decode tokens per pass (n_real, §6.3)
   int64_t block_size = 16;
 };
+
+// The configuration for a token ceiling and the engine's options (MoE-Lens §6.2-6.3), in tokens
+// and sequences:
+//   max_tokens_per_pass  the ceiling, lowered to the profiler's n_real when there is one (past
+//                        n_real the GPU is saturated: more tokens per pass only lengthen a pass)
+//   max_num_seqs         `max_num_seqs` when positive; 0 (automatic): that token budget, i.e. no
+//                        limit of its own. A sequence joins the running set through at least one
+//                        prefill token of a pass, so running sequences never outnumber the budget
+//                        and a pass (decode first) never exceeds it: a device sized for the budget
+//                        holds every pass. A smaller max_num_seqs leaves decode passes short of
+//                        n_real (§5: throughput grows with the sequences decoded per pass).
+// Preconditions: max_tokens_per_pass >= 1, max_num_seqs >= 0.
+SchedulerConfig SchedulerConfigFor(int64_t max_tokens_per_pass, int64_t max_num_seqs,
+                                   std::optional<int64_t> n_real, int64_t block_size);
 
 struct ScheduledChunk {
   SequenceSlots* seq = nullptr;
@@ -70,6 +85,7 @@ class Scheduler {
   // Removes a sequence wherever it is and frees its blocks (finished, cancelled or failed).
   void Remove(SequenceSlots* seq);
 
+  const SchedulerConfig& config() const { return config_; }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }

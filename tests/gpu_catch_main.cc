@@ -1,15 +1,27 @@
 // Catch2 main for tests that need a CUDA GPU. Without one (no driver, or no device) it prints
 // "no CUDA GPU: skipping" and exits 77, which tests/CMakeLists.txt declares as ctest's
-// SKIP_RETURN_CODE. Listing (--list-*, -l, -t) and --help work without a GPU, so that
-// catch_discover_tests can enumerate the tests at build time on any machine.
+// SKIP_RETURN_CODE. Any other CUDA error (a driver older than this build's CUDA runtime, a device
+// that fails to start) fails the run with its name: a GPU host must not pass by skipping.
+// Listing (--list-*, -l, -t) and --help work without a GPU, so that catch_discover_tests can
+// enumerate the tests at build time on any machine.
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <string_view>
 
 namespace {
+
+// Whether a CUDA driver is installed (libcuda, which the runtime loads): without one the runtime
+// reports cudaErrorInsufficientDriver too, and that is the no-GPU case.
+bool DriverPresent() {
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (driver == nullptr) return false;
+  dlclose(driver);
+  return true;
+}
 
 bool ListsOrHelps(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -27,10 +39,16 @@ bool ListsOrHelps(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (!ListsOrHelps(argc, argv)) {
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();  // clear the error of a missing driver
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorNoDevice || (err == cudaErrorInsufficientDriver && !DriverPresent()) ||
+        (err == cudaSuccess && count == 0)) {
       std::printf("no CUDA GPU: skipping\n");
       return 77;
+    }
+    if (err != cudaSuccess) {
+      std::printf("CUDA is present but unusable: %s (%s)\n", cudaGetErrorName(err),
+                  cudaGetErrorString(err));
+      return 1;
     }
   }
   return Catch::Session().run(argc, argv);

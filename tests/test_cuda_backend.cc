@@ -1,7 +1,9 @@
 // The cuda backend on a GPU (label gpu; tests/gpu_catch_main.cc skips the binary without one):
 //  * the golden fixtures through the Engine with --backend=cuda: greedy tokens identical to
-//    transformers' with f32 weights (f32 accumulation everywhere), last logits within 2e-2
-//    relative with the GPU's compute dtype (bf16 on sm_80+, f16 on sm_75);
+//    transformers' with f32 weights (f32 accumulation everywhere), last logits within 1e-4 of
+//    transformers' with f32 weights and within 2e-2 relative in the GPU's compute dtype (bf16 on
+//    sm_80+ against the cpu backend in bf16, f16 on sm_75 against transformers);
+//  * a failed call mid-pass, then a pass with the right weights in every layer;
 //  * the data mover's CUDA copy engine under a concurrent load of small transfers on another
 //    stream: every layer arrives intact (checksums), in order, and every small transfer too.
 #include <cuda_runtime_api.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "engine/cpu_device.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/weight_store.h"
@@ -82,31 +85,16 @@ TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights", "[c
   CheckGreedy("tiny-mixtral-swa");
 }
 
-TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[cuda_backend]") {
-  const std::string dir = FixtureDir("tiny-mixtral");
-  const auto golden = LoadGolden(dir);
-  auto checkpoint = Checkpoint::Load(dir);
-  REQUIRE(checkpoint.ok());
-  auto dtype = CudaComputeDType(0);
-  REQUIRE(dtype.ok());
-  WeightStoreOptions store_options;
-  store_options.allocator = PinnedHostAllocator();
-  store_options.dtype = *dtype;
-  auto store = WeightStore::Load(**checkpoint, store_options);
-  REQUIRE(store.ok());
-  CudaBackendOptions options;
-  options.gpu_memory_bytes = int64_t{1} << 30;
-  options.max_tokens_per_pass = 256;
-  auto device = CreateCudaDevice(**store, options);
-  INFO(device.status().ToString());
-  REQUIRE(device.ok());
-  ModelRunner runner(*std::move(device));
-  const ModelConfig& c = (*store)->config();
+// The last-position logits of every golden prompt, one prompt per forward pass through `device`.
+std::vector<std::vector<float>> LastLogits(std::unique_ptr<Device> device,
+                                           const std::vector<Golden>& golden) {
+  ModelRunner runner(std::move(device));
+  const ModelConfig& c = runner.config();
   KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 64, DType::kF32};
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
-  for (size_t i = 0; i < golden.size(); ++i) {
-    const Golden& g = golden[i];
+  std::vector<std::vector<float>> out;
+  for (const Golden& g : golden) {
     std::vector<int32_t> table;
     for (int64_t b = 0; b < BlocksForTokens(g.prompt_ids.size(), 16); ++b) {
       table.push_back(static_cast<int32_t>(63 - b));
@@ -116,17 +104,124 @@ TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[
     const int64_t n = static_cast<int64_t>(g.prompt_ids.size());
     batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
     std::vector<float> logits;
-    REQUIRE(runner.Forward(batch, **cache, &logits).ok());
+    const absl::Status st = runner.Forward(batch, **cache, &logits);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
     REQUIRE(logits.size() == g.last_logits.size());
-    double max_err = 0, max_ref = 0;
-    for (size_t v = 0; v < logits.size(); ++v) {
-      max_err = std::max(max_err, double(std::abs(logits[v] - g.last_logits[v])));
-      max_ref = std::max(max_ref, double(std::abs(g.last_logits[v])));
-    }
-    INFO("prompt " << i << ": max abs error " << max_err << ", max abs " << max_ref << " ("
-                   << DTypeName(*dtype) << ")");
-    REQUIRE(max_err / max_ref < 2e-2);
+    out.push_back(std::move(logits));
   }
+  return out;
+}
+
+// max |got - want| / max |want| over the vocabulary.
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double max_err = 0, max_ref = 0;
+  for (size_t v = 0; v < want.size(); ++v) {
+    max_err = std::max(max_err, double(std::abs(got[v] - want[v])));
+    max_ref = std::max(max_ref, double(std::abs(want[v])));
+  }
+  return max_err / max_ref;
+}
+
+// The cuda backend over `checkpoint` with weights (and so compute) in `dtype`.
+std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
+                                 std::unique_ptr<WeightStore>* store) {
+  WeightStoreOptions store_options;
+  store_options.allocator = PinnedHostAllocator();
+  store_options.dtype = dtype;
+  auto loaded = WeightStore::Load(checkpoint, store_options);
+  REQUIRE(loaded.ok());
+  *store = *std::move(loaded);
+  CudaBackendOptions options;
+  options.gpu_memory_bytes = int64_t{1} << 30;
+  options.max_tokens_per_pass = 256;
+  auto device = CreateCudaDevice(**store, options);
+  INFO(device.status().ToString());
+  REQUIRE(device.ok());
+  return *std::move(device);
+}
+
+TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformers'",
+          "[cuda_backend]") {
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
+    const std::string dir = FixtureDir(fixture);
+    const auto golden = LoadGolden(dir);
+    auto checkpoint = Checkpoint::Load(dir);
+    REQUIRE(checkpoint.ok());
+    std::unique_ptr<WeightStore> store;
+    const auto got = LastLogits(CudaOver(**checkpoint, DType::kF32, &store), golden);
+    for (size_t i = 0; i < golden.size(); ++i) {
+      const double err = RelativeError(got[i], golden[i].last_logits);
+      INFO(fixture << " prompt " << i << ": relative error " << err);
+      REQUIRE(err < 1e-4);
+    }
+  }
+}
+
+// The compute dtype rounds activations (GEMM inputs) as the cpu backend's bf16 mode does, at the
+// same points; transformers' f32 logits are no reference there: the fixtures' router has near-ties
+// (2nd vs 3rd expert ~3e-5 apart, tests/fixtures/README.md) that bf16 rounding flips, which moves
+// the cpu backend's own bf16 logits up to 0.29 from transformers'. So bf16 is checked against the
+// cpu backend in bf16 (two summation orders of it, batch-invariant vs oneDNN, differ by < 6e-3).
+// f16 (sm_75, T4) has no cpu counterpart: it is checked against transformers' f32 logits, which
+// its 8x finer rounding should meet (not yet run on an sm_75 GPU).
+TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[cuda_backend]") {
+  auto dtype = CudaComputeDType(0);
+  REQUIRE(dtype.ok());
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
+    const std::string dir = FixtureDir(fixture);
+    const auto golden = LoadGolden(dir);
+    auto checkpoint = Checkpoint::Load(dir);
+    REQUIRE(checkpoint.ok());
+    std::unique_ptr<WeightStore> store;
+    const auto got = LastLogits(CudaOver(**checkpoint, *dtype, &store), golden);
+    std::vector<std::vector<float>> want;
+    if (*dtype == DType::kBF16) {
+      auto cpu = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
+                                   CpuDeviceOptions{DType::kBF16, int64_t{1} << 30, true});
+      REQUIRE(cpu.ok());
+      want = LastLogits(*std::move(cpu), golden);
+    } else {
+      for (const Golden& g : golden) want.push_back(g.last_logits);
+    }
+    for (size_t i = 0; i < golden.size(); ++i) {
+      const double err = RelativeError(got[i], want[i]);
+      INFO(fixture << " prompt " << i << ": relative error " << err << " (" << DTypeName(*dtype)
+                   << ", against "
+                   << (*dtype == DType::kBF16 ? "the cpu backend in bf16" : "transformers f32")
+                   << ")");
+      REQUIRE(err < 2e-2);
+    }
+  }
+}
+
+TEST_CASE("cuda backend: a call that fails mid-pass leaves the device usable", "[cuda_backend]") {
+  const std::string dir = FixtureDir("tiny-mixtral");
+  const auto golden = LoadGolden(dir);
+  auto checkpoint = Checkpoint::Load(dir);
+  REQUIRE(checkpoint.ok());
+  std::unique_ptr<WeightStore> store;
+  std::unique_ptr<Device> device = CudaOver(**checkpoint, DType::kF32, &store);
+  Device* d = device.get();
+  const ModelConfig& c = d->config();
+  REQUIRE(c.num_hidden_layers >= 3);
+  const std::vector<Golden> one(golden.begin() + 1, golden.begin() + 2);
+  // Half a pass, then layer 2 while layers 0 and 1 hold both weight slots: refused.
+  const std::vector<int32_t>& ids = one[0].prompt_ids;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = i;
+  std::vector<float> q(n * c.q_size()), k(n * c.kv_size()), v(n * c.kv_size());
+  std::vector<float> attn(n * c.q_size(), 0.5f);
+  d->BeginPass(1);
+  REQUIRE(d->Embed(0, ids.data(), positions.data(), n).ok());
+  REQUIRE(d->TaskA(0, 0, q.data(), k.data(), v.data(), nullptr).ok());
+  REQUIRE(d->TaskB(0, 2, attn.data(), nullptr).code() == absl::StatusCode::kFailedPrecondition);
+  // The next pass starts over: every layer's weights are right again (transformers' logits).
+  const auto got = LastLogits(std::move(device), one);
+  const double err = RelativeError(got[0], one[0].last_logits);
+  INFO("relative error " << err);
+  REQUIRE(err < 1e-4);
 }
 
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {

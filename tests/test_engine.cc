@@ -30,6 +30,7 @@ struct Sim {
   std::map<int64_t, int64_t> prompt_len, gen_len;
   std::set<int64_t> finished;
   int64_t preemptions = 0;
+  int64_t largest_pass = 0;  // tokens
 
   void Add(int64_t id, int64_t prompt, int64_t gen) {
     auto s = std::make_unique<SequenceSlots>();
@@ -58,6 +59,7 @@ struct Sim {
     for (auto& s : seqs) held += static_cast<int64_t>(s->block_table.size());
     REQUIRE(held + alloc.num_free() == alloc.num_blocks());  // no block lost or double-owned
     REQUIRE(out.num_decode_tokens + out.num_prefill_tokens <= config.max_tokens_per_pass);
+    largest_pass = std::max(largest_pass, out.num_decode_tokens + out.num_prefill_tokens);
     std::set<SequenceSlots*> distinct;
     for (const ScheduledChunk& c : out.chunks) {
       REQUIRE(distinct.insert(c.seq).second);
@@ -115,6 +117,39 @@ TEST_CASE("scheduler: max_num_seqs bounds the sequences holding KV") {
   for (int i = 1; i <= 6; ++i) sim.Add(i, 5, 4);
   SchedulerOutput out = sim.sched.Schedule();
   REQUIRE(out.chunks.size() == 3);
+}
+
+TEST_CASE("scheduler: limits from a token ceiling, n_real and max_num_seqs (0: automatic)") {
+  // The cpu backend: no profile; automatic sequences fill a pass with decode tokens.
+  SchedulerConfig c = SchedulerConfigFor(2048, 0, std::nullopt, 16);
+  REQUIRE(c.max_tokens_per_pass == 2048);
+  REQUIRE(c.max_num_seqs == 2048);
+  REQUIRE(c.block_size == 16);
+  // The cuda backend: the ceiling the GPU budget holds, lowered to n_real.
+  c = SchedulerConfigFor(19000, 0, 12000, 16);
+  REQUIRE(c.max_tokens_per_pass == 12000);
+  REQUIRE(c.max_num_seqs == 12000);
+  // n_real above the ceiling does not raise it; a profile of 0 tokens still leaves one.
+  REQUIRE(SchedulerConfigFor(512, 0, 5000, 16).max_tokens_per_pass == 512);
+  REQUIRE(SchedulerConfigFor(512, 0, 0, 16).max_tokens_per_pass == 1);
+  // Given sequences are kept.
+  c = SchedulerConfigFor(19000, 300, 12000, 16);
+  REQUIRE(c.max_num_seqs == 300);
+}
+
+TEST_CASE("scheduler: running sequences never outnumber the token budget, whatever max_num_seqs") {
+  // What sizes the cuda backend's activations: a pass never holds more than the budget, decode
+  // included, even when max_num_seqs would allow more sequences than it.
+  Sim sim(1000, SchedulerConfigFor(16, 40, std::nullopt, 4));
+  for (int i = 1; i <= 60; ++i) sim.Add(i, 3, 50);
+  int64_t most_running = 0;
+  while (sim.sched.has_work()) {
+    REQUIRE(sim.Pass());  // checks decode + prefill <= 16 every pass
+    most_running = std::max(most_running, sim.sched.num_running());
+  }
+  REQUIRE(static_cast<int>(sim.finished.size()) == 60);
+  REQUIRE(sim.largest_pass == 16);
+  REQUIRE(most_running == 16);
 }
 
 TEST_CASE(
@@ -368,6 +403,31 @@ TEST_CASE("engine: a sequence that reaches the context limit ends with length") 
   const Done d = Drain(*e)[id];
   REQUIRE(d.ids.size() == 3);
   REQUIRE(d.reason == FinishReason::kLength);
+}
+
+TEST_CASE("engine: automatic tokens per pass and sequences; negative values refused") {
+  auto e = TinyEngine();  // the options' defaults: both automatic
+  REQUIRE(e->schedule().max_tokens_per_pass == kCpuTokensPerPass);
+  REQUIRE(e->schedule().max_num_seqs == kCpuTokensPerPass);
+  EngineOptions o;
+  o.model_dir = TinyDir();
+  o.kv_cache_bytes = int64_t{32} << 20;
+  o.max_tokens_per_pass = 96;
+  auto given = Engine::Create(o);
+  REQUIRE(given.ok());
+  REQUIRE((*given)->schedule().max_tokens_per_pass == 96);
+  REQUIRE((*given)->schedule().max_num_seqs == 96);
+  o.max_num_seqs = 7;
+  given = Engine::Create(o);
+  REQUIRE(given.ok());
+  REQUIRE((*given)->schedule().max_num_seqs == 7);
+  for (const char* field : {"max_num_seqs", "max_tokens_per_pass"}) {
+    EngineOptions bad = o;
+    (std::string(field) == "max_num_seqs" ? bad.max_num_seqs : bad.max_tokens_per_pass) = -1;
+    auto refused = Engine::Create(bad);
+    REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(refused.status().message()).find(field) == 0);
+  }
 }
 
 TEST_CASE("engine: a model directory without tokenizer.model is refused clearly") {
