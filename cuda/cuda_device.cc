@@ -194,6 +194,11 @@ class CudaDevice final : public Device {
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override {
     return OnDevice([&] { return RunLogits(micro_batch, rows, n, logits); });
   }
+  // The argmax on the GPU (gpu::ArgmaxRows): n token ids cross PCIe instead of n x vocab logits.
+  absl::Status GreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
+                            int32_t* token_ids) override {
+    return OnDevice([&] { return RunGreedyTokens(micro_batch, rows, n, token_ids); });
+  }
   void BeginPass(int micro_batches) override {
     if (failed_) ResetWeightSlots();
     micro_batches_in_pass_ = std::max(1, micro_batches);
@@ -220,6 +225,9 @@ class CudaDevice final : public Device {
   absl::Status RunTaskA(int micro_batch, int64_t layer, float* q, float* k, float* v, float* attn);
   absl::Status RunTaskB(int micro_batch, int64_t layer, const float* attn, ForwardStats* stats);
   absl::Status RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits);
+  absl::Status RunGreedyTokens(int micro_batch, const int64_t* rows, int64_t n, int32_t* token_ids);
+  // logits_ [n, vocab] f32 = RMSNorm(h[rows]) lm_headᵀ on the compute stream; 1 <= n <= tokens.
+  absl::Status LmHead(int micro_batch, const int64_t* rows, int64_t n);
   // After a failed call, which may have left a pass half done (two layers live, a fill waited
   // for by no one): let the fills in flight finish, release both slots, forget what they hold and
   // drain the streams, so the next pass starts from layer 0 as the first one did.
@@ -739,13 +747,12 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
   return CudaError(cudaStreamSynchronize(compute_), "task B");
 }
 
-absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
+absl::Status CudaDevice::LmHead(int micro_batch, const int64_t* rows, int64_t n) {
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
   const ModelConfig& c = config();
-  if (n == 0) return absl::OkStatus();
-  if (n < 0 || n > tokens) {  // the row buffers hold the micro-batch's tokens
+  if (n < 1 || n > tokens) {  // the row buffers hold the micro-batch's tokens
     return absl::InvalidArgumentError(
         absl::StrCat("logits: ", n, " rows of a micro-batch of ", tokens, " tokens"));
   }
@@ -765,12 +772,29 @@ absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t
                                      n, proj_, compute_));
   MB_RETURN_IF_ERROR(gpu::RmsNorm(proj_, final_norm_, dtype_, n, c.hidden_size,
                                   static_cast<float>(c.rms_norm_eps), x_, dtype_, compute_));
-  MB_RETURN_IF_ERROR(Gemm(x_, lm_head_, n, c.vocab_size, c.hidden_size, logits_));
+  return Gemm(x_, lm_head_, n, c.vocab_size, c.hidden_size, logits_);
+}
+
+absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
+  if (n == 0) return CheckCall(micro_batch, 0, 0);
+  MB_RETURN_IF_ERROR(LmHead(micro_batch, rows, n));
   MB_RETURN_IF_ERROR(CudaError(
-      cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n * c.vocab_size) * sizeof(float),
+      cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n * config().vocab_size) * sizeof(float),
                       cudaMemcpyDeviceToHost, compute_),
       "logits D2H"));
   return CudaError(cudaStreamSynchronize(compute_), "logits");
+}
+
+absl::Status CudaDevice::RunGreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
+                                         int32_t* token_ids) {
+  if (n == 0) return CheckCall(micro_batch, 0, 0);
+  MB_RETURN_IF_ERROR(LmHead(micro_batch, rows, n));
+  // The argmax into the top-k ids buffer ([T k] int32, free between passes' task B).
+  MB_RETURN_IF_ERROR(gpu::ArgmaxRows(logits_, n, config().vocab_size, ids_, compute_));
+  MB_RETURN_IF_ERROR(CudaError(
+      cudaMemcpyAsync(token_ids, ids_, n * sizeof(int32_t), cudaMemcpyDeviceToHost, compute_),
+      "greedy tokens D2H"));
+  return CudaError(cudaStreamSynchronize(compute_), "greedy tokens");
 }
 
 }  // namespace

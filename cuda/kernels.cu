@@ -478,6 +478,63 @@ absl::Status GatherRows(const void* src, GpuDType dtype, int64_t src_rows, int64
   return CheckLaunch(kFn);
 }
 
+// --- Argmax --------------------------------------------------------------------------------------
+
+namespace {
+
+// (value, index) of the better of two candidates: the larger value, the lower index on a tie.
+__device__ __forceinline__ void TakeBetter(float& v, int& i, float other_v, int other_i) {
+  if (other_v > v || (other_v == v && other_i < i)) {
+    v = other_v;
+    i = other_i;
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    ArgmaxRowsKernel(const float* __restrict__ x, int n, int32_t* __restrict__ ids) {
+  __shared__ float warp_v[kRowThreads / 32];
+  __shared__ int warp_i[kRowThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Each thread's first maximum over its strided indices (visited in increasing order); a thread
+  // with no index holds (-inf, n), which any real element beats or ties with a lower index.
+  float v = -INFINITY;
+  int i = n;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) TakeBetter(v, i, row[j], j);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_v = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int other_i = __shfl_xor_sync(0xffffffffu, i, offset);
+    TakeBetter(v, i, other_v, other_i);
+  }
+  if (lane == 0) {
+    warp_v[warp] = v;
+    warp_i[warp] = i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+      TakeBetter(v, i, warp_v[w], warp_i[w]);
+    ids[blockIdx.x] = i < n ? i : 0;  // a row of NaN only: index 0, as std::max_element
+  }
+}
+
+}  // namespace
+
+absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids,
+                        cudaStream_t stream) {
+  constexpr const char* kFn = "ArgmaxRows";
+  // The strided loop's int counter passes n by up to a block.
+  if (rows < 0 || rows > kMaxGridX || n < 1 || n > kMaxInt - kRowThreads) {
+    return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (x == nullptr || ids == nullptr) return Invalid(kFn, "null pointer");
+  ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, static_cast<int>(n),
+                                                                            ids);
+  return CheckLaunch(kFn);
+}
+
 // --- SiLU-mul ------------------------------------------------------------------------------------
 
 namespace {

@@ -22,7 +22,9 @@
 // token id outside the vocabulary), Internal / ResourceExhausted for device failures.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model_config.h"
@@ -115,6 +117,22 @@ class Device {
 
   // logits [n, vocab_size] f32 = RMSNorm(h[rows[i]]) lm_headᵀ for rows of the micro-batch.
   virtual absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) = 0;
+
+  // Greedy decoding's next tokens: token_ids [n] int32, token_ids[i] = the argmax of Logits' row i,
+  // the first maximum winning (torch.argmax; Sampler with temperature 0). Which row wins among NaN
+  // logits is unspecified. A device that computes logits away from the host overrides it to move n
+  // token ids instead of n x vocab_size logits; this default scans Logits on the host.
+  virtual absl::Status GreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
+                                    int32_t* token_ids) {
+    const int64_t vocab = config().vocab_size;
+    std::vector<float> logits(static_cast<size_t>(n * vocab));
+    if (absl::Status st = Logits(micro_batch, rows, n, logits.data()); !st.ok()) return st;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = logits.data() + i * vocab;
+      token_ids[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+    return absl::OkStatus();
+  }
 
   virtual DeviceCounters counters() const { return {}; }
 };

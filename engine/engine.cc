@@ -434,6 +434,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
     fs.num_tokens = chunk.num_tokens;
     fs.context_len = s->num_computed + chunk.num_tokens;
     fs.need_logits = fs.context_len == static_cast<int64_t>(s->tokens.size());
+    fs.greedy = fs.need_logits && sequences_.at(s->id)->sampler.greedy();
     batch.token_ids.insert(batch.token_ids.end(), s->tokens.begin() + s->num_computed,
                            s->tokens.begin() + fs.context_len);
     batch.seqs.push_back(fs);
@@ -441,7 +442,9 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   }
   const auto start = std::chrono::steady_clock::now();
   ForwardStats pass;
-  if (auto st = model_->Forward(batch, *cache_, &logits_, &pass); !st.ok()) return st;
+  if (auto st = model_->Forward(batch, *cache_, &logits_, &pass, &greedy_tokens_); !st.ok()) {
+    return st;
+  }
   stats_.forward_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats_.device_seconds += pass.device_seconds;
@@ -464,15 +467,33 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   stats_.decode_tokens += plan.num_decode_tokens;
   scheduler_->Commit(plan);
 
+  // Next tokens: greedy ones came from the device; the others are sampled here, in parallel (each
+  // sequence has its own generator and scratch, so the result does not depend on the threads).
   const int64_t vocab = config().vocab_size;
-  for (size_t i = 0; i < need_logits.size(); ++i) {
-    Sequence* seq = sequences_.at(need_logits[i]->id).get();
+  const int64_t n = static_cast<int64_t>(need_logits.size());
+  std::vector<Sequence*> seqs(n);
+  std::vector<int64_t> logits_row(n, -1);
+  std::vector<int32_t> tokens(n);
+  int64_t sampled = 0, greedy = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    seqs[i] = sequences_.at(need_logits[i]->id).get();
+    if (seqs[i]->sampler.greedy()) {
+      tokens[i] = greedy_tokens_[greedy++];
+    } else {
+      logits_row[i] = sampled++;
+    }
+  }
+#pragma omp parallel for schedule(dynamic, 4) if (sampled > 8)
+  for (int64_t i = 0; i < n; ++i) {
+    if (logits_row[i] < 0) continue;
+    tokens[i] = seqs[i]->sampler.Sample(logits_.data() + logits_row[i] * vocab,
+                                        static_cast<int32_t>(vocab));
+  }
+  for (int64_t i = 0; i < n; ++i) {
     GenerationOutput out;
-    out.request_id = seq->slots.id;
-    out.prompt_tokens = seq->prompt_tokens;
-    const int32_t token =
-        seq->sampler.Sample(logits_.data() + i * vocab, static_cast<int32_t>(vocab));
-    AcceptToken(seq, token, &out);
+    out.request_id = seqs[i]->slots.id;
+    out.prompt_tokens = seqs[i]->prompt_tokens;
+    AcceptToken(seqs[i], tokens[i], &out);
     outputs->push_back(std::move(out));
   }
   return absl::OkStatus();

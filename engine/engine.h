@@ -209,7 +209,8 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t max_context_ = 0;
   EngineStats stats_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;           // [sampled sequences of the pass, vocab]
+  std::vector<int32_t> greedy_tokens_;  // [greedy sequences of the pass]
 };
 
 }  // namespace moebatch

@@ -122,6 +122,8 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
     mb.prefill_cu_rows.clear();
     mb.logit_rows.clear();
     mb.logit_outputs.clear();
+    mb.greedy_rows.clear();
+    mb.greedy_outputs.clear();
   }
   // Sequences the device attends (whole context in this pass) go after the others of their
   // micro-batch, so that their rows form one run of segments; logits stay in batch order.
@@ -130,10 +132,12 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
   auto on_device = [&](const ForwardSequence& seq) {
     return device_prefill && seq.context_len == seq.num_tokens;
   };
-  std::vector<size_t> logit_index(num_seqs, 0);
-  size_t logits_out = 0;
+  // Each sequence's row in the pass's logits or greedy tokens (batch order within each kind).
+  std::vector<size_t> output_index(num_seqs, 0);
+  size_t logits_out = 0, greedy_out = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
-    if (batch.seqs[s].need_logits) logit_index[s] = logits_out++;
+    const ForwardSequence& seq = batch.seqs[s];
+    if (seq.need_logits) output_index[s] = seq.greedy ? greedy_out++ : logits_out++;
   }
   for (int round = 0; round < 2; ++round) {
     for (int64_t s = 0; s < num_seqs; ++s) {
@@ -154,9 +158,12 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
         if (mb.prefill_cu_rows.empty()) mb.prefill_cu_rows.push_back(static_cast<int32_t>(start));
         mb.prefill_cu_rows.push_back(static_cast<int32_t>(start + seq.num_tokens));
       }
-      if (seq.need_logits) {
+      if (seq.need_logits && seq.greedy) {
+        mb.greedy_rows.push_back(start + seq.num_tokens - 1);
+        mb.greedy_outputs.push_back(output_index[s]);
+      } else if (seq.need_logits) {
         mb.logit_rows.push_back(start + seq.num_tokens - 1);
-        mb.logit_outputs.push_back(logit_index[s]);
+        mb.logit_outputs.push_back(output_index[s]);
       }
     }
   }
@@ -279,12 +286,19 @@ absl::Status ModelRunner::RunPipelined(PagedKvCache& cache, ForwardStats* stats)
 }
 
 absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache,
-                                  std::vector<float>* logits, ForwardStats* stats) {
+                                  std::vector<float>* logits, ForwardStats* stats,
+                                  std::vector<int32_t>* greedy_tokens) {
   const ModelConfig& c = config();
   const auto pass_start = PipelineTrace::Clock::now();
   const DeviceCounters counters_before = device_->counters();
   cpu_seconds_ = 0;
   const int micro_batches = options_.vslpipe && batch.seqs.size() >= 2 ? 2 : 1;
+  for (size_t s = 0; greedy_tokens == nullptr && s < batch.seqs.size(); ++s) {
+    if (batch.seqs[s].need_logits && batch.seqs[s].greedy) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward batch: sequence ", s, " asks for its greedy token but there is no output"));
+    }
+  }
   if (auto st = Plan(batch, cache, micro_batches); !st.ok()) return st;
   last_micro_batches_ = micro_batches;
 
@@ -317,23 +331,47 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
       micro_batches == 2 ? RunPipelined(cache, &local_stats) : RunPlain(cache, &local_stats);
   if (!run.ok()) return run;
 
-  // Final norm and lm_head on the rows that need logits only, back in batch order.
-  size_t rows = 0;
-  for (int m = 0; m < micro_batches; ++m) rows += micro_batches_[m].logit_rows.size();
+  // Final norm and lm_head on the rows that need logits or greedy tokens only, back in batch
+  // order.
+  size_t rows = 0, greedy = 0;
+  for (int m = 0; m < micro_batches; ++m) {
+    rows += micro_batches_[m].logit_rows.size();
+    greedy += micro_batches_[m].greedy_rows.size();
+  }
   logits->resize(rows * static_cast<size_t>(c.vocab_size));
+  if (greedy_tokens != nullptr) greedy_tokens->resize(greedy);
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
     const int64_t k = static_cast<int64_t>(mb.logit_rows.size());
-    mb.logits.resize(static_cast<size_t>(k * c.vocab_size));
-    if (auto st =
-            DeviceCall("lm_head", -1, m, &local_stats,
-                       [&] { return device.Logits(m, mb.logit_rows.data(), k, mb.logits.data()); });
-        !st.ok()) {
-      return st;
+    if (k > 0) {
+      // Rows already in batch order (one micro-batch, no device-attended prefill moved last) go
+      // to the pass's logits in place; otherwise they are put in batch order after.
+      bool in_place = micro_batches == 1;
+      for (int64_t i = 0; in_place && i < k; ++i) in_place = mb.logit_outputs[i] == size_t(i);
+      if (!in_place) mb.logits.resize(static_cast<size_t>(k * c.vocab_size));
+      float* out = in_place ? logits->data() : mb.logits.data();
+      if (auto st = DeviceCall("lm_head", -1, m, &local_stats,
+                               [&] { return device.Logits(m, mb.logit_rows.data(), k, out); });
+          !st.ok()) {
+        return st;
+      }
+      for (int64_t i = 0; !in_place && i < k; ++i) {
+        std::copy_n(mb.logits.data() + i * c.vocab_size, c.vocab_size,
+                    logits->data() + mb.logit_outputs[i] * c.vocab_size);
+      }
     }
-    for (int64_t i = 0; i < k; ++i) {
-      std::copy_n(mb.logits.data() + i * c.vocab_size, c.vocab_size,
-                  logits->data() + mb.logit_outputs[i] * c.vocab_size);
+    const int64_t g = static_cast<int64_t>(mb.greedy_rows.size());
+    if (g > 0) {
+      mb.greedy_tokens.resize(static_cast<size_t>(g));
+      if (auto st = DeviceCall("lm_head", -1, m, &local_stats,
+                               [&] {
+                                 return device.GreedyTokens(m, mb.greedy_rows.data(), g,
+                                                            mb.greedy_tokens.data());
+                               });
+          !st.ok()) {
+        return st;
+      }
+      for (int64_t i = 0; i < g; ++i) (*greedy_tokens)[mb.greedy_outputs[i]] = mb.greedy_tokens[i];
     }
   }
   const auto pass_end = PipelineTrace::Clock::now();

@@ -53,6 +53,9 @@ struct ForwardSequence {
   int64_t num_tokens = 0;
   int64_t context_len = 0;
   bool need_logits = false;  // produce logits for its last token in this pass
+  // With need_logits: produce its greedy token instead of its logits (Device::GreedyTokens), so
+  // the device moves one token id rather than a row of vocab_size logits.
+  bool greedy = false;
 };
 
 struct ForwardBatch {
@@ -70,12 +73,14 @@ class ModelRunner {
   ~ModelRunner();
 
   // Runs all layers over `batch`, writing each token's K/V into `cache` at its position, and
-  // returns in `logits` a [n, vocab] f32 row-major block, one row per sequence with need_logits (in
-  // batch order). InvalidArgument for a token id outside the vocabulary, a position beyond
-  // max_position_embeddings or a malformed batch (naming the sequence or token); the device's
-  // errors otherwise.
+  // returns in `logits` a [n, vocab] f32 row-major block, one row per sequence with need_logits and
+  // not greedy (in batch order), and in `greedy_tokens` one token per sequence with need_logits and
+  // greedy (in batch order; may be null when there are none). InvalidArgument for a token id
+  // outside the vocabulary, a position beyond max_position_embeddings or a malformed batch (naming
+  // the sequence or token); the device's errors otherwise.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>* logits,
-                       ForwardStats* stats = nullptr);
+                       ForwardStats* stats = nullptr,
+                       std::vector<int32_t>* greedy_tokens = nullptr);
 
   Device& device() { return *device_; }
   const ModelConfig& config() const { return device_->config(); }
@@ -96,6 +101,9 @@ class ModelRunner {
     std::vector<int32_t> prefill_cu_rows;      // segments the device attends (empty: none)
     std::vector<int64_t> logit_rows;    // rows of this micro-batch that need logits
     std::vector<size_t> logit_outputs;  // their row in the pass's logits
+    std::vector<int64_t> greedy_rows;   // rows that need their greedy token
+    std::vector<size_t> greedy_outputs;  // their index in the pass's greedy tokens
+    std::vector<int32_t> greedy_tokens;
     std::vector<float> q, k, v, attn;   // task A outputs, attention output
     std::vector<float> logits;
     int64_t tokens() const { return static_cast<int64_t>(token_ids.size()); }

@@ -36,6 +36,9 @@ class Sampler {
   // Picks the next token from `logits` [vocab] (f32, unnormalised). `scratch` avoids reallocating.
   // Greedy ties go to the lowest id (torch.argmax's choice).
   int32_t Sample(const float* logits, int32_t vocab_size);
+  // Temperature 0: Sample is the argmax and draws nothing, so the device may pick the token
+  // (Device::GreedyTokens) without the logits ever reaching the sampler.
+  bool greedy() const { return params_.temperature == 0.0f; }
 
  private:
   SamplingParams params_;

@@ -277,6 +277,8 @@ TEST_CASE("Bad sizes are InvalidArgument and launch nothing", "[cuda]") {
   CHECK(invalid(BuildExpertPermutation(i32.get(), 1, 2, 257, i32.get(), i32.get(), i32.get(), s)));
   CHECK(invalid(BuildExpertPermutation(i32.get(), 1, 2, 8, nullptr, i32.get(), i32.get(), s)));
   CHECK(invalid(GatherRows(f.get(), GpuDType::kF32, 4, 0, i32.get(), 1, f.get(), s)));
+  CHECK(invalid(ArgmaxRows(f.get(), 1, 0, i32.get(), s)));
+  CHECK(invalid(ArgmaxRows(nullptr, 1, 4, i32.get(), s)));
   CHECK(invalid(SiluMul(f.get(), f.get(), GpuDType::kF32, 1, 4, f.get(), GpuDType::kF16, s)));
   CHECK(invalid(CombineExperts(f.get(), i32.get(), i32.get(), f.get(), 1, 65, 4, f.get(), s)));
   CHECK(invalid(AddResidual(f.get(), f.get(), -1, s)));

@@ -259,6 +259,36 @@ TEST_CASE("GatherRows copies the indexed rows, zero rows for bad indices", "[cud
   }
 }
 
+TEST_CASE("ArgmaxRows is std::max_element per row: the first maximum wins", "[cuda]") {
+  std::mt19937 rng(12);
+  Stream stream;
+  for (int64_t n : {32000, 257, 3, 1}) {
+    CAPTURE(n);
+    const int64_t rows = 9;
+    std::vector<float> x = Normal(rng, rows * n);
+    // Row 1: the maximum twice, far apart (the lower index wins); row 2: a tie inside one thread's
+    // stride and another across warps; row 3: all -inf; row 4: the maximum at the last index.
+    if (n >= 3) {
+      float* r1 = x.data() + 1 * n;
+      r1[n - 1] = r1[1] = 100.0f;
+      float* r2 = x.data() + 2 * n;
+      r2[n / 2] = r2[n / 2 + 1] = r2[n - 1] = 50.0f;
+      float* r4 = x.data() + 4 * n;
+      r4[n - 1] = 1000.0f;
+    }
+    std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -INFINITY);
+    DeviceBuffer<float> x_d(x);
+    DeviceBuffer<int32_t> ids_d(rows);
+    STATUS_REQUIRE(ArgmaxRows(x_d.get(), rows, n, ids_d.get(), stream.get()));
+    stream.Sync();
+    const std::vector<int32_t> got = ids_d.Download();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x.data() + r * n;
+      CHECK(got[r] == std::max_element(row, row + n) - row);
+    }
+  }
+}
+
 TEST_CASE("SiluMul computes silu(gate) * up in f32", "[cuda]") {
   std::mt19937 rng(7);
   Stream stream;

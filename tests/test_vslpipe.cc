@@ -2,6 +2,7 @@
 // cache (within f32 rounding), the task order of Fig. 9, and the same greedy tokens end to end.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -153,6 +154,48 @@ TEST_CASE("VSLPipe: the device sees the prologue, stages and epilogue of Fig. 9"
   REQUIRE(plain.calls.front() == "pass 1");
   REQUIRE(plain.calls[2] == "A0.0");
   REQUIRE(plain.calls[3] == "B0.0");
+}
+
+TEST_CASE("model runner: greedy rows get their logits' argmax, the others their logits",
+          "[vslpipe]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  const int64_t vocab = c.vocab_size;
+  for (bool vslpipe : {false, true}) {
+    INFO("vslpipe " << vslpipe);
+    auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
+    REQUIRE(cpu.ok());
+    ModelRunner runner(*std::move(cpu), ModelRunnerOptions{vslpipe});
+    KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 32, DType::kF32};
+    auto cache = PagedKvCache::Create(kc);
+    REQUIRE(cache.ok());
+    const auto passes = testing::MakeMixedPasses(vocab);
+    std::vector<float> all;
+    REQUIRE(runner.Forward(passes->first, **cache, &all).ok());
+    // The second pass twice over the same cache (it rewrites the same K/V): all logits, then
+    // sequences 0, 2 and 4 greedy (a decode token, a continued chunk, a whole prompt).
+    REQUIRE(runner.Forward(passes->second, **cache, &all).ok());
+    REQUIRE(all.size() == 5 * static_cast<size_t>(vocab));
+    ForwardBatch mixed = passes->second;
+    for (int s : {0, 2, 4}) mixed.seqs[s].greedy = true;
+    std::vector<float> rest;
+    REQUIRE(runner.Forward(mixed, **cache, &rest).code() == absl::StatusCode::kInvalidArgument);
+    std::vector<int32_t> greedy;
+    REQUIRE(runner.Forward(mixed, **cache, &rest, nullptr, &greedy).ok());
+    REQUIRE(runner.last_micro_batches() == (vslpipe ? 2 : 1));
+    REQUIRE(greedy.size() == 3);
+    REQUIRE(rest.size() == 2 * static_cast<size_t>(vocab));
+    const int greedy_seqs[] = {0, 2, 4}, sampled_seqs[] = {1, 3};
+    for (int j = 0; j < 3; ++j) {
+      const float* row = all.data() + greedy_seqs[j] * vocab;
+      REQUIRE(greedy[j] == std::max_element(row, row + vocab) - row);
+    }
+    for (int j = 0; j < 2; ++j) {
+      REQUIRE(std::equal(rest.begin() + j * vocab, rest.begin() + (j + 1) * vocab,
+                         all.begin() + sampled_seqs[j] * vocab));
+    }
+  }
 }
 
 TEST_CASE("VSLPipe: golden greedy tokens with the pipeline off and on", "[vslpipe]") {
