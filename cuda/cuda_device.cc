@@ -204,6 +204,7 @@ class CudaDevice final : public Device {
     micro_batches_in_pass_ = std::max(1, micro_batches);
     task_b_calls_ = 0;
   }
+  HostAllocator* host_buffer_allocator() const override { return PinnedHostAllocator(); }
   DeviceCounters counters() const override {
     const DataMoverStats s = mover_->stats();
     return DeviceCounters{s.fills, s.bytes, s.busy_seconds};

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/host_memory.h"
 #include "engine/model_config.h"
 
 namespace moebatch {
@@ -135,6 +136,12 @@ class Device {
   }
 
   virtual DeviceCounters counters() const { return {}; }
+
+  // Where the host buffers this device copies to and from (TaskA's q/k/v/attn, TaskB's attn)
+  // should live: the cuda backend's page-locked memory, so its copies are asynchronous DMA at full
+  // PCIe speed rather than staged through a driver buffer. null: pageable memory. Process-wide
+  // allocators; the device does not own them.
+  virtual HostAllocator* host_buffer_allocator() const { return nullptr; }
 };
 
 }  // namespace moebatch

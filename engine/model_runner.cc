@@ -55,7 +55,14 @@ void ModelRunner::PhaseWorker::Wait() {
 }
 
 ModelRunner::ModelRunner(std::unique_ptr<Device> device, ModelRunnerOptions options)
-    : device_(std::move(device)), options_(options) {}
+    : device_(std::move(device)), options_(options) {
+  HostAllocator* allocator = device_->host_buffer_allocator();
+  for (MicroBatch& mb : micro_batches_) {
+    for (HostBuffer<float>* buffer : {&mb.q, &mb.k, &mb.v, &mb.attn}) {
+      buffer->set_allocator(allocator);
+    }
+  }
+}
 
 ModelRunner::~ModelRunner() = default;
 
@@ -170,10 +177,10 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
     const size_t n = static_cast<size_t>(mb.tokens());
-    mb.q.resize(n * q_row);
-    mb.k.resize(n * kv_row);
-    mb.v.resize(n * kv_row);
-    mb.attn.resize(n * q_row);
+    for (auto [buffer, size] : {std::pair{&mb.q, n * q_row}, std::pair{&mb.k, n * kv_row},
+                                std::pair{&mb.v, n * kv_row}, std::pair{&mb.attn, n * q_row}}) {
+      if (absl::Status st = buffer->Resize(size); !st.ok()) return st;
+    }
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@
 #include "cpu_attention/kv_append.h"
 #include "cpu_attention/paged_attention.h"
 #include "engine/device.h"
+#include "engine/host_memory.h"
 #include "engine/kv_cache.h"
 #include "engine/pipeline_trace.h"
 
@@ -104,7 +105,8 @@ class ModelRunner {
     std::vector<int64_t> greedy_rows;   // rows that need their greedy token
     std::vector<size_t> greedy_outputs;  // their index in the pass's greedy tokens
     std::vector<int32_t> greedy_tokens;
-    std::vector<float> q, k, v, attn;   // task A outputs, attention output
+    // Task A outputs, attention output: the device's host_buffer_allocator() memory.
+    HostBuffer<float> q, k, v, attn;
     std::vector<float> logits;
     int64_t tokens() const { return static_cast<int64_t>(token_ids.size()); }
   };

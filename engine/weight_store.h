@@ -34,25 +34,10 @@
 
 #include "absl/status/statusor.h"
 #include "engine/checkpoint.h"
+#include "engine/host_memory.h"
 #include "engine/model_config.h"
 
 namespace moebatch {
-
-// Host memory for weights. Implementations are thread-safe.
-class HostAllocator {
- public:
-  virtual ~HostAllocator() = default;
-  // `bytes` (> 0) of memory aligned to at least 4096 bytes; ResourceExhausted when it cannot.
-  virtual absl::StatusOr<std::byte*> Allocate(size_t bytes) = 0;
-  virtual void Free(std::byte* data, size_t bytes) = 0;
-  virtual const char* name() const = 0;  // "pageable", "pinned"
-};
-
-// Anonymous private mmap (pages mapped on first touch). Process-wide instance.
-HostAllocator& PageableHostAllocator();
-
-// Bytes of host memory the kernel reports available (/proc/meminfo MemAvailable); 0 if unknown.
-int64_t AvailableHostMemoryBytes();
 
 struct WeightTensor {
   std::string name;  // the checkpoint's name, e.g. "model.layers.3.self_attn.q_proj.weight"

@@ -62,6 +62,116 @@ std::vector<float> LastLogits(const ModelConfig& c, const ModelWeights& weights,
   return logits;
 }
 
+// Always fails: what a host without enough (page-lockable) memory does.
+class FailingAllocator final : public HostAllocator {
+ public:
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    return absl::ResourceExhaustedError("no memory here");
+  }
+  void Free(std::byte* data, size_t bytes) override {}
+  const char* name() const override { return "failing"; }
+};
+
+// A CpuDevice whose host buffers come from `allocator` (as the cuda backend's are page-locked).
+class AllocatorDevice final : public Device {
+ public:
+  AllocatorDevice(std::unique_ptr<Device> inner, HostAllocator* allocator)
+      : inner_(std::move(inner)), allocator_(allocator) {}
+  const char* name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  void BeginPass(int micro_batches) override { inner_->BeginPass(micro_batches); }
+  absl::Status Embed(int mb, const int32_t* ids, const int64_t* pos, int64_t tokens) override {
+    return inner_->Embed(mb, ids, pos, tokens);
+  }
+  absl::Status TaskA(int mb, int64_t layer, float* q, float* k, float* v, float* attn) override {
+    return inner_->TaskA(mb, layer, q, k, v, attn);
+  }
+  absl::Status TaskB(int mb, int64_t layer, const float* attn, ForwardStats* stats) override {
+    return inner_->TaskB(mb, layer, attn, stats);
+  }
+  absl::Status Logits(int mb, const int64_t* rows, int64_t n, float* logits) override {
+    return inner_->Logits(mb, rows, n, logits);
+  }
+  HostAllocator* host_buffer_allocator() const override { return allocator_; }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  HostAllocator* allocator_;
+};
+
+TEST_CASE("host buffer: grows by a quarter at least, never shrinks, frees on destruction",
+          "[weight_store]") {
+  CountingAllocator counting;
+  {
+    HostBuffer<float> buffer(&counting);
+    REQUIRE(buffer.size() == 0);
+    REQUIRE(buffer.Resize(1000).ok());
+    REQUIRE(counting.live == 1);
+    REQUIRE(counting.live_bytes == 4000);
+    float* first = buffer.data();
+    first[999] = 1.0f;                // the memory is there
+    REQUIRE(buffer.Resize(10).ok());  // within capacity: same memory
+    REQUIRE(buffer.data() == first);
+    REQUIRE(buffer.size() == 10);
+    REQUIRE(buffer.Resize(1001).ok());  // grows to 1250 elements, not 1001
+    REQUIRE(counting.live == 1);
+    REQUIRE(counting.live_bytes == 5000);
+    REQUIRE(buffer.Resize(1250).ok());
+    REQUIRE(counting.live_bytes == 5000);
+    REQUIRE(std::string(buffer.allocator_name()) == "counting");
+  }
+  REQUIRE(counting.live == 0);
+  FailingAllocator failing;
+  HostBuffer<float> refused(&failing);
+  const absl::Status st = refused.Resize(8);
+  REQUIRE(st.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(std::string(st.message()).find("no memory here") != std::string::npos);
+  REQUIRE(refused.size() == 0);
+  REQUIRE(refused.data() == nullptr);
+}
+
+TEST_CASE("model runner: q/k/v/attention buffers come from the device's allocator",
+          "[weight_store]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  const std::vector<int32_t> prompt = {1, 415, 6588, 28705, 28770};
+  const std::vector<float> want = LastLogits(c, (*checkpoint)->weights(), prompt);
+  CountingAllocator counting;
+  {
+    auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
+    REQUIRE(cpu.ok());
+    ModelRunner runner(std::make_unique<AllocatorDevice>(*std::move(cpu), &counting));
+    KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
+    auto cache = PagedKvCache::Create(kc);
+    REQUIRE(cache.ok());
+    std::vector<int32_t> table = {5, 2, 7};
+    ForwardBatch batch;
+    batch.token_ids = prompt;
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
+    std::vector<float> logits;
+    REQUIRE(runner.Forward(batch, **cache, &logits).ok());
+    REQUIRE(counting.live == 4);  // q, k, v, attn of the one micro-batch
+    REQUIRE(logits == want);
+  }
+  REQUIRE(counting.live == 0);
+  // A device whose buffers cannot be had: the pass fails with the allocator's error.
+  FailingAllocator failing;
+  auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
+  REQUIRE(cpu.ok());
+  ModelRunner runner(std::make_unique<AllocatorDevice>(*std::move(cpu), &failing));
+  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
+  auto cache = PagedKvCache::Create(kc);
+  REQUIRE(cache.ok());
+  std::vector<int32_t> table = {5, 2, 7};
+  ForwardBatch batch;
+  batch.token_ids = prompt;
+  batch.seqs.push_back(ForwardSequence{&table, 0, 5, 5, true});
+  std::vector<float> logits;
+  REQUIRE(runner.Forward(batch, **cache, &logits).code() == absl::StatusCode::kResourceExhausted);
+}
+
 TEST_CASE("weight store: per-layer regions hold the checkpoint's bytes", "[weight_store]") {
   auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
   REQUIRE(checkpoint.ok());
