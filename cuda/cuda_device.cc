@@ -324,6 +324,11 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->dtype_ = ToGpu(store.dtype());
   d->elem_ = gpu::GpuDTypeSize(d->dtype_);
   MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
+  // A host thread waiting for the GPU sleeps instead of spinning (CUDA spins by default with one
+  // context): the engine thread waits on the device while the CPU task's OpenMP team, one thread per
+  // core, attends; a spinning waiter would take a core from it and make a straggler of one thread.
+  MB_RETURN_IF_ERROR(CudaError(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync),
+                               "cudaSetDeviceFlags (blocking sync)"));
   auto budget = CudaMemoryBudget(options);
   if (!budget.ok()) return budget.status();
   auto plan = PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
