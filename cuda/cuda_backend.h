@@ -35,6 +35,9 @@ struct CudaBackendOptions {
   int64_t gpu_memory_bytes = 0;  // the hard budget (--gpu_memory_gb); 0: CudaMemoryBudget's
   int64_t max_tokens_per_pass = 2048;
   size_t packet_bytes = size_t{64} << 20;  // the data mover's packet
+  // Layers 0..r-1 kept on the device for good (GpuMemoryPlan); the others stream through the two
+  // slots. -1: as many as the budget leaves room for (MaxResidentLayers).
+  int64_t resident_layers = 0;
 };
 
 // Page-locked host memory (cudaHostAlloc, portable); null in builds without CUDA. Process-wide.

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "cuda/kernels.h"
 #include "engine/data_mover.h"
 #include "engine/gpu_memory_plan.h"
+#include "engine/weight_slots.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -200,9 +200,8 @@ class CudaDevice final : public Device {
     return OnDevice([&] { return RunGreedyTokens(micro_batch, rows, n, token_ids); });
   }
   void BeginPass(int micro_batches) override {
-    if (failed_) ResetWeightSlots();
-    micro_batches_in_pass_ = std::max(1, micro_batches);
-    task_b_calls_ = 0;
+    if (failed_) ResetAfterFailure();
+    weight_slots_->BeginPass(micro_batches);
   }
   HostAllocator* host_buffer_allocator() const override { return PinnedHostAllocator(); }
   DeviceCounters counters() const override {
@@ -230,9 +229,8 @@ class CudaDevice final : public Device {
   // logits_ [n, vocab] f32 = RMSNorm(h[rows]) lm_headᵀ on the compute stream; 1 <= n <= tokens.
   absl::Status LmHead(int micro_batch, const int64_t* rows, int64_t n);
   // After a failed call, which may have left a pass half done (two layers live, a fill waited
-  // for by no one): let the fills in flight finish, release both slots, forget what they hold and
-  // drain the streams, so the next pass starts from layer 0 as the first one did.
-  void ResetWeightSlots();
+  // for by no one): WeightSlots::Reset, and the streams drained.
+  void ResetAfterFailure();
 
   // Bump allocation inside the one budgeted cudaMalloc.
   template <typename T>
@@ -243,24 +241,9 @@ class CudaDevice final : public Device {
     return reinterpret_cast<T*>(p);
   }
   absl::Status CheckCall(int micro_batch, int64_t layer, int64_t tokens) const;
-  // Weight slots. Layers are visited in order 0, 1, ..., n-1, 0, ... (one micro-batch: task A and
-  // task B of a layer, then the next layer); visit i uses slot i % 2, so a layer's slot changes
-  // between passes when n is odd. At most two visits are live: the layer computing and the one
-  // prefetched.
-  struct Visit {
-    int64_t layer;
-    int slot;
-    uint64_t ticket;  // 0: the slot already held this layer, nothing copied
-    bool waited;
-  };
-  // The live visit of `layer`, queuing its fill when it has none. FailedPrecondition when two other
-  // layers are live (layers out of order).
-  absl::StatusOr<Visit*> Queue(int64_t layer);
-  // The slot holding `layer`, its fill complete (the host waits on the mover); prefetches the next
-  // layer into the other slot.
+  // The weights of `layer`: a resident layer's region, or the weight slot WeightSlots says holds
+  // it (its fill complete; the next streamed layer is then queued).
   absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
-  // After task B of `layer`: its slot is released and the layer after next is queued into it.
-  absl::Status LayerDone(int64_t layer);
   // y[m, n] (f32) = x[m, k] (dtype_) wᵀ with w [n, k] (dtype_) on the compute stream.
   absl::Status Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y);
   const void* Tensor(const std::byte* slot, int64_t layer, int index) const {
@@ -280,11 +263,8 @@ class CudaDevice final : public Device {
   std::unique_ptr<CudaCopyEngine> copy_engine_;
   std::unique_ptr<DataMover> mover_;
   std::byte* slots_[2] = {nullptr, nullptr};
-  int64_t slot_content_[2] = {-1, -1};  // the layer last filled into each slot
-  std::deque<Visit> visits_;
-  int next_slot_ = 0;
-  int micro_batches_in_pass_ = 1;
-  int task_b_calls_ = 0;  // of the oldest live layer, this pass
+  std::vector<std::byte*> resident_layers_;  // layers 0..r-1, on the device for good
+  std::unique_ptr<WeightSlots> weight_slots_;
   bool failed_ = false;   // a call failed since the last BeginPass
 
   // Resident.
@@ -331,8 +311,14 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
                                "cudaSetDeviceFlags (blocking sync)"));
   auto budget = CudaMemoryBudget(options);
   if (!budget.ok()) return budget.status();
-  auto plan = PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
-                            options.max_tokens_per_pass, *budget);
+  const int64_t layer_bytes = static_cast<int64_t>(store.max_layer_bytes());
+  const int64_t resident =
+      options.resident_layers >= 0
+          ? std::min(options.resident_layers, std::max<int64_t>(0, store.num_layers() - 2))
+          : MaxResidentLayers(c, store.dtype(), layer_bytes, options.max_tokens_per_pass, *budget,
+                              store.num_layers());
+  auto plan =
+      PlanGpuMemory(c, store.dtype(), layer_bytes, options.max_tokens_per_pass, *budget, resident);
   if (!plan.ok()) return plan.status();
   d->plan_ = *plan;
   // The plan's workspace holds the cuBLAS workspace, the small buffers and the 256-byte alignment
@@ -346,6 +332,9 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size, E = c.num_local_experts;
   d->slots_[0] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
   d->slots_[1] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
+  for (int64_t l = 0; l < d->plan_.resident_layers; ++l) {
+    d->resident_layers_.push_back(d->Carve<std::byte>(d->plan_.weight_slot_bytes));
+  }
   d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_);
   d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_);
   d->inv_freq_ = d->Carve<float>(c.head_dim / 2);
@@ -405,6 +394,12 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   MB_RETURN_IF_ERROR(
       CudaError(cudaMemcpy(d->final_norm_, w.norm->data, w.norm->nbytes, cudaMemcpyHostToDevice),
                 "final norm H2D"));
+  for (size_t l = 0; l < d->resident_layers_.size(); ++l) {
+    const WeightRegion& region = store.layer(static_cast<int64_t>(l));
+    MB_RETURN_IF_ERROR(CudaError(
+        cudaMemcpy(d->resident_layers_[l], region.data, region.bytes, cudaMemcpyHostToDevice),
+        "resident layer H2D"));
+  }
   std::vector<float> inv_freq(c.head_dim / 2);
   for (int64_t i = 0; i < c.head_dim / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
@@ -420,6 +415,8 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   if (!engine.ok()) return engine.status();
   d->copy_engine_ = *std::move(engine);
   d->mover_ = std::make_unique<DataMover>(d->copy_engine_.get(), options.packet_bytes);
+  d->weight_slots_ = std::make_unique<WeightSlots>(
+      store, static_cast<int64_t>(d->resident_layers_.size()), d->mover_.get());
   d->host_offsets_.resize(E + 1);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, options.device);
@@ -430,6 +427,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
 }
 
 CudaDevice::~CudaDevice() {
+  weight_slots_.reset();
   mover_.reset();  // stops after the packet in flight
   copy_engine_.reset();
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
@@ -459,23 +457,9 @@ absl::Status CudaDevice::CheckCall(int micro_batch, int64_t layer, int64_t token
   return absl::OkStatus();
 }
 
-void CudaDevice::ResetWeightSlots() {
+void CudaDevice::ResetAfterFailure() {
   if (cudaSetDevice(device_) != cudaSuccess) return;
-  // Slots the consumer holds first: a queued fill may be waiting for one of them.
-  for (const Visit& v : visits_) {
-    if (v.waited) mover_->Release(v.slot);
-  }
-  for (const Visit& v : visits_) {
-    if (v.waited) continue;
-    if (absl::Status st = mover_->Wait(v.ticket); !st.ok()) {
-      spdlog::warn("cuda backend: resetting the weight slots: {}", st.ToString());
-    }
-    mover_->Release(v.slot);
-  }
-  visits_.clear();
-  slot_content_[0] = slot_content_[1] = -1;
-  next_slot_ = 0;
-  task_b_calls_ = 0;
+  weight_slots_->Reset();
   for (cudaStream_t stream : {compute_, transfer_}) {
     if (cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
       spdlog::warn("cuda backend: resetting after a failed call: {}", cudaGetErrorString(err));
@@ -484,62 +468,11 @@ void CudaDevice::ResetWeightSlots() {
   failed_ = false;
 }
 
-absl::StatusOr<CudaDevice::Visit*> CudaDevice::Queue(int64_t layer) {
-  for (Visit& v : visits_) {
-    if (v.layer == layer) return &v;
-  }
-  if (visits_.size() >= 2) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: layer ", layer, " asked for while layers ", visits_[0].layer, " and ",
-        visits_[1].layer, " hold both weight slots (layers must be visited in order)"));
-  }
-  const int slot = next_slot_;
-  Visit v{layer, slot, 0, true};
-  if (slot_content_[slot] != layer) {
-    const WeightRegion& region = store_.layer(layer);
-    auto ticket = mover_->Enqueue(slot, region.data, region.bytes, layer);
-    if (!ticket.ok()) return ticket.status();
-    v.ticket = *ticket;
-    v.waited = false;
-    slot_content_[slot] = layer;
-  }
-  next_slot_ ^= 1;
-  visits_.push_back(v);
-  return &visits_.back();
-}
-
 absl::StatusOr<const std::byte*> CudaDevice::AwaitLayer(int64_t layer) {
-  auto visit = Queue(layer);
-  if (!visit.ok()) return visit.status();
-  Visit& v = **visit;
-  if (!v.waited) {
-    if (absl::Status st = mover_->Wait(v.ticket); !st.ok()) {
-      slot_content_[v.slot] = -1;  // unknown content: refill on the next visit
-      return st;
-    }
-    v.waited = true;
-  }
-  const int slot = v.slot;
-  // Prefetch the next layer into the other slot (the fill starts once that slot is released).
-  if (store_.num_layers() > 1 && visits_.size() < 2) {
-    auto next = Queue((layer + 1) % store_.num_layers());
-    if (!next.ok()) return next.status();
-  }
-  return slots_[slot];
-}
-
-absl::Status CudaDevice::LayerDone(int64_t layer) {
-  if (store_.num_layers() == 1) return absl::OkStatus();  // the one layer stays resident
-  if (visits_.empty() || visits_.front().layer != layer) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuda backend: layer ", layer, " finished out of order"));
-  }
-  const int slot = visits_.front().slot;
-  visits_.pop_front();
-  // After the compute stream's last use of the slot (OnRelease records the event there).
-  mover_->Release(slot);
-  // MoE-Lens §6.5: the weights after next are copied while the next layer computes.
-  return Queue((layer + 2) % store_.num_layers()).status();
+  if (layer < static_cast<int64_t>(resident_layers_.size())) return resident_layers_[layer];
+  auto slot = weight_slots_->Acquire(layer);
+  if (!slot.ok()) return slot.status();
+  return slots_[*slot];
 }
 
 absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
@@ -589,7 +522,7 @@ absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
                                "positions H2D"));
   MB_RETURN_IF_ERROR(gpu::ConvertToF32(expert_in_, ToGpu(*table.dtype), tokens * c.hidden_size,
                                        h_[micro_batch], compute_));
-  if (visits_.empty()) MB_RETURN_IF_ERROR(Queue(0).status());  // the first pass's first layer
+  MB_RETURN_IF_ERROR(weight_slots_->StartPass());
   return CudaError(cudaStreamSynchronize(compute_), "embedding");
 }
 
@@ -746,10 +679,7 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
     }
   }
   // The layer's weights are done with once every micro-batch ran its task B.
-  if (++task_b_calls_ >= micro_batches_in_pass_) {
-    task_b_calls_ = 0;
-    MB_RETURN_IF_ERROR(LayerDone(layer));
-  }
+  MB_RETURN_IF_ERROR(weight_slots_->TaskBDone(layer));
   return CudaError(cudaStreamSynchronize(compute_), "task B");
 }
 

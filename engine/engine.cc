@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::InvalidArgumentError(
         absl::StrCat("max_num_seqs: must be >= 0 (0: automatic), got ", options.max_num_seqs));
   }
+  if (options.gpu_resident_layers < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_resident_layers: must be >= -1 (-1: automatic), got ", options.gpu_resident_layers));
+  }
   if (options.max_tokens_per_pass < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_tokens_per_pass: must be >= 0 (0: automatic), got ", options.max_tokens_per_pass));
@@ -221,6 +225,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     cuda_options.device = options.gpu_device;
     cuda_options.gpu_memory_bytes = options.gpu_memory_bytes;
     cuda_options.packet_bytes = static_cast<size_t>(options.weight_packet_bytes);
+    cuda_options.resident_layers = options.gpu_resident_layers;
     // Resolved once, so the profiling device and the engine's plan against the same bytes.
     auto budget = CudaMemoryBudget(cuda_options);
     if (!budget.ok()) return budget.status();

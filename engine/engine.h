@@ -84,6 +84,10 @@ struct EngineOptions {
   int gpu_device = 0;
   int64_t gpu_memory_bytes = 0;  // the GPU budget; 0: the device's free memory less 1 GiB
   int64_t weight_packet_bytes = int64_t{64} << 20;  // the data mover's packet
+  // cuda: layers kept on the GPU for good, the first ones (the rest stream through the two slots);
+  // -1: as many as the GPU budget leaves room for beside the pass's buffers (engine/
+  // gpu_memory_plan.h: MaxResidentLayers), saving r / L of every pass's weight transfer.
+  int64_t gpu_resident_layers = -1;
   // VSLPipe (engine/model_runner.h): passes of two or more sequences run as two micro-batches in
   // a CPU/device pipeline. nullopt: on for the cuda backend, off for the cpu backend, whose device
   // tasks share the CPU with attention (measured slower with it: docs/performance.md).

@@ -18,6 +18,9 @@ ABSL_FLAG(double, gpu_memory_gb, 0.0,
           "--backend=cuda: GPU memory the engine may use, GiB, a hard budget (16 emulates a T4, "
           "24 an L4); 0: the device's free memory");
 ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packet size, MiB");
+ABSL_FLAG(int64_t, gpu_resident_layers, -1,
+          "--backend=cuda: layers kept on the GPU for good, the rest streamed (-1: as many as the "
+          "GPU budget leaves room for after the pass's buffers; 0: stream every layer)");
 ABSL_FLAG(bool, profile_token_budget, true,
           "--backend=cuda: profile the pipeline at start-up (MoE-Lens §6.3) and cap the tokens per "
           "pass at n_real");
@@ -123,6 +126,11 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
         absl::StrCat("--weight_packet_mb: must be positive, got ", packet_mb));
   }
   options.weight_packet_bytes = packet_mb << 20;
+  options.gpu_resident_layers = absl::GetFlag(FLAGS_gpu_resident_layers);
+  if (options.gpu_resident_layers < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_resident_layers: must be >= -1 (-1: automatic), got ", options.gpu_resident_layers));
+  }
   if (const std::string v = absl::GetFlag(FLAGS_vslpipe); v == "on") {
     options.vslpipe = true;
   } else if (v == "off") {

@@ -1,5 +1,7 @@
 #include "engine/gpu_memory_plan.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -8,6 +10,8 @@ namespace moebatch {
 namespace {
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
+
+int64_t AlignedLayerBytes(int64_t max_layer_bytes) { return (max_layer_bytes + 255) / 256 * 256; }
 
 int64_t FixedBytes(const ModelConfig& c, DType dtype, int64_t max_layer_bytes) {
   const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
@@ -18,9 +22,13 @@ int64_t FixedBytes(const ModelConfig& c, DType dtype, int64_t max_layer_bytes) {
 }  // namespace
 
 std::string GpuMemoryPlan::ToString() const {
-  return absl::StrCat("2 x ", GiB(weight_slot_bytes), " weight slots + ", GiB(resident_bytes),
-                      " lm_head + ", GiB(activation_bytes), " activations (", tokens_per_pass,
-                      " tokens/pass) + ", GiB(workspace_bytes), " workspace = ", GiB(total_bytes));
+  return absl::StrCat(
+      "2 x ", GiB(weight_slot_bytes), " weight slots + ", GiB(resident_bytes), " lm_head + ",
+      resident_layers > 0
+          ? absl::StrCat(resident_layers, " resident layers (", GiB(resident_layer_bytes), ") + ")
+          : std::string(),
+      GiB(activation_bytes), " activations (", tokens_per_pass, " tokens/pass) + ",
+      GiB(workspace_bytes), " workspace = ", GiB(total_bytes));
 }
 
 int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
@@ -45,9 +53,13 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
 
 absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
                                             int64_t max_layer_bytes, int64_t tokens_per_pass,
-                                            int64_t budget_bytes) {
+                                            int64_t budget_bytes, int64_t resident_layers) {
   if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
     return absl::InvalidArgumentError("GPU compute dtype: must be bf16, f16 or f32");
+  }
+  if (resident_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU memory plan: resident layers must be >= 0, got ", resident_layers));
   }
   if (max_layer_bytes <= 0 || tokens_per_pass <= 0 || budget_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -58,10 +70,12 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
   plan.tokens_per_pass = tokens_per_pass;
   plan.weight_slot_bytes = max_layer_bytes;
   plan.resident_bytes = (c.vocab_size + 1) * c.hidden_size * static_cast<int64_t>(DTypeSize(dtype));
+  plan.resident_layers = resident_layers;
+  plan.resident_layer_bytes = resident_layers * AlignedLayerBytes(max_layer_bytes);
   plan.activation_bytes = tokens_per_pass * GpuActivationBytesPerToken(c, dtype);
   plan.workspace_bytes = GpuMemoryPlan::kWorkspaceBytes;
-  plan.total_bytes = 2 * plan.weight_slot_bytes + plan.resident_bytes + plan.activation_bytes +
-                     plan.workspace_bytes;
+  plan.total_bytes = 2 * plan.weight_slot_bytes + plan.resident_bytes + plan.resident_layer_bytes +
+                     plan.activation_bytes + plan.workspace_bytes;
   if (plan.total_bytes > budget_bytes) {
     const int64_t fit = MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes);
     return absl::ResourceExhaustedError(
@@ -70,6 +84,14 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
                              : std::string("; the two weight slots and lm_head alone do not fit")));
   }
   return plan;
+}
+
+int64_t MaxResidentLayers(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                          int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers) {
+  auto plan = PlanGpuMemory(c, dtype, max_layer_bytes, tokens_per_pass, budget_bytes);
+  if (!plan.ok() || num_layers <= 2) return 0;
+  const int64_t room = (budget_bytes - plan->total_bytes) / AlignedLayerBytes(max_layer_bytes);
+  return std::min(room, num_layers - 2);
 }
 
 int64_t MaxTokensPerPassForBudget(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,

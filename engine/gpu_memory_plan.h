@@ -7,6 +7,9 @@
 // Buffers (bytes; T = tokens per pass, `c` the compute dtype's size, f = 4):
 //   weight_slots   2 x the largest layer region (engine/weight_store.h)
 //   resident       lm_head [vocab, hidden] c + final norm [hidden] c
+//   resident layers  optionally, layers 0..r-1 kept on the device for good (r x the largest
+//                  layer region, 256-byte aligned): MoE-Lens §6.5 streams every layer; a budget
+//                  with room to spare after the pass's buffers saves r / L of each pass's transfer
 //   activations    per token: hidden state h [hidden] f, position (8) and prefill segment
 //                  offset (4) for each of the kMaxMicroBatches micro-batches,
 //                  plus the scratch of one task at a time: x [hidden] c, q/k/v [q + 2 kv] f,
@@ -38,9 +41,12 @@ struct GpuMemoryPlan {
   int64_t tokens_per_pass = 0;    // T the activations are sized for
   int64_t weight_slot_bytes = 0;  // one slot; two are allocated
   int64_t resident_bytes = 0;
+  int64_t resident_layers = 0;       // r
+  int64_t resident_layer_bytes = 0;  // r x one aligned layer region
   int64_t activation_bytes = 0;
   int64_t workspace_bytes = 0;
-  int64_t total_bytes = 0;  // 2 x weight_slot + resident + activations + workspace
+  // 2 x weight_slot + resident + resident_layer_bytes + activations + workspace
+  int64_t total_bytes = 0;
 
   std::string ToString() const;  // "2 x 2.80 GiB weight slots + ... = 6.1 GiB"
 };
@@ -48,12 +54,19 @@ struct GpuMemoryPlan {
 // Bytes of activations per token of a pass (see above).
 int64_t GpuActivationBytesPerToken(const ModelConfig& config, DType compute_dtype);
 
-// The plan for `tokens_per_pass` tokens. ResourceExhausted when it exceeds budget_bytes, naming
-// the parts and, when the weights alone fit, the largest tokens_per_pass that would;
-// InvalidArgument for non-positive sizes or a compute dtype other than bf16/f16/f32.
+// The plan for `tokens_per_pass` tokens and `resident_layers` layers kept on the device.
+// ResourceExhausted when it exceeds budget_bytes, naming the parts and, when the weights alone
+// fit, the largest tokens_per_pass that would (with no resident layers); InvalidArgument for
+// non-positive sizes, a negative resident_layers or a compute dtype other than bf16/f16/f32.
 absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType compute_dtype,
                                             int64_t max_layer_bytes, int64_t tokens_per_pass,
-                                            int64_t budget_bytes);
+                                            int64_t budget_bytes, int64_t resident_layers = 0);
+
+// The most layers that can stay on the device next to the plan for tokens_per_pass within
+// budget_bytes, leaving at least two of num_layers to stream through the two slots (which then
+// hold them for good when exactly two are left): 0 for num_layers <= 2 or no room.
+int64_t MaxResidentLayers(const ModelConfig& config, DType compute_dtype, int64_t max_layer_bytes,
+                          int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers);
 
 // The largest tokens per pass whose plan fits in budget_bytes (0 when even the weight slots and
 // resident weights do not fit).

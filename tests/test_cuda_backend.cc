@@ -43,13 +43,18 @@ EngineOptions CudaOptions(const std::string& dir, std::optional<DType> weight_dt
   o.max_tokens_per_pass = 512;
   o.gpu_memory_bytes = int64_t{2} << 30;
   o.weight_packet_bytes = int64_t{1} << 20;  // several packets per layer even on the tiny model
+  o.gpu_resident_layers = 0;                 // every layer streams
   return o;
 }
 
-void CheckGreedy(const std::string& fixture) {
+// resident: layers kept on the GPU (-1: as many as fit, which for the tiny model is all but the
+// two that stay in the slots).
+void CheckGreedy(const std::string& fixture, int64_t resident = 0) {
   const std::string dir = FixtureDir(fixture);
   const auto golden = LoadGolden(dir);
-  auto engine = Engine::Create(CudaOptions(dir, DType::kF32));
+  EngineOptions options = CudaOptions(dir, DType::kF32);
+  options.gpu_resident_layers = resident;
+  auto engine = Engine::Create(options);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
   std::map<int64_t, size_t> index;
@@ -75,7 +80,7 @@ void CheckGreedy(const std::string& fixture) {
     }
   }
   for (size_t i = 0; i < golden.size(); ++i) {
-    INFO(fixture << " prompt " << i);
+    INFO(fixture << " prompt " << i << ", resident layers " << resident);
     REQUIRE(got[i] == golden[i].greedy_ids);
   }
 }
@@ -83,6 +88,11 @@ void CheckGreedy(const std::string& fixture) {
 TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights", "[cuda_backend]") {
   CheckGreedy("tiny-mixtral");
   CheckGreedy("tiny-mixtral-swa");
+}
+
+TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend]") {
+  CheckGreedy("tiny-mixtral", 1);   // layer 0 resident; 1, 2, 3 stream (odd: slots alternate)
+  CheckGreedy("tiny-mixtral", -1);  // 0 and 1 resident; 2 and 3 stay in the slots
 }
 
 // The last-position logits of every golden prompt, one prompt per forward pass through `device`.
@@ -125,7 +135,7 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
 
 // The cuda backend over `checkpoint` with weights (and so compute) in `dtype`.
 std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
-                                 std::unique_ptr<WeightStore>* store) {
+                                 std::unique_ptr<WeightStore>* store, int64_t resident = 0) {
   WeightStoreOptions store_options;
   store_options.allocator = PinnedHostAllocator();
   store_options.dtype = dtype;
@@ -135,6 +145,7 @@ std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
   CudaBackendOptions options;
   options.gpu_memory_bytes = int64_t{1} << 30;
   options.max_tokens_per_pass = 256;
+  options.resident_layers = resident;
   auto device = CreateCudaDevice(**store, options);
   INFO(device.status().ToString());
   REQUIRE(device.ok());
@@ -148,12 +159,15 @@ TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformer
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);
     REQUIRE(checkpoint.ok());
-    std::unique_ptr<WeightStore> store;
-    const auto got = LastLogits(CudaOver(**checkpoint, DType::kF32, &store), golden);
-    for (size_t i = 0; i < golden.size(); ++i) {
-      const double err = RelativeError(got[i], golden[i].last_logits);
-      INFO(fixture << " prompt " << i << ": relative error " << err);
-      REQUIRE(err < 1e-4);
+    for (int64_t resident : {0, 1}) {
+      std::unique_ptr<WeightStore> store;
+      const auto got = LastLogits(CudaOver(**checkpoint, DType::kF32, &store, resident), golden);
+      for (size_t i = 0; i < golden.size(); ++i) {
+        const double err = RelativeError(got[i], golden[i].last_logits);
+        INFO(fixture << " prompt " << i << ", resident layers " << resident << ": relative error "
+                     << err);
+        REQUIRE(err < 1e-4);
+      }
     }
   }
 }

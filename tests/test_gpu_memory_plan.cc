@@ -49,6 +49,36 @@ TEST_CASE("GPU memory plan: Mixtral-8x7B on a 16 GiB and a 24 GiB budget", "[gpu
   REQUIRE(GpuActivationBytesPerToken(c, DType::kF32) > GpuActivationBytesPerToken(c, DType::kBF16));
 }
 
+TEST_CASE("GPU memory plan: resident layers in the room the pass leaves", "[gpu_memory]") {
+  const ModelConfig c = Mixtral8x7B();
+  const int64_t layer = WeightStore::RequiredBytes(c, 1, DType::kBF16) -
+                        WeightStore::RequiredBytes(c, 0, DType::kBF16);
+  const int64_t aligned = (layer + 255) / 256 * 256;
+  // An L4 (24 GiB) at a pass of 12,000 tokens (about n_real there): slots, lm_head and activations
+  // take ~12.3 GiB, so four 2.70 GiB layers fit beside them, a fifth does not.
+  const int64_t r = MaxResidentLayers(c, DType::kBF16, layer, 12000, 24 * kGiB, 32);
+  REQUIRE(r == 4);
+  auto plan = PlanGpuMemory(c, DType::kBF16, layer, 12000, 24 * kGiB, r);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->resident_layer_bytes == r * aligned);
+  REQUIRE(plan->total_bytes == 2 * layer + plan->resident_bytes + r * aligned +
+                                   plan->activation_bytes + plan->workspace_bytes);
+  REQUIRE(plan->total_bytes <= 24 * kGiB);
+  REQUIRE(plan->ToString().find("4 resident layers") != std::string::npos);
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, 12000, 24 * kGiB, r + 1).status().code() ==
+          absl::StatusCode::kResourceExhausted);
+  // A budget the pass fills leaves none; two layers must always stream (the slots); a model of
+  // two layers or fewer keeps them in the slots.
+  const int64_t most = MaxTokensPerPassForBudget(c, DType::kBF16, layer, 16 * kGiB);
+  REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, most, 16 * kGiB, 32) == 0);
+  REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, 16, 80 * kGiB, 32) > 20);
+  REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, 16, 1000 * kGiB, 32) == 30);
+  REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, 16, 80 * kGiB, 2) == 0);
+  REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, most + 1, 16 * kGiB, 32) == 0);  // no plan
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, 16, 16 * kGiB, -1).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("GPU memory plan: budgets too small and bad arguments", "[gpu_memory]") {
   const ModelConfig c = Mixtral8x7B();
   const int64_t layer = int64_t{3} << 30;
