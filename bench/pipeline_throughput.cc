@@ -9,7 +9,8 @@
 //       --pcie_gbs 25 --gpu_tflops 65 --cpu_mem_gbs 80 --csv /tmp/passes.csv
 //
 // The engine flags are engine/engine_flags.h's (--backend, --weights, --gpu_memory_gb, ...). The
-// prediction uses --pcie_gbs (default: the data mover's measured rate in this run), --gpu_tflops
+// prediction's delta is the bytes the engine moved per pass in the run (its streamed layers) over
+// --pcie_gbs (default: the data mover's measured rate in this run); it uses --gpu_tflops
 // (the GEMM rate, e.g. from bench_cuda_backend's task B timing) and --cpu_mem_gbs
 // (bench_attention_bandwidth's all-thread figure); with the cpu backend the prediction does not
 // apply (no weight transfer) and is skipped. Prompts are random token ids of --prompt_tokens +- 25%
@@ -134,6 +135,18 @@ int Run() {
       const DType kv_dtype = options->kv_dtype.value_or(options->compute_dtype);
       auto shape =
           ModelShapeFromConfig(e.config(), options->weight_dtype.value_or(DType::kBF16), kv_dtype);
+      // delta from the bytes this engine moves per pass (the streamed layers: the embedding stays
+      // on the host, lm_head and any resident layers on the GPU), not the whole Model Size.
+      if (shape.ok() && s.passes > 0 && s.weight_bytes > 0) {
+        shape->transferred_weight_bytes =
+            static_cast<double>(s.weight_bytes) / static_cast<double>(s.passes);
+        std::fprintf(stderr,
+                     "g=%lld prediction inputs: B_IO %.2f GB/s, %.3f GB moved per pass (Model "
+                     "Size %.3f GB), GEMM %.1f TFLOP/s, CPU memory %.1f GB/s\n",
+                     static_cast<long long>(g), pcie / 1e9, shape->transferred_weight_bytes / 1e9,
+                     ModelWeightBytes(*shape) / 1e9, absl::GetFlag(FLAGS_gpu_tflops),
+                     absl::GetFlag(FLAGS_cpu_mem_gbs));
+      }
       HardwareSpec hw;
       hw.pcie_bytes_per_s = pcie;
       hw.gpu_flops = absl::GetFlag(FLAGS_gpu_tflops) * 1e12;

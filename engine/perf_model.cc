@@ -54,6 +54,9 @@ absl::Status ValidateModel(const ModelShape& m) {
       !s.ok()) {
     return s;
   }
+  if (!(m.transferred_weight_bytes >= 0)) {
+    return FieldError("model.transferred_weight_bytes", "must be >= 0 (0: Model Size)");
+  }
   if (m.top_k > m.num_experts) {
     return FieldError("model.top_k", absl::StrCat("(", m.top_k, ") exceeds model.num_experts (",
                                                   m.num_experts, ")"));
@@ -143,7 +146,7 @@ double IterationSeconds(double delta_s, double kv_cap_bytes, double kv_gpu_bytes
 Stage1Result Stage1(const ModelShape& model, const HardwareSpec& hw, const Workload& w) {
   Stage1Result r;
   const double kv_per_token = KvBytesPerToken(model);
-  r.model_bytes = ModelWeightBytes(model);
+  r.model_bytes = TransferredWeightBytes(model);
   r.delta_s = WeightTransferSeconds(model, hw);
   r.flops_per_token = static_cast<double>(model.num_layers) * GemmFlopsPerTokenPerLayer(model);
   r.gpu_tokens_per_s = GpuTokensPerSecond(model, hw);
@@ -194,7 +197,7 @@ Stage2Result Stage2(const ModelShape& model, const HardwareSpec& hw, const Workl
   Stage2Result r;
   const int64_t p = w.prompt_tokens, g = w.gen_tokens, b = w.block_size, k = w.batch_size;
   const double kv_per_token = KvBytesPerToken(model);
-  const double model_bytes = ModelWeightBytes(model);
+  const double model_bytes = TransferredWeightBytes(model);
   r.delta_s = WeightTransferSeconds(model, hw);
   const double blocks = std::floor(w.kv_budget_bytes / (static_cast<double>(b) * kv_per_token));
   r.kv_blocks = blocks >= static_cast<double>(std::numeric_limits<int64_t>::max())
@@ -366,8 +369,12 @@ double KvBytesToSaturateGpu(const ModelShape& m, const HardwareSpec& hw, int64_t
   return TokensToSaturateGpuEq2(m, hw) * static_cast<double>(seq_len) * KvBytesPerToken(m);
 }
 
+double TransferredWeightBytes(const ModelShape& m) {
+  return m.transferred_weight_bytes > 0 ? m.transferred_weight_bytes : ModelWeightBytes(m);
+}
+
 double WeightTransferSeconds(const ModelShape& m, const HardwareSpec& hw) {
-  return ModelWeightBytes(m) / hw.pcie_bytes_per_s;
+  return TransferredWeightBytes(m) / hw.pcie_bytes_per_s;
 }
 
 double GpuTokensPerSecond(const ModelShape& m, const HardwareSpec& hw) {

@@ -61,6 +61,10 @@ struct ModelShape {
   bool tie_word_embeddings = false;     // lm_head shares the embedding (counted once)
   double weight_bytes_per_element = 2;  // bytes per stored weight element (2: bf16/f16)
   double kv_bytes_per_element = 2;      // bytes per KV cache element (2: bf16, the engine's)
+  // Bytes one iteration moves to the GPU (and reads from CPU memory for it). 0: Model Size, every
+  // parameter, as §5.2 has it. A system that keeps some weights on the GPU (moebatch: lm_head, the
+  // resident layers) and gathers the embedding on the host moves less: give that here.
+  double transferred_weight_bytes = 0;
 };
 
 // The hardware figures, measured where possible.
@@ -154,8 +158,11 @@ double TokensToSaturateGpu(const ModelShape& model, const HardwareSpec& hw);
 // seq_len tokens each (n decode tokens in parallel, one per sequence). Bytes.
 double KvBytesToSaturateGpu(const ModelShape& model, const HardwareSpec& hw, int64_t seq_len);
 
-// delta = Model Size / B_IO (§5.2): seconds to move the weights to the GPU once; one iteration
-// (a forward pass over every layer) takes at least this long.
+// The bytes an iteration moves: model.transferred_weight_bytes, or Model Size when it is 0. Bytes.
+double TransferredWeightBytes(const ModelShape& model);
+
+// delta = TransferredWeightBytes / B_IO (§5.2: Model Size / B_IO): seconds to move the weights
+// to the GPU once; one iteration (a forward pass over every layer) takes at least this long.
 double WeightTransferSeconds(const ModelShape& model, const HardwareSpec& hw);
 
 // T_GPU: tokens per second the GPU's GEMMs can process, C_GPU / (L * eq. 1's numerator).
@@ -243,7 +250,7 @@ double ComputeBoundThroughput(int64_t k, int64_t g, double iterations, double it
 // (TokensToSaturateGpu) scaled by Model Size over the layer GEMM weights (+0.6% for Mixtral-8x7B:
 // embeddings, lm_head, routers and norms also cross PCIe in delta).
 struct Stage1Result {
-  double model_bytes = 0;                   // Model Size, bytes
+  double model_bytes = 0;                   // TransferredWeightBytes (Model Size by default)
   double delta_s = 0;                       // delta, seconds
   double flops_per_token = 0;               // L * eq. 1's numerator, FLOP
   double gpu_tokens_per_s = 0;              // T_GPU, tokens/s

@@ -181,6 +181,17 @@ TEST_CASE("Eq. 4: Stage 1 on the paper's A40 host, by hand", "[perf_model]") {
   REQUIRE(huge.ok());
   CHECK(huge->max_tokens_per_s == Approx(huge->gpu_tokens_per_s));
   CHECK(huge->bound == LimitingBound::kGpuCompute);
+  // A system that moves 7/8 of Model Size per iteration (resident weights): delta shrinks by 1/8,
+  // and the KV-capacity-bound throughput, PME * M / delta, grows by 8/7.
+  ModelShape lighter = m;
+  lighter.transferred_weight_bytes = ModelWeightBytes(m) * 7 / 8;
+  CHECK(TransferredWeightBytes(m) == ModelWeightBytes(m));
+  auto less = PredictStage1(lighter, A40(), MtBench());
+  REQUIRE(less.ok());
+  CHECK(less->delta_s == Approx(r->delta_s * 7 / 8));
+  CHECK(less->model_bytes == Approx(ModelWeightBytes(m) * 7 / 8));
+  CHECK(less->max_tokens_per_s == Approx(r->max_tokens_per_s * 8 / 7));
+  CHECK(less->bound == LimitingBound::kKvCapacity);
 }
 
 TEST_CASE("Eq. 5 and 7 by hand", "[perf_model]") {
@@ -470,6 +481,9 @@ TEST_CASE("Invalid inputs are InvalidArgument naming the field", "[perf_model]")
     bad = m;
     bad.weight_bytes_per_element = -2;
     expect_error(ValidatePerfInputs(bad, hw, w), "model.weight_bytes_per_element");
+    bad = m;
+    bad.transferred_weight_bytes = -1;
+    expect_error(ValidatePerfInputs(bad, hw, w), "model.transferred_weight_bytes");
   }
   {
     HardwareSpec bad = hw;
