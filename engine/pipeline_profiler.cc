@@ -58,6 +58,22 @@ absl::StatusOr<std::vector<ProfilePoint>> MeasureLayerTimes(Device& device,
                                                             int repeats) {
   const ModelConfig& c = device.config();
   std::vector<ProfilePoint> points;
+  // In the memory the engine's own buffers use (page-locked on the cuda backend), so the copies
+  // take the time they take in a pass; allocated once, for the largest count.
+  HostBuffer<float> q(device.host_buffer_allocator()), k(device.host_buffer_allocator()),
+      v(device.host_buffer_allocator()), attn(device.host_buffer_allocator());
+  auto size_buffers = [&](int64_t n) {
+    for (auto [buffer, size] : {std::pair{&q, n * c.q_size()}, std::pair{&k, n * c.kv_size()},
+                                std::pair{&v, n * c.kv_size()}, std::pair{&attn, n * c.q_size()}}) {
+      if (absl::Status st = buffer->Resize(static_cast<size_t>(size)); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  };
+  if (!tokens.empty()) {
+    if (absl::Status st = size_buffers(*std::max_element(tokens.begin(), tokens.end())); !st.ok()) {
+      return st;
+    }
+  }
   for (int64_t n : tokens) {
     if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("profile: token count ", n));
     std::vector<int32_t> ids(n);
@@ -66,14 +82,7 @@ absl::StatusOr<std::vector<ProfilePoint>> MeasureLayerTimes(Device& device,
       ids[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
       positions[i] = i % c.max_position_embeddings;
     }
-    // In the memory the engine's own buffers use (page-locked on the cuda backend), so the copies
-    // take the time they take in a pass.
-    HostBuffer<float> q(device.host_buffer_allocator()), k(device.host_buffer_allocator()),
-        v(device.host_buffer_allocator()), attn(device.host_buffer_allocator());
-    for (auto [buffer, size] : {std::pair{&q, n * c.q_size()}, std::pair{&k, n * c.kv_size()},
-                                std::pair{&v, n * c.kv_size()}, std::pair{&attn, n * c.q_size()}}) {
-      if (absl::Status st = buffer->Resize(static_cast<size_t>(size)); !st.ok()) return st;
-    }
+    if (absl::Status st = size_buffers(n); !st.ok()) return st;
     std::fill(attn.data(), attn.data() + attn.size(), 0.01f);
     double best = 1e300;
     for (int r = 0; r <= repeats; ++r) {  // r == 0 warms up (weights, GEMM plans)

@@ -50,7 +50,7 @@ if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   first_cpu="$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status | sed 's/[-,].*//')"
   one_cpu=(taskset -c "$first_cpu")
   "${one_cpu[@]}" build-tsan/tests/test_engine \
-    "[data_mover],[vslpipe],[device_prefill],[weight_store],scheduler*,engine*"
+    "[data_mover],[weight_slots],[vslpipe],[device_prefill],[weight_store],scheduler*,engine*"
   "${one_cpu[@]}" build-tsan/tests/test_job_store
   "${one_cpu[@]}" build-tsan/tests/test_metrics
   echo "sanitize: tsan: no reports"
