@@ -49,7 +49,7 @@ absl::StatusOr<DType> CudaComputeDType(int device);
 
 // The GPU memory budget of `options`, bytes: gpu_memory_bytes when positive, else the device's free
 // memory less 1 GiB left to CUDA (cuBLAS state, lazily loaded kernels). Unavailable without CUDA or
-// without that device.
+// without that device; ResourceExhausted when 1 GiB or less is free.
 absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options);
 
 // The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).

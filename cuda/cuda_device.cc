@@ -81,6 +81,27 @@ class Pinned final : public HostAllocator {
   const char* name() const override { return "pinned"; }
 };
 
+// Page-locked memory allocated with `device` current on the calling thread, so that a thread that
+// never touched the GPU does not create another device's context (--gpu_device=1 stepped from a
+// server thread). For the model runner's q/k/v/attention buffers.
+class DevicePinned final : public HostAllocator {
+ public:
+  explicit DevicePinned(int device) : device_(device) {}
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) {
+      return absl::UnavailableError(
+          absl::StrCat("CUDA device ", device_, ": ", cudaGetErrorString(err)));
+    }
+    return pinned_.Allocate(bytes);
+  }
+  void Free(std::byte* data, size_t bytes) override { pinned_.Free(data, bytes); }
+  const char* name() const override { return "pinned"; }
+
+ private:
+  int device_;
+  Pinned pinned_;
+};
+
 // --- The data mover's copy engine ---------------------------------------------------------------
 
 // Device slots filled from pinned memory on the mover's own stream, one packet in flight at a time
@@ -203,7 +224,7 @@ class CudaDevice final : public Device {
     if (failed_) ResetAfterFailure();
     weight_slots_->BeginPass(micro_batches);
   }
-  HostAllocator* host_buffer_allocator() const override { return PinnedHostAllocator(); }
+  HostAllocator* host_buffer_allocator() const override { return buffer_allocator_.get(); }
   DeviceCounters counters() const override {
     const DataMoverStats s = mover_->stats();
     return DeviceCounters{s.fills, s.bytes, s.busy_seconds};
@@ -265,6 +286,7 @@ class CudaDevice final : public Device {
   std::byte* slots_[2] = {nullptr, nullptr};
   std::vector<std::byte*> resident_layers_;  // layers 0..r-1, on the device for good
   std::unique_ptr<WeightSlots> weight_slots_;
+  std::unique_ptr<DevicePinned> buffer_allocator_;
   bool failed_ = false;   // a call failed since the last BeginPass
 
   // Resident.
@@ -301,6 +323,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   const ModelConfig& c = store.config();
   std::unique_ptr<CudaDevice> d(new CudaDevice(store));
   d->device_ = options.device;
+  d->buffer_allocator_ = std::make_unique<DevicePinned>(options.device);
   d->dtype_ = ToGpu(store.dtype());
   d->elem_ = gpu::GpuDTypeSize(d->dtype_);
   MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -752,12 +775,23 @@ absl::StatusOr<DType> CudaComputeDType(int device) {
 
 absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options) {
   if (options.gpu_memory_bytes > 0) return options.gpu_memory_bytes;
-  MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
   size_t free_bytes = 0, total_bytes = 0;
-  MB_RETURN_IF_ERROR(CudaError(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  cudaError_t err = cudaSetDevice(options.device);
+  if (err == cudaSuccess) err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device, ": ", cudaGetErrorString(err)));
+  }
   // Room for what CUDA allocates after the arena: cuBLAS/cuBLASLt state and the kernel modules it
   // loads lazily on first use.
-  return static_cast<int64_t>(free_bytes) - (int64_t{1} << 30);
+  constexpr int64_t kReserve = int64_t{1} << 30;
+  if (static_cast<int64_t>(free_bytes) <= kReserve) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CUDA device ", options.device, " has ", free_bytes >> 20,
+                     " MiB free; the engine leaves 1 GiB of it to CUDA and needs more (or set "
+                     "--gpu_memory_gb)"));
+  }
+  return static_cast<int64_t>(free_bytes) - kReserve;
 }
 
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,

@@ -139,8 +139,8 @@ class Device {
 
   // Where the host buffers this device copies to and from (TaskA's q/k/v/attn, TaskB's attn)
   // should live: the cuda backend's page-locked memory, so its copies are asynchronous DMA at full
-  // PCIe speed rather than staged through a driver buffer. null: pageable memory. Process-wide
-  // allocators; the device does not own them.
+  // PCIe speed rather than staged through a driver buffer. null: pageable memory. The allocator
+  // lives as long as the device; memory from it must be freed before the device is destroyed.
   virtual HostAllocator* host_buffer_allocator() const { return nullptr; }
 };
 

@@ -231,13 +231,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     if (!budget.ok()) return budget.status();
     cuda_options.gpu_memory_bytes = *budget;
     if (max_tokens == 0) {
+      // Beside resident layers the user asked for; automatic ones take what the pass leaves.
       const WeightStore& store = *engine->weight_store_;
-      max_tokens = MaxTokensPerPassForBudget(
-          c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()), *budget);
+      const int64_t layer_bytes = static_cast<int64_t>(store.max_layer_bytes());
+      max_tokens = AutomaticTokensPerPass(c, store.dtype(), layer_bytes, *budget,
+                                          store.num_layers(), options.gpu_resident_layers);
       if (max_tokens < 1) {  // PlanGpuMemory says what does not fit
-        return PlanGpuMemory(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()), 1,
-                             *budget)
-            .status();
+        const int64_t resident = std::clamp<int64_t>(options.gpu_resident_layers, 0,
+                                                     std::max<int64_t>(0, store.num_layers() - 2));
+        return PlanGpuMemory(c, store.dtype(), layer_bytes, 1, *budget, resident).status();
       }
     }
     cuda_options.max_tokens_per_pass = max_tokens;

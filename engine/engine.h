@@ -44,9 +44,10 @@ struct EngineOptions {
   // throughput, so use the memory there is).
   int64_t kv_cache_bytes = int64_t{1} << 30;
   // Prefill + decode tokens per pass, the ceiling (MoE-Lens §6.2-6.3). 0 (automatic): on the cuda
-  // backend as many as the GPU budget holds activations for, on the cpu backend
-  // kCpuTokensPerPass. The cuda backend lowers the scheduler's budget to the profiler's n_real
-  // (profile_token_budget) and sizes the GPU activations for that budget.
+  // backend AutomaticTokensPerPass (engine/gpu_memory_plan.h: what the GPU budget holds
+  // activations for, capped); on the cpu backend kCpuTokensPerPass. The cuda backend lowers the
+  // scheduler's budget to the profiler's n_real (profile_token_budget) and sizes the GPU
+  // activations for that budget.
   int64_t max_tokens_per_pass = 0;
   // Sequences holding KV at once. 0 (automatic): no limit but the token budget's, so the decode
   // tokens of a pass can fill it (engine/scheduler.h: SchedulerConfigFor).

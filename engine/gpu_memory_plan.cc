@@ -77,13 +77,28 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
   plan.total_bytes = 2 * plan.weight_slot_bytes + plan.resident_bytes + plan.resident_layer_bytes +
                      plan.activation_bytes + plan.workspace_bytes;
   if (plan.total_bytes > budget_bytes) {
-    const int64_t fit = MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("GPU memory: ", plan.ToString(), " exceeds the budget of ", GiB(budget_bytes),
-                     fit > 0 ? absl::StrCat("; at most ", fit, " tokens per pass fit")
-                             : std::string("; the two weight slots and lm_head alone do not fit")));
+    const int64_t fit =
+        MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes, resident_layers);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU memory: ", plan.ToString(), " exceeds the budget of ", GiB(budget_bytes),
+        fit > 0 ? absl::StrCat("; at most ", fit, " tokens per pass fit",
+                               resident_layers > 0
+                                   ? absl::StrCat(" beside ", resident_layers, " resident layers")
+                                   : std::string())
+        : resident_layers > 0
+            ? std::string("; the weight slots, lm_head and resident layers alone do "
+                          "not fit")
+            : std::string("; the two weight slots and lm_head alone do not fit")));
   }
   return plan;
+}
+
+int64_t AutomaticTokensPerPass(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                               int64_t budget_bytes, int64_t num_layers, int64_t resident_layers) {
+  const int64_t resident =
+      std::clamp<int64_t>(resident_layers, 0, std::max<int64_t>(0, num_layers - 2));
+  return std::min(kMaxAutomaticTokensPerPass,
+                  MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes, resident));
 }
 
 int64_t MaxResidentLayers(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
@@ -95,8 +110,9 @@ int64_t MaxResidentLayers(const ModelConfig& c, DType dtype, int64_t max_layer_b
 }
 
 int64_t MaxTokensPerPassForBudget(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
-                                  int64_t budget_bytes) {
-  const int64_t left = budget_bytes - FixedBytes(c, dtype, max_layer_bytes);
+                                  int64_t budget_bytes, int64_t resident_layers) {
+  const int64_t left = budget_bytes - FixedBytes(c, dtype, max_layer_bytes) -
+                       std::max<int64_t>(0, resident_layers) * AlignedLayerBytes(max_layer_bytes);
   if (left <= 0) return 0;
   return left / GpuActivationBytesPerToken(c, dtype);
 }

@@ -56,11 +56,23 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& config, DType compute_dtyp
 
 // The plan for `tokens_per_pass` tokens and `resident_layers` layers kept on the device.
 // ResourceExhausted when it exceeds budget_bytes, naming the parts and, when the weights alone
-// fit, the largest tokens_per_pass that would (with no resident layers); InvalidArgument for
+// fit, the largest tokens_per_pass that would (beside those resident layers); InvalidArgument for
 // non-positive sizes, a negative resident_layers or a compute dtype other than bf16/f16/f32.
 absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType compute_dtype,
                                             int64_t max_layer_bytes, int64_t tokens_per_pass,
                                             int64_t budget_bytes, int64_t resident_layers = 0);
+
+// The cuda backend's automatic ceiling on tokens per pass, before the profiler's n_real lowers it:
+// what budget_bytes holds activations for beside the slots, lm_head and `resident_layers` (given
+// by the user: -1 or 0 for none, clamped to num_layers - 2), at most kMaxAutomaticTokensPerPass.
+// The cap: a T4 holds fewer, an L4 about as many (Mixtral-8x7B: 19,362 / 34,420 tokens, where the
+// profiler's n_real, ~12,000, lowers them anyway); on larger GPUs, or when
+// no profile lowers it, the per-pass host buffers grow with it (a sampled sequence's logits row is
+// 128 KB, q/k/v/attention ~40 KB a token) while the GEMMs gain little more. 0 when nothing fits.
+inline constexpr int64_t kMaxAutomaticTokensPerPass = 32768;
+int64_t AutomaticTokensPerPass(const ModelConfig& config, DType compute_dtype,
+                               int64_t max_layer_bytes, int64_t budget_bytes, int64_t num_layers,
+                               int64_t resident_layers);
 
 // The most layers that can stay on the device next to the plan for tokens_per_pass within
 // budget_bytes, leaving at least two of num_layers to stream through the two slots (which then
@@ -68,9 +80,10 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType com
 int64_t MaxResidentLayers(const ModelConfig& config, DType compute_dtype, int64_t max_layer_bytes,
                           int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers);
 
-// The largest tokens per pass whose plan fits in budget_bytes (0 when even the weight slots and
-// resident weights do not fit).
+// The largest tokens per pass whose plan (with `resident_layers` resident layers) fits in
+// budget_bytes; 0 when even the weight slots, lm_head and resident layers do not fit.
 int64_t MaxTokensPerPassForBudget(const ModelConfig& config, DType compute_dtype,
-                                  int64_t max_layer_bytes, int64_t budget_bytes);
+                                  int64_t max_layer_bytes, int64_t budget_bytes,
+                                  int64_t resident_layers = 0);
 
 }  // namespace moebatch

@@ -136,7 +136,7 @@ class ModelRunner {
   absl::Status RunPlain(PagedKvCache& cache, ForwardStats* stats);
   absl::Status RunPipelined(PagedKvCache& cache, ForwardStats* stats);
 
-  std::unique_ptr<Device> device_;
+  std::unique_ptr<Device> device_;  // declared before the buffers its allocator frees
   ModelRunnerOptions options_;
   MicroBatch micro_batches_[kMaxMicroBatches];
   int num_micro_batches_ = 1;

@@ -69,13 +69,15 @@ absl::StatusOr<std::vector<ProfilePoint>> MeasureLayerTimes(Device& device,
     }
     return absl::OkStatus();
   };
+  for (int64_t n : tokens) {
+    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("profile: token count ", n));
+  }
   if (!tokens.empty()) {
     if (absl::Status st = size_buffers(*std::max_element(tokens.begin(), tokens.end())); !st.ok()) {
       return st;
     }
   }
   for (int64_t n : tokens) {
-    if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("profile: token count ", n));
     std::vector<int32_t> ids(n);
     std::vector<int64_t> positions(n);
     for (int64_t i = 0; i < n; ++i) {

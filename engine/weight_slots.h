@@ -16,7 +16,9 @@
 //                  once per micro-batch, with task A of the next layer in between): l's slot is
 //                  released (DataMover::Release: the cuda engine records the release on the
 //                  compute stream) and the streamed layer after next is queued into it.
-// The resident layers compute while the first two streamed layers of the pass are copied. With
+// From the second pass on, the resident layers compute while the pass's first two streamed layers
+// are copied (queued at the end of the last pass; the first pass, and the first after a Reset,
+// queues the first one at StartPass and the second at its Acquire). With
 // exactly two streamed layers the slots hold them for good; one (a one-layer model) stays in its
 // slot.
 //

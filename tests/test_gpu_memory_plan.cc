@@ -77,6 +77,48 @@ TEST_CASE("GPU memory plan: resident layers in the room the pass leaves", "[gpu_
   REQUIRE(MaxResidentLayers(c, DType::kBF16, layer, most + 1, 16 * kGiB, 32) == 0);  // no plan
   REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, 16, 16 * kGiB, -1).status().code() ==
           absl::StatusCode::kInvalidArgument);
+  // The hint of a refused plan counts the resident layers.
+  const int64_t beside = MaxTokensPerPassForBudget(c, DType::kBF16, layer, 24 * kGiB, 2);
+  REQUIRE(beside < MaxTokensPerPassForBudget(c, DType::kBF16, layer, 24 * kGiB) -
+                       2 * aligned / GpuActivationBytesPerToken(c, DType::kBF16) + 1);
+  auto over = PlanGpuMemory(c, DType::kBF16, layer, beside + 1, 24 * kGiB, 2);
+  REQUIRE(over.status().code() == absl::StatusCode::kResourceExhausted);
+  INFO(over.status().message());
+  REQUIRE(over.status().message().find("at most " + std::to_string(beside) +
+                                       " tokens per pass fit beside 2 resident layers") !=
+          std::string::npos);
+  REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, beside, 24 * kGiB, 2).ok());
+}
+
+TEST_CASE("GPU memory plan: the automatic tokens per pass", "[gpu_memory]") {
+  const ModelConfig c = Mixtral8x7B();
+  const int64_t layer = WeightStore::RequiredBytes(c, 1, DType::kBF16) -
+                        WeightStore::RequiredBytes(c, 0, DType::kBF16);
+  // A T4 budget: all the activations fit below the cap (an L4's 34,420 tokens are just above it);
+  // resident layers asked for come first, automatic ones (-1) do not (they take what the pass
+  // leaves).
+  REQUIRE(MaxTokensPerPassForBudget(c, DType::kBF16, layer, 16 * kGiB) <
+          kMaxAutomaticTokensPerPass);
+  for (int64_t budget : {16 * kGiB, 24 * kGiB}) {
+    const int64_t all = MaxTokensPerPassForBudget(c, DType::kBF16, layer, budget);
+    CAPTURE(budget, all);
+    const int64_t automatic = std::min(all, kMaxAutomaticTokensPerPass);
+    REQUIRE(AutomaticTokensPerPass(c, DType::kBF16, layer, budget, 32, -1) == automatic);
+    REQUIRE(AutomaticTokensPerPass(c, DType::kBF16, layer, budget, 32, 0) == automatic);
+    const int64_t with_two = AutomaticTokensPerPass(c, DType::kBF16, layer, budget, 32, 2);
+    REQUIRE(with_two == std::min(kMaxAutomaticTokensPerPass,
+                                 MaxTokensPerPassForBudget(c, DType::kBF16, layer, budget, 2)));
+    REQUIRE(with_two > 0);
+    REQUIRE(with_two < all - (2 * layer) / GpuActivationBytesPerToken(c, DType::kBF16) + 1);
+    REQUIRE(PlanGpuMemory(c, DType::kBF16, layer, with_two, budget, 2).ok());
+  }
+  // A large GPU: capped. Resident layers beyond num_layers - 2 count as num_layers - 2.
+  REQUIRE(AutomaticTokensPerPass(c, DType::kBF16, layer, 77 * kGiB, 32, -1) ==
+          kMaxAutomaticTokensPerPass);
+  REQUIRE(AutomaticTokensPerPass(c, DType::kBF16, layer, 77 * kGiB, 4, 100) ==
+          std::min(kMaxAutomaticTokensPerPass,
+                   MaxTokensPerPassForBudget(c, DType::kBF16, layer, 77 * kGiB, 2)));
+  REQUIRE(AutomaticTokensPerPass(c, DType::kBF16, layer, 4 * kGiB, 32, -1) == 0);
 }
 
 TEST_CASE("GPU memory plan: budgets too small and bad arguments", "[gpu_memory]") {
