@@ -282,20 +282,28 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   int64_t kv_bytes = options.kv_cache_bytes;
   if (kv_bytes == 0) {
     // MoE-Lens §5.1: fill what host memory is left with KV cache. 90% of what is available now
-    // (the weights are already placed), less 1 GiB for everything else, or the rest of an explicit
-    // host budget once the weights are counted.
+    // (the weights are already placed), less 1 GiB for everything else and the pass's buffers, or
+    // the rest of an explicit host budget once those and the weights are counted.
     const int64_t weights_bytes =
         engine->weight_store_ != nullptr
             ? static_cast<int64_t>(engine->weight_store_->total_bytes())
             : static_cast<int64_t>(engine->checkpoint_->store().total_bytes());
     const int64_t available = AvailableHostMemoryBytes();
-    kv_bytes = options.host_memory_bytes > 0
-                   ? options.host_memory_bytes - weights_bytes - (int64_t{1} << 30)
-                   : available / 10 * 9 - (int64_t{1} << 30);
-    spdlog::info("KV cache: {} MiB from the host memory {} ({} MiB available, weights {} MiB)",
-                 std::max<int64_t>(kv_bytes, 0) >> 20,
-                 options.host_memory_bytes > 0 ? "budget" : "available", available >> 20,
-                 weights_bytes >> 20);
+    // The pass's host buffers at their largest, which grow after the cache is placed: q, k, v and
+    // attention output f32 for each micro-batch (either may hold the whole budget) and, for
+    // sampled sequences, a logits row per token (the engine's and a micro-batch's copy).
+    const int64_t pass_bytes =
+        schedule.max_tokens_per_pass *
+        (2 * (2 * c.q_size() + 2 * c.kv_size()) * int64_t{4} + 2 * c.vocab_size * int64_t{4});
+    const int64_t reserve = (int64_t{1} << 30) + pass_bytes;
+    kv_bytes = options.host_memory_bytes > 0 ? options.host_memory_bytes - weights_bytes - reserve
+                                             : available / 10 * 9 - reserve;
+    spdlog::info(
+        "KV cache: {} MiB from the host memory {} ({} MiB available, weights {} MiB, pass buffers "
+        "up to {} MiB)",
+        std::max<int64_t>(kv_bytes, 0) >> 20,
+        options.host_memory_bytes > 0 ? "budget" : "available", available >> 20,
+        weights_bytes >> 20, pass_bytes >> 20);
   }
   kv.num_blocks = std::max<int64_t>(kv_bytes, 0) / kv.bytes_per_block();
   if (kv.num_blocks < 1) {

@@ -40,7 +40,8 @@ struct EngineOptions {
   std::optional<DType> kv_dtype;      // KV cache element type; default: the compute dtype
   int64_t kv_block_size = 16;         // token slots per KV block
   // Host memory for the KV cache (bytes). 0: what the host memory budget leaves after the weights
-  // (host_memory_bytes, else 90% of MemAvailable), less 1 GiB (MoE-Lens §5.1: KV capacity bounds
+  // (host_memory_bytes, else 90% of MemAvailable), less 1 GiB and the pass's host buffers at their
+  // largest (MoE-Lens §5.1: KV capacity bounds
   // throughput, so use the memory there is).
   int64_t kv_cache_bytes = int64_t{1} << 30;
   // Prefill + decode tokens per pass, the ceiling (MoE-Lens §6.2-6.3). 0 (automatic): on the cuda

@@ -46,7 +46,7 @@ ABSL_FLAG(bool, batch_invariant, true,
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
-          "available, leaves after the weights, less 1 GiB)");
+          "available, leaves after the weights, less 1 GiB and the pass's host buffers)");
 ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
 ABSL_FLAG(int64_t, max_num_seqs, 0,
           "sequences holding KV cache at once (0: no limit but the tokens per pass, so decode "

@@ -396,21 +396,25 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
     REQUIRE(no_gpu.status().code() == absl::StatusCode::kUnavailable);
   }
 
-  // kv_cache_bytes 0: the KV cache takes what the host budget leaves after the weights, less 1 GiB.
+  // kv_cache_bytes 0: the KV cache takes what the host budget leaves after the weights, 1 GiB and
+  // the pass's host buffers at their largest (2048 tokens of q/k/v/attention for each of two
+  // micro-batches, and two logits rows per token).
   {
     auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
     REQUIRE(checkpoint.ok());
     const int64_t weights = static_cast<int64_t>((*checkpoint)->store().total_bytes());
+    const ModelConfig& c = (*checkpoint)->config();
+    const int64_t pass =
+        kCpuTokensPerPass * (2 * (2 * c.q_size() + 2 * c.kv_size()) * 4 + 2 * c.vocab_size * 4);
     EngineOptions automatic;
     automatic.model_dir = Fixture("tiny-mixtral");
     automatic.kv_cache_bytes = 0;
-    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + (int64_t{64} << 20);
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + pass + (int64_t{64} << 20);
     auto engine = Engine::Create(automatic);
     REQUIRE(engine.ok());
-    const ModelConfig& c = (*engine)->config();
     const int64_t block = c.num_hidden_layers * 2 * c.num_key_value_heads * 16 * c.head_dim * 4;
     REQUIRE((*engine)->stats().kv_blocks_total == (int64_t{64} << 20) / block);
-    automatic.host_memory_bytes = weights + (int64_t{1} << 30);  // nothing left for KV
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + pass;  // nothing left for KV
     REQUIRE(Engine::Create(automatic).status().code() == absl::StatusCode::kInvalidArgument);
   }
 
