@@ -1,5 +1,6 @@
-// The cuda backend (cuda/cuda_backend.h): pinned host memory, the data mover's CUDA copy engine and
-// the Device that runs tasks A and B with cuda/kernels.h and cuBLAS (MoE-Lens §6.4-6.5).
+// The cuda backend's Device (cuda/cuda_backend.h): tasks A and B with cuda/kernels.h and cuBLAS,
+// weights from resident layers or the two weight slots (engine/weight_slots.h) the data mover
+// fills through cuda/cuda_memory.h's copy engine (MoE-Lens §6.4-6.5).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_memory.h"
 #include "cuda/kernels.h"
 #include "engine/data_mover.h"
 #include "engine/gpu_memory_plan.h"
@@ -23,21 +25,10 @@ namespace {
 
 using gpu::GpuDType;
 
-absl::Status CudaError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
-
 absl::Status CublasError(cublasStatus_t err, const char* what) {
   if (err == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": cuBLAS status ", static_cast<int>(err)));
 }
-
-#define MB_RETURN_IF_ERROR(expr)             \
-  do {                                       \
-    absl::Status mb_status_ = (expr);        \
-    if (!mb_status_.ok()) return mb_status_; \
-  } while (0)
 
 GpuDType ToGpu(DType t) {
   switch (t) {
@@ -63,121 +54,7 @@ cudaDataType_t CudaType(GpuDType t) {
   return CUDA_R_32F;
 }
 
-// --- Pinned host memory -------------------------------------------------------------------------
-
-class Pinned final : public HostAllocator {
- public:
-  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
-    void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
-    if (err != cudaSuccess) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot pin ", bytes, " bytes of host memory (cudaHostAlloc: ", cudaGetErrorString(err),
-          "; is LimitMEMLOCK infinity?)"));
-    }
-    return static_cast<std::byte*>(p);
-  }
-  void Free(std::byte* data, size_t bytes) override { cudaFreeHost(data); }
-  const char* name() const override { return "pinned"; }
-};
-
-// Page-locked memory allocated with `device` current on the calling thread, so that a thread that
-// never touched the GPU does not create another device's context (--gpu_device=1 stepped from a
-// server thread). For the model runner's q/k/v/attention buffers.
-class DevicePinned final : public HostAllocator {
- public:
-  explicit DevicePinned(int device) : device_(device) {}
-  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
-    if (cudaError_t err = cudaSetDevice(device_); err != cudaSuccess) {
-      return absl::UnavailableError(
-          absl::StrCat("CUDA device ", device_, ": ", cudaGetErrorString(err)));
-    }
-    return pinned_.Allocate(bytes);
-  }
-  void Free(std::byte* data, size_t bytes) override { pinned_.Free(data, bytes); }
-  const char* name() const override { return "pinned"; }
-
- private:
-  int device_;
-  Pinned pinned_;
-};
-
-// --- The data mover's copy engine ---------------------------------------------------------------
-
-// Device slots filled from pinned memory on the mover's own stream, one packet in flight at a time
-// (each packet's event is waited for before the next is issued, MoE-Lens §6.5). A fill is ordered
-// after the consumer's release of the slot: OnRelease records an event on the compute stream, and
-// BeforeFill waits on the host until the compute stream has passed it (so the mover's busy time is
-// copying only). The events block rather than spin: the mover thread must not take a core from
-// CPU attention while a packet is in flight.
-class CudaCopyEngine final : public CopyEngine {
- public:
-  static absl::StatusOr<std::unique_ptr<CudaCopyEngine>> Create(int device,
-                                                                std::vector<std::byte*> slots,
-                                                                size_t slot_bytes,
-                                                                cudaStream_t consumer) {
-    std::unique_ptr<CudaCopyEngine> e(new CudaCopyEngine());
-    e->device_ = device;
-    e->slots_ = std::move(slots);
-    e->slot_bytes_ = slot_bytes;
-    e->consumer_ = consumer;
-    MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device), "cudaSetDevice"));
-    MB_RETURN_IF_ERROR(CudaError(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking),
-                                 "data mover stream"));
-    constexpr unsigned kFlags = cudaEventDisableTiming | cudaEventBlockingSync;
-    MB_RETURN_IF_ERROR(
-        CudaError(cudaEventCreateWithFlags(&e->packet_, kFlags), "data mover event"));
-    e->released_.assign(e->slots_.size(), nullptr);
-    for (cudaEvent_t& ev : e->released_) {
-      MB_RETURN_IF_ERROR(CudaError(cudaEventCreateWithFlags(&ev, kFlags), "slot event"));
-    }
-    return e;
-  }
-  ~CudaCopyEngine() override {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t ev : released_) {
-      if (ev != nullptr) cudaEventDestroy(ev);
-    }
-    if (packet_ != nullptr) cudaEventDestroy(packet_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-
-  int num_slots() const override { return static_cast<int>(slots_.size()); }
-  size_t slot_bytes() const override { return slot_bytes_; }
-
-  absl::Status BeforeFill(int slot) override {
-    MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(device_), "cudaSetDevice (data mover)"));
-    // An event never recorded (the slot's first fill) is complete.
-    return CudaError(cudaEventSynchronize(released_[slot]), "wait for slot release");
-  }
-  absl::Status CopyPacket(int slot, size_t offset, const std::byte* src, size_t bytes) override {
-    MB_RETURN_IF_ERROR(CudaError(
-        cudaMemcpyAsync(slots_[slot] + offset, src, bytes, cudaMemcpyHostToDevice, stream_),
-        "weight packet H2D"));
-    MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(packet_, stream_), "packet event"));
-    return CudaError(cudaEventSynchronize(packet_), "weight packet");
-  }
-  absl::Status AfterFill(int slot) override { return absl::OkStatus(); }
-  void OnRelease(int slot) override {
-    // Called on the compute thread (the device is current there). Should the record fail, the
-    // event keeps its last record and the next fill could overwrite the slot early; the failure
-    // is a CUDA error that the compute stream's next synchronisation reports anyway.
-    cudaEventRecord(released_[slot], consumer_);
-  }
-
- private:
-  CudaCopyEngine() = default;
-  int device_ = 0;
-  std::vector<std::byte*> slots_;
-  size_t slot_bytes_ = 0;
-  cudaStream_t consumer_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t packet_ = nullptr;
-  std::vector<cudaEvent_t> released_;
-};
-
-// --- The device
-// -----------------------------------------------------------------------------------
+// --- The device ---------------------------------------------------------------------------------
 
 // Layer region layout (engine/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per expert.
 enum LayerTensor { kInputNorm = 0, kQ, kK, kV, kO, kPostNorm, kRouter, kFirstExpert };
@@ -286,7 +163,7 @@ class CudaDevice final : public Device {
   std::byte* slots_[2] = {nullptr, nullptr};
   std::vector<std::byte*> resident_layers_;  // layers 0..r-1, on the device for good
   std::unique_ptr<WeightSlots> weight_slots_;
-  std::unique_ptr<DevicePinned> buffer_allocator_;
+  std::unique_ptr<DevicePinnedAllocator> buffer_allocator_;
   bool failed_ = false;   // a call failed since the last BeginPass
 
   // Resident.
@@ -323,7 +200,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   const ModelConfig& c = store.config();
   std::unique_ptr<CudaDevice> d(new CudaDevice(store));
   d->device_ = options.device;
-  d->buffer_allocator_ = std::make_unique<DevicePinned>(options.device);
+  d->buffer_allocator_ = std::make_unique<DevicePinnedAllocator>(options.device);
   d->dtype_ = ToGpu(store.dtype());
   d->elem_ = gpu::GpuDTypeSize(d->dtype_);
   MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
@@ -758,11 +635,6 @@ absl::Status CudaDevice::RunGreedyTokens(int micro_batch, const int64_t* rows, i
 
 }  // namespace
 
-HostAllocator* PinnedHostAllocator() {
-  static Pinned* allocator = new Pinned();
-  return allocator;
-}
-
 absl::StatusOr<DType> CudaComputeDType(int device) {
   cudaDeviceProp prop{};
   const cudaError_t err = cudaGetDeviceProperties(&prop, device);
@@ -797,15 +669,6 @@ absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options) {
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
                                                          const CudaBackendOptions& options) {
   return CudaDevice::Create(store, options);
-}
-
-absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCudaCopyEngine(
-    int device, const std::vector<std::byte*>& device_slots, size_t slot_bytes,
-    void* consumer_stream) {
-  auto engine = CudaCopyEngine::Create(device, device_slots, slot_bytes,
-                                       static_cast<cudaStream_t>(consumer_stream));
-  if (!engine.ok()) return engine.status();
-  return std::unique_ptr<CopyEngine>(*std::move(engine));
 }
 
 }  // namespace moebatch

@@ -43,12 +43,10 @@ class CountingAllocator final : public HostAllocator {
   std::atomic<int64_t> live_bytes{0};
 };
 
-// Runs one prompt through ModelRunner + CpuDevice over `weights` and returns the last logits.
-std::vector<float> LastLogits(const ModelConfig& c, const ModelWeights& weights,
-                              const std::vector<int32_t>& prompt) {
-  auto device = CpuDevice::Create(c, weights, CpuDeviceOptions{DType::kF32});
-  REQUIRE(device.ok());
-  ModelRunner runner(*std::move(device));
+// One prompt through `runner` (a fresh cache, blocks 5, 2, 7): the last logits.
+absl::Status ForwardPrompt(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                           std::vector<float>* logits) {
+  const ModelConfig& c = runner.config();
   KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
@@ -57,8 +55,17 @@ std::vector<float> LastLogits(const ModelConfig& c, const ModelWeights& weights,
   batch.token_ids = prompt;
   const int64_t n = static_cast<int64_t>(prompt.size());
   batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
+  return runner.Forward(batch, **cache, logits);
+}
+
+// Runs one prompt through ModelRunner + CpuDevice over `weights` and returns the last logits.
+std::vector<float> LastLogits(const ModelConfig& c, const ModelWeights& weights,
+                              const std::vector<int32_t>& prompt) {
+  auto device = CpuDevice::Create(c, weights, CpuDeviceOptions{DType::kF32});
+  REQUIRE(device.ok());
+  ModelRunner runner(*std::move(device));
   std::vector<float> logits;
-  REQUIRE(runner.Forward(batch, **cache, &logits).ok());
+  REQUIRE(ForwardPrompt(runner, prompt, &logits).ok());
   return logits;
 }
 
@@ -137,39 +144,26 @@ TEST_CASE("model runner: q/k/v/attention buffers come from the device's allocato
   const ModelConfig& c = (*checkpoint)->config();
   const std::vector<int32_t> prompt = {1, 415, 6588, 28705, 28770};
   const std::vector<float> want = LastLogits(c, (*checkpoint)->weights(), prompt);
-  CountingAllocator counting;
-  {
+  auto runner_over = [&](HostAllocator* allocator) {
     auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
     REQUIRE(cpu.ok());
-    ModelRunner runner(std::make_unique<AllocatorDevice>(*std::move(cpu), &counting));
-    KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
-    auto cache = PagedKvCache::Create(kc);
-    REQUIRE(cache.ok());
-    std::vector<int32_t> table = {5, 2, 7};
-    ForwardBatch batch;
-    batch.token_ids = prompt;
-    const int64_t n = static_cast<int64_t>(prompt.size());
-    batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
+    return std::make_unique<ModelRunner>(
+        std::make_unique<AllocatorDevice>(*std::move(cpu), allocator));
+  };
+  CountingAllocator counting;
+  {
+    auto runner = runner_over(&counting);
     std::vector<float> logits;
-    REQUIRE(runner.Forward(batch, **cache, &logits).ok());
+    REQUIRE(ForwardPrompt(*runner, prompt, &logits).ok());
     REQUIRE(counting.live == 4);  // q, k, v, attn of the one micro-batch
     REQUIRE(logits == want);
   }
   REQUIRE(counting.live == 0);
   // A device whose buffers cannot be had: the pass fails with the allocator's error.
   FailingAllocator failing;
-  auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
-  REQUIRE(cpu.ok());
-  ModelRunner runner(std::make_unique<AllocatorDevice>(*std::move(cpu), &failing));
-  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
-  auto cache = PagedKvCache::Create(kc);
-  REQUIRE(cache.ok());
-  std::vector<int32_t> table = {5, 2, 7};
-  ForwardBatch batch;
-  batch.token_ids = prompt;
-  batch.seqs.push_back(ForwardSequence{&table, 0, 5, 5, true});
+  auto runner = runner_over(&failing);
   std::vector<float> logits;
-  REQUIRE(runner.Forward(batch, **cache, &logits).code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(ForwardPrompt(*runner, prompt, &logits).code() == absl::StatusCode::kResourceExhausted);
 }
 
 TEST_CASE("weight store: per-layer regions hold the checkpoint's bytes", "[weight_store]") {
