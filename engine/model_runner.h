@@ -107,7 +107,7 @@ class ModelRunner {
     std::vector<int32_t> greedy_tokens;
     // Task A outputs, attention output: the device's host_buffer_allocator() memory.
     HostBuffer<float> q, k, v, attn;
-    std::vector<float> logits;
+    HostBuffer<float> logits;  // sampled rows' logits in micro-batch order (the device's memory)
     int64_t tokens() const { return static_cast<int64_t>(token_ids.size()); }
   };
 
