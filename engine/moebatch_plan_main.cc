@@ -50,6 +50,10 @@ ABSL_FLAG(int64_t, prompt_tokens, 98, "p, average prompt length, tokens (98: MTB
 ABSL_FLAG(int64_t, gen_tokens, 128, "g, generated tokens per sequence");
 ABSL_FLAG(int64_t, batch, 20000, "K, sequences in the batch (20000: the paper's MTBench runs)");
 ABSL_FLAG(int64_t, block_size, 16, "b, token slots per KV block (the engine's --kv_block_size)");
+ABSL_FLAG(int64_t, resident_layers, -1,
+          "-1: delta moves Model Size, every parameter, as §5.2 has it; N >= 0: what moebatch "
+          "moves, the decoder layers but N (the embedding stays on the host, lm_head and N layers "
+          "on the GPU: the engine's --gpu_resident_layers)");
 
 namespace moebatch {
 namespace {
@@ -149,6 +153,17 @@ int Run(int argc, char** argv) {
   if (!shape.ok()) {
     return usage(absl::StrCat("--model ", model_dir, ": ", shape.status().message()));
   }
+  if (const int64_t r = absl::GetFlag(FLAGS_resident_layers); r >= 0) {
+    if (r > std::max<int64_t>(0, shape->num_layers - 2)) {
+      return usage(absl::StrCat("--resident_layers: at most ",
+                                std::max<int64_t>(0, shape->num_layers - 2),
+                                " (two layers always stream), got ", r));
+    }
+    shape->transferred_weight_bytes =
+        static_cast<double>(shape->num_layers - r) * LayerWeightBytes(*shape);
+  } else if (r < -1) {
+    return usage(absl::StrCat("--resident_layers: must be >= -1, got ", r));
+  }
 
   // The host.
   const std::string gpu = absl::GetFlag(FLAGS_gpu);
@@ -230,8 +245,15 @@ int Run(int argc, char** argv) {
       static_cast<long long>(m.num_heads), static_cast<long long>(m.num_kv_heads),
       static_cast<long long>(m.head_dim));
   std::printf("          weights %s (%s), KV %.0f bytes/token (bf16), %.4g GFLOP/token\n",
-              Bytes(s1->model_bytes).c_str(), std::string(DTypeName(config.torch_dtype)).c_str(),
-              KvBytesPerToken(m), s1->flops_per_token / 1e9);
+              Bytes(ModelWeightBytes(m)).c_str(),
+              std::string(DTypeName(config.torch_dtype)).c_str(), KvBytesPerToken(m),
+              s1->flops_per_token / 1e9);
+  if (m.transferred_weight_bytes > 0) {
+    std::printf("          moved per iteration %s (%lld streamed layers of %s)\n",
+                Bytes(s1->model_bytes).c_str(),
+                static_cast<long long>(m.num_layers - absl::GetFlag(FLAGS_resident_layers)),
+                Bytes(LayerWeightBytes(m)).c_str());
+  }
   std::printf(
       "hardware  %sB_IO %.1f GB/s, C_GPU %.1f TFLOP/s, CPU memory %.1f GB/s, KV memory %s\n",
       gpu_preset ? absl::StrCat(gpu_preset->description, ": ").c_str() : "", pcie_gbs, gpu_tflops,

@@ -369,6 +369,8 @@ double KvBytesToSaturateGpu(const ModelShape& m, const HardwareSpec& hw, int64_t
   return TokensToSaturateGpuEq2(m, hw) * static_cast<double>(seq_len) * KvBytesPerToken(m);
 }
 
+double LayerWeightBytes(const ModelShape& m) { return LayerParams(m) * m.weight_bytes_per_element; }
+
 double TransferredWeightBytes(const ModelShape& m) {
   return m.transferred_weight_bytes > 0 ? m.transferred_weight_bytes : ModelWeightBytes(m);
 }

@@ -158,6 +158,11 @@ double TokensToSaturateGpu(const ModelShape& model, const HardwareSpec& hw);
 // seq_len tokens each (n decode tokens in parallel, one per sequence). Bytes.
 double KvBytesToSaturateGpu(const ModelShape& model, const HardwareSpec& hw, int64_t seq_len);
 
+// One decoder layer's weights: attention projections, router, every expert, the two RMSNorms, times
+// weight_bytes_per_element. Bytes. Model Size = L of these + the embedding, lm_head (unless tied)
+// and the final norm. What moebatch streams per layer (engine/weight_store.h: one region a layer).
+double LayerWeightBytes(const ModelShape& model);
+
 // The bytes an iteration moves: model.transferred_weight_bytes, or Model Size when it is 0. Bytes.
 double TransferredWeightBytes(const ModelShape& model);
 

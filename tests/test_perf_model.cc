@@ -9,6 +9,7 @@
 
 #include "engine/model_config.h"
 #include "engine/perf_model.h"
+#include "engine/weight_store.h"
 
 namespace moebatch {
 namespace {
@@ -92,6 +93,11 @@ TEST_CASE("Model sizes of §7 and KV bytes per token", "[perf_model]") {
   // = 46440644608, + embedding and lm_head 2 * 32000 * 4096 = 262144000, + final norm 4096
   // = 46702792704 parameters (Mixtral-8x7B's published count); x 2 bytes.
   CHECK(ModelWeightBytes(m) == 2.0 * 46702792704);
+  CHECK(LayerWeightBytes(m) == 2.0 * 1451270144);  // one layer region, what moebatch streams
+  // The engine's weight store agrees: a layer region of Mixtral-8x7B in bf16.
+  CHECK(LayerWeightBytes(m) ==
+        static_cast<double>(WeightStore::RequiredBytes(Mixtral8x7BConfig(), 1, DType::kBF16) -
+                            WeightStore::RequiredBytes(Mixtral8x7BConfig(), 0, DType::kBF16)));
   CHECK(std::abs(RelDiff(ModelWeightBytes(m), 94 * kGB)) < 0.01);  // "94GB" (§7)
   // 2 (K, V) * 32 layers * 8 KV heads * 128 * 2 bytes.
   CHECK(KvBytesPerToken(m) == 131072);
