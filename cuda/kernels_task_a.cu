@@ -1,0 +1,270 @@
+// CUDA kernels of GPU task A (MoE-Lens §6.4) and the embedding: embedding gather, RMSNorm, RoPE,
+// prefill attention. Shapes and semantics: cuda/kernels.h; numerics and launch conventions:
+// cuda/kernels_common.cuh. Checked by tests/test_cuda_kernels_task_a.cc (ctest -L gpu).
+#include "cuda/kernels_common.cuh"
+
+namespace moebatch::gpu {
+
+// --- Embedding gather ----------------------------------------------------------------------------
+
+namespace {
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    EmbeddingGatherKernel(const T* __restrict__ table, int64_t vocab, int64_t hidden,
+                          const int32_t* __restrict__ token_ids, float* __restrict__ h) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = token_ids[t];
+  const bool valid = id >= 0 && id < vocab;
+  const T* src = table + (valid ? static_cast<int64_t>(id) : 0) * hidden;
+  float* dst = h + t * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    dst[i] = valid ? ToF32(src[i]) : 0.0f;
+  }
+}
+
+}  // namespace
+
+absl::Status EmbeddingGather(const void* table, GpuDType table_dtype, int64_t vocab, int64_t hidden,
+                             const int32_t* token_ids, int64_t tokens, float* h,
+                             cudaStream_t stream) {
+  constexpr const char* kFn = "EmbeddingGather";
+  if (auto st = CheckDType(kFn, "table_dtype", table_dtype); !st.ok()) return st;
+  if (vocab < 1 || hidden < 1 || tokens < 0 || tokens > kMaxGridX) {
+    return Invalid(kFn, "bad sizes vocab=", vocab, " hidden=", hidden, " tokens=", tokens);
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (table == nullptr || token_ids == nullptr || h == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  Dispatch(table_dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    EmbeddingGatherKernel<T><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+        static_cast<const T*>(table), vocab, hidden, token_ids, h);
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- RMSNorm -------------------------------------------------------------------------------------
+
+namespace {
+
+// No __restrict__: out may alias in (f32). Every read of a row precedes BlockSum's barrier, and the
+// second pass reads x[i] before writing y[i] in the same thread.
+template <typename W, typename O>
+__global__ void __launch_bounds__(kRowThreads)
+    RmsNormKernel(const float* in, const W* weight, int64_t n, float eps, O* out) {
+  const int64_t r = blockIdx.x;
+  const float* x = in + r * n;
+  float sum_sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_sq += x[i] * x[i];
+  sum_sq = BlockSum(sum_sq);
+  const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(n) + eps);
+  O* y = out + r * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    y[i] = FromF32<O>(__fmul_rn(ToF32(weight[i]), __fmul_rn(x[i], inv)));
+  }
+}
+
+}  // namespace
+
+absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                     int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  constexpr const char* kFn = "RmsNorm";
+  if (auto st = CheckDType(kFn, "weight_dtype", weight_dtype); !st.ok()) return st;
+  if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
+  if (rows < 0 || rows > kMaxGridX || n < 1) {
+    return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  }
+  if (!(eps >= 0.0f) || !std::isfinite(eps)) return Invalid(kFn, "bad eps ", eps);
+  if (rows == 0) return absl::OkStatus();
+  if (in == nullptr || weight == nullptr || out == nullptr) return Invalid(kFn, "null pointer");
+  if (out_dtype != GpuDType::kF32 && out == static_cast<const void*>(in)) {
+    return Invalid(kFn, "in-place only with out_dtype f32");
+  }
+  Dispatch(weight_dtype, [&](auto wtag) {
+    using W = typename decltype(wtag)::type;
+    Dispatch(out_dtype, [&](auto otag) {
+      using O = typename decltype(otag)::type;
+      RmsNormKernel<W, O><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          in, static_cast<const W*>(weight), n, eps, static_cast<O*>(out));
+    });
+  });
+  return CheckLaunch(kFn);
+}
+
+// --- RoPE ----------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kRopeThreads = 128;
+constexpr int64_t kMaxRopeHeadDim = 1024;
+
+// One block per token: cos/sin of the token's position into shared memory, then every (head, i)
+// pair of the row.
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKernel(float* __restrict__ x, int heads, int half, const int64_t* __restrict__ positions,
+               const float* __restrict__ inv_freq) {
+  extern __shared__ float cos_sin[];  // cos [half], then sin [half]
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float freq = __fmul_rn(pos, inv_freq[i]);
+    cos_sin[i] = cosf(freq);
+    cos_sin[half + i] = sinf(freq);
+  }
+  __syncthreads();
+  float* row = x + t * heads * 2 * half;
+  const int work = heads * half;
+  for (int w = threadIdx.x; w < work; w += blockDim.x) {
+    const int h = w / half, i = w - h * half;
+    float* v = row + h * 2 * half;
+    const float a = v[i], b = v[i + half];
+    const float c = cos_sin[i], s = cos_sin[half + i];
+    v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+}  // namespace
+
+absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
+                       const float* inv_freq, cudaStream_t stream) {
+  constexpr const char* kFn = "ApplyRope";
+  if (tokens < 0 || tokens > kMaxGridX || heads < 1 || d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim ||
+      heads * d > kMaxInt) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " heads=", heads, " d=", d,
+                   " (d even, 2 <= d <= ", kMaxRopeHeadDim, ")");
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (x == nullptr || positions == nullptr || inv_freq == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  const int half = static_cast<int>(d / 2);
+  RopeKernel<<<static_cast<unsigned>(tokens), kRopeThreads, 2 * half * sizeof(float), stream>>>(
+      x, static_cast<int>(heads), half, positions, inv_freq);
+  return CheckLaunch(kFn);
+}
+
+// --- Prefill attention ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kAttnTile = 64;  // keys per tile
+constexpr int kAttnDimsPerThread =
+    static_cast<int>((kMaxAttentionHeadDim + kAttnThreads - 1) / kAttnThreads);
+
+// One block per (query row, head). Per tile of keys: warps compute scores (a warp per key, lanes
+// over d), every thread takes the tile max and the new running max, threads < n_keys write
+// p = exp(score - max), then each thread rescales and accumulates its output dimensions. Two
+// barriers per tile suffice: scores are last read before the second, probabilities are next
+// written after the first barrier of the following tile.
+__global__ void __launch_bounds__(kAttnThreads)
+    PrefillAttentionKernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, const int32_t* __restrict__ cu_seqlens,
+                           int num_seqs, int heads, int kv_heads, int d, float scale,
+                           int64_t window, float* __restrict__ out) {
+  __shared__ float q_s[kMaxAttentionHeadDim];
+  __shared__ float score[kAttnTile];
+  __shared__ float prob[kAttnTile];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.x / heads;
+  const int head = static_cast<int>(blockIdx.x % heads);
+
+  // The sequence holding `row`: u = first index with cu_seqlens[u] > row; the sequence is u - 1.
+  int lo = 0, hi = num_seqs + 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (cu_seqlens[mid] <= row) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0 || lo > num_seqs) return;  // outside every sequence (uniform over the block)
+  const int64_t start = cu_seqlens[lo - 1];
+  const int64_t pos = row - start;
+  const int64_t first = start + (window > 0 && pos >= window ? pos - window + 1 : 0);
+  const int64_t last = row;
+
+  const int kv_head = head / (heads / kv_heads);
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * d;  // between consecutive tokens
+  const float* k_head = k + static_cast<int64_t>(kv_head) * d;
+  const float* v_head = v + static_cast<int64_t>(kv_head) * d;
+  const float* q_row = q + (row * heads + head) * d;
+  for (int c = tid; c < d; c += kAttnThreads) q_s[c] = q_row[c];
+  __syncthreads();
+
+  float running_max = -INFINITY, running_sum = 0.0f;
+  float acc[kAttnDimsPerThread];
+#pragma unroll
+  for (int i = 0; i < kAttnDimsPerThread; ++i) acc[i] = 0.0f;
+
+  for (int64_t tile = first; tile <= last; tile += kAttnTile) {
+    const int n_keys = last + 1 - tile < kAttnTile ? static_cast<int>(last + 1 - tile) : kAttnTile;
+    for (int kk = warp; kk < n_keys; kk += kAttnWarps) {
+      const float* key = k_head + (tile + kk) * kv_stride;
+      float dot = 0.0f;
+      for (int c = lane; c < d; c += 32) dot += q_s[c] * key[c];
+      dot = WarpSum(dot);
+      if (lane == 0) score[kk] = dot * scale;
+    }
+    __syncthreads();
+    float tile_max = -INFINITY;
+    for (int kk = 0; kk < n_keys; ++kk) tile_max = fmaxf(tile_max, score[kk]);
+    const float new_max = fmaxf(running_max, tile_max);
+    const float correction = expf(running_max - new_max);  // 0 on the first tile
+    if (tid < n_keys) prob[tid] = expf(score[tid] - new_max);
+    __syncthreads();
+    float tile_sum = 0.0f;
+    for (int kk = 0; kk < n_keys; ++kk) tile_sum += prob[kk];
+    running_sum = running_sum * correction + tile_sum;
+    running_max = new_max;
+#pragma unroll
+    for (int i = 0; i < kAttnDimsPerThread; ++i) {
+      const int c = tid + i * kAttnThreads;
+      if (c < d) {
+        float a = acc[i] * correction;
+        const float* value = v_head + tile * kv_stride + c;
+        for (int kk = 0; kk < n_keys; ++kk) a += prob[kk] * value[kk * kv_stride];
+        acc[i] = a;
+      }
+    }
+  }
+  const float inv = 1.0f / running_sum;
+  float* out_row = out + (row * heads + head) * d;
+#pragma unroll
+  for (int i = 0; i < kAttnDimsPerThread; ++i) {
+    const int c = tid + i * kAttnThreads;
+    if (c < d) out_row[c] = acc[i] * inv;
+  }
+}
+
+}  // namespace
+
+absl::Status PrefillAttention(const float* q, const float* k, const float* v,
+                              const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
+                              int64_t heads, int64_t kv_heads, int64_t d, float scale,
+                              int64_t sliding_window, float* out, cudaStream_t stream) {
+  constexpr const char* kFn = "PrefillAttention";
+  if (tokens < 0 || num_seqs < 0 || num_seqs >= kMaxInt || heads < 1 || kv_heads < 1 ||
+      heads > kMaxInt || heads % kv_heads != 0 || d < 1 || d > kMaxAttentionHeadDim ||
+      sliding_window < 0 || tokens > kMaxGridX / heads) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " num_seqs=", num_seqs, " heads=", heads,
+                   " kv_heads=", kv_heads, " d=", d, " sliding_window=", sliding_window,
+                   " (heads a multiple of kv_heads, 1 <= d <= ", kMaxAttentionHeadDim, ")");
+  }
+  if (!std::isfinite(scale)) return Invalid(kFn, "bad scale ", scale);
+  if (tokens == 0 || num_seqs == 0) return absl::OkStatus();
+  if (q == nullptr || k == nullptr || v == nullptr || cu_seqlens == nullptr || out == nullptr) {
+    return Invalid(kFn, "null pointer");
+  }
+  PrefillAttentionKernel<<<static_cast<unsigned>(tokens * heads), kAttnThreads, 0, stream>>>(
+      q, k, v, cu_seqlens, static_cast<int>(num_seqs), static_cast<int>(heads),
+      static_cast<int>(kv_heads), static_cast<int>(d), scale, sliding_window, out);
+  return CheckLaunch(kFn);
+}
+
+}  // namespace moebatch::gpu
