@@ -39,6 +39,13 @@ struct Matmul::Impl {
   std::vector<uint16_t> src_bf16;  // rounded activations (bf16 mode)
   std::vector<float> src_rounded;  // the same widened back to f32 (bf16 mode, batch-invariant)
 
+  // x[count] rounded to f16 (nearest even) and widened back to f32: f16 compute's activations.
+  const float* RoundToF16(const float* x, int64_t count) {
+    src_rounded.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) src_rounded[i] = F16ToF32(F32ToF16(x[i]));
+    return src_rounded.data();
+  }
+
   dnnl::matmul& Get(int64_t n, int64_t k, Tag src, Tag wei) {
     auto key = std::make_tuple(n, k, static_cast<int>(src), static_cast<int>(wei));
     auto it = primitives.find(key);
@@ -58,7 +65,8 @@ Matmul::~Matmul() = default;
 absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
                                                        int64_t widened_weight_budget_bytes,
                                                        bool batch_invariant) {
-  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
+  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16 &&
+      compute_dtype != DType::kF16) {
     return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32 or bf16, got ",
                                                    std::string(DTypeName(compute_dtype))));
   }
@@ -86,6 +94,8 @@ absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w,
       im.src_rounded.resize(static_cast<size_t>(m * k));
       for (int64_t i = 0; i < m * k; ++i) im.src_rounded[i] = BF16ToF32(F32ToBF16(x[i]));
       src = im.src_rounded.data();
+    } else if (compute_dtype_ == DType::kF16 && w_dtype == DType::kF16) {
+      src = im.RoundToF16(x, m * k);
     }
     InvariantLinear(src, m, k, w, w_dtype, n, y);
     return absl::OkStatus();
@@ -99,8 +109,9 @@ absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w,
       ConvertFromF32(DType::kBF16, x, im.src_bf16.data(), im.src_bf16.size());
       src = im.src_bf16.data();
       src_t = wei_t = Tag::bf16;
-    } else if (w_dtype != DType::kF32) {
-      wei = im.Widen(w, w_dtype, n, k);
+    } else {
+      if (compute_dtype_ == DType::kF16 && w_dtype == DType::kF16) src = im.RoundToF16(x, m * k);
+      if (w_dtype != DType::kF32) wei = im.Widen(w, w_dtype, n, k);
     }
     dnnl::matmul& prim = im.Get(n, k, src_t, wei_t);
     memory src_m({{m, k}, src_t, {k, 1}}, im.engine, const_cast<void*>(src));

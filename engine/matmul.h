@@ -10,6 +10,10 @@
 //          reference mode the golden tests use.
 //   bf16 : activations rounded to bf16, bf16 weights used in place (AMX / AVX512-BF16 through
 //          oneDNN), f32 accumulation and output; non-bf16 weights go through the f32 path.
+//   f16  : activations rounded to f16 (nearest even), f16 weights as in f32 mode, f32
+//          accumulation: the arithmetic of an f16 GEMM with f32 accumulation (cuBLAS on sm_75, the
+//          cuda backend's T4 path), which it is the reference for. Not offered to users (a CPU
+//          has no f16 speed to gain); non-f16 weights go through the f32 path.
 // Batch-invariant (the default the engine uses, engine/invariant_linear.h): every row's result is
 // bitwise the same whatever else shares the call; f32 compute reads the weights in place with our
 // kernels instead of oneDNN; bf16 compute with bf16 weights rounds the activations to bf16 first
@@ -33,11 +37,11 @@ namespace moebatch {
 
 class Matmul {
  public:
-  // InvalidArgument for a compute dtype other than f32/bf16; FailedPrecondition when oneDNN has no
-  // bf16 matmul for this CPU (it needs AVX-512). `widened_weight_budget_bytes`: host memory for f32
-  // copies of bf16/f16 weights (f32 mode). Weights are keyed by address: they must stay where they
-  // are (a mapped checkpoint does). `batch_invariant`: our fixed-order kernels instead of oneDNN
-  // (see above).
+  // InvalidArgument for a compute dtype other than f32/bf16/f16; FailedPrecondition when oneDNN has
+  // no bf16 matmul for this CPU (it needs AVX-512). `widened_weight_budget_bytes`: host memory for
+  // f32 copies of bf16/f16 weights (f32 mode). Weights are keyed by address: they must stay where
+  // they are (a mapped checkpoint does). `batch_invariant`: our fixed-order kernels instead of
+  // oneDNN (see above).
   static absl::StatusOr<std::unique_ptr<Matmul>> Create(DType compute_dtype,
                                                         int64_t widened_weight_budget_bytes = 0,
                                                         bool batch_invariant = false);

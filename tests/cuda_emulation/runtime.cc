@@ -1,0 +1,906 @@
+// The CUDA emulator's runtime: the part of the CUDA runtime API that cuda/ and the GPU tests call,
+// and the kernel-side functions of cuda_emulation.h. See cuda_emulation.h for what it is for and
+// what it checks.
+//
+// Devices: one, sm_90 unless MOEBATCH_CUDA_EMULATION_SM says otherwise (75 emulates a T4's f16
+// path), with MOEBATCH_CUDA_EMULATION_MEMORY_GIB of memory (default 16).
+// Memory: device and page-locked allocations are host mappings the runtime keeps the extent of, so
+// copies are checked against their direction and bounds. Streams: one thread each, in order.
+// Kernels: the blocks of a grid one after another on the stream's thread; a block's threads as
+// Boost.Context fibers.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/context/fiber.hpp>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/cuda_emulation/cuda_emulation.h"
+#include "tests/cuda_emulation/runtime_internal.h"
+
+// The runtime's opaque handles, defined here.
+struct CUstream_st {
+  bool blocking = true;  // created without cudaStreamNonBlocking: ordered with the default stream
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool running = false;
+  bool stop = false;
+  std::thread worker;
+};
+
+namespace moebatch::cuda_emulation {
+namespace {
+
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // records issued
+  uint64_t completed = 0;  // the latest record that its stream reached
+  std::chrono::steady_clock::time_point when;
+};
+
+}  // namespace
+}  // namespace moebatch::cuda_emulation
+
+struct CUevent_st {
+  unsigned flags = 0;
+  std::shared_ptr<moebatch::cuda_emulation::EventState> state =
+      std::make_shared<moebatch::cuda_emulation::EventState>();
+};
+
+namespace moebatch::cuda_emulation {
+namespace {
+
+// --- Settings and errors -------------------------------------------------------------------------
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+int EmulatedSm() { return EnvInt("MOEBATCH_CUDA_EMULATION_SM", 90); }
+
+size_t EmulatedMemoryBytes() {
+  return static_cast<size_t>(EnvInt("MOEBATCH_CUDA_EMULATION_MEMORY_GIB", 16)) << 30;
+}
+
+thread_local cudaError_t last_error = cudaSuccess;
+// A kernel that deadlocked or a copy that faulted: like a GPU's sticky error, every later
+// synchronisation reports it.
+std::atomic<cudaError_t> sticky_error{cudaSuccess};
+
+cudaError_t Fail(cudaError_t err) {
+  last_error = err;
+  return err;
+}
+
+cudaError_t Sticky() {
+  const cudaError_t err = sticky_error.load();
+  if (err != cudaSuccess) last_error = err;
+  return err;
+}
+
+// --- Memory --------------------------------------------------------------------------------------
+
+struct Allocation {
+  size_t bytes;
+  size_t mapped;
+  bool device;
+};
+
+std::mutex memory_mu;
+std::map<uintptr_t, Allocation>& Allocations() {
+  static auto* map = new std::map<uintptr_t, Allocation>();
+  return *map;
+}
+size_t device_bytes_in_use = 0;
+
+void* Map(size_t bytes, size_t* mapped) {
+  *mapped = std::max<size_t>((bytes + 4095) / 4096 * 4096, 4096);
+  void* p = mmap(nullptr, *mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// --- Streams -------------------------------------------------------------------------------------
+
+std::mutex streams_mu;
+std::set<CUstream_st*>& Streams() {
+  static auto* set = new std::set<CUstream_st*>();
+  return *set;
+}
+
+bool IsDefaultStream(cudaStream_t s) {
+  return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+}
+
+void Worker(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  for (;;) {
+    s->cv.wait(lock, [s] { return s->stop || !s->queue.empty(); });
+    if (s->queue.empty()) return;
+    std::function<void()> work = std::move(s->queue.front());
+    s->queue.pop_front();
+    s->running = true;
+    lock.unlock();
+    work();
+    lock.lock();
+    s->running = false;
+    s->cv.notify_all();
+  }
+}
+
+void Drain(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->cv.wait(lock, [s] { return s->queue.empty() && !s->running; });
+}
+
+// The legacy default stream's rule: its work starts after all earlier work of the blocking
+// streams.
+void DrainBlockingStreams() {
+  std::vector<CUstream_st*> blocking;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu);
+    for (CUstream_st* s : Streams()) {
+      if (s->blocking) blocking.push_back(s);
+    }
+  }
+  for (CUstream_st* s : blocking) Drain(s);
+}
+
+bool KnownStream(cudaStream_t s) {
+  if (IsDefaultStream(s)) return true;
+  std::lock_guard<std::mutex> lock(streams_mu);
+  return Streams().count(s) != 0;
+}
+
+// --- Kernels: a block's threads as fibers --------------------------------------------------------
+
+namespace ctx = boost::context;
+
+constexpr size_t kFiberStackBytes = size_t{256} << 10;
+constexpr int kWarpSize = 32;
+
+enum class FiberState { kReady, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
+// Boost.Context's StackAllocator over a stack the runner keeps from block to block.
+struct ReusedStack {
+  void* base;
+  ctx::stack_context allocate() {
+    ctx::stack_context sc;
+    sc.size = kFiberStackBytes;
+    sc.sp = static_cast<char*>(base) + kFiberStackBytes;
+    return sc;
+  }
+  void deallocate(ctx::stack_context&) noexcept {}
+};
+
+struct Fiber {
+  ctx::fiber self;       // resumed by the scheduler to run the thread
+  ctx::fiber scheduler;  // resumed by the thread to yield
+  void* stack = nullptr;
+  uint3 thread_idx;
+  FiberState state = FiberState::kReady;
+  unsigned warp_mask = 0;  // the mask of the warp barrier it waits at
+  int exchange = 0;        // warp exchanges done: which of two word buffers the next one uses
+};
+
+// The blocks of the running grid, one at a time, on one host thread.
+struct BlockRunner {
+  std::vector<Fiber> fibers;
+  uint3 block_idx;
+  dim3 block_dim;
+  dim3 grid_dim;
+  std::vector<std::byte> dynamic_shared;
+  const std::function<void()>* body = nullptr;
+  Fiber* current = nullptr;
+  // Warp exchange words, [buffer][warp][lane]. Two buffers, used in turn, so that one barrier per
+  // exchange suffices: a lane writes a buffer again only after two more barriers, and it cannot
+  // pass the second before every lane has read the buffer's previous words.
+  std::vector<std::array<uint64_t, kWarpSize>> words[2];
+
+  ~BlockRunner() {
+    for (Fiber& f : fibers) {
+      f.self = ctx::fiber();  // unwinds a thread left suspended by a deadlock
+      if (f.stack != nullptr) munmap(f.stack, kFiberStackBytes);
+    }
+  }
+};
+
+thread_local BlockRunner* running_block = nullptr;
+
+BlockRunner& Runner() {
+  thread_local BlockRunner runner;
+  return runner;
+}
+
+void Yield(FiberState state) {
+  Fiber* self = running_block->current;
+  self->state = state;
+  self->scheduler = std::move(self->scheduler).resume();
+}
+
+int LinearIndex(const BlockRunner& r) {
+  const Fiber& f = *r.current;
+  return static_cast<int>(f.thread_idx.x + f.thread_idx.y * r.block_dim.x +
+                          f.thread_idx.z * r.block_dim.x * r.block_dim.y);
+}
+
+// Runs one block to the end. Answers an empty string, or what went wrong (a deadlock).
+std::string RunBlock(BlockRunner& r) {
+  const int n = static_cast<int>(r.block_dim.x * r.block_dim.y * r.block_dim.z);
+  for (Fiber& f : r.fibers) f.self = ctx::fiber();  // unwinds threads a deadlock left suspended
+  if (static_cast<int>(r.fibers.size()) < n) r.fibers.resize(n);
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = r.fibers[i];
+    if (f.stack == nullptr) {
+      f.stack = mmap(nullptr, kFiberStackBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+      if (f.stack == MAP_FAILED) {
+        f.stack = nullptr;
+        return "cannot map a fiber stack";
+      }
+    }
+    f.thread_idx = uint3{static_cast<unsigned>(i) % r.block_dim.x,
+                         static_cast<unsigned>(i) / r.block_dim.x % r.block_dim.y,
+                         static_cast<unsigned>(i) / (r.block_dim.x * r.block_dim.y)};
+    f.state = FiberState::kReady;
+    f.exchange = 0;
+    f.self = ctx::fiber(std::allocator_arg, ReusedStack{f.stack}, [&f, &r](ctx::fiber&& caller) {
+      f.scheduler = std::move(caller);
+      (*r.body)();
+      f.state = FiberState::kDone;
+      return std::move(f.scheduler);
+    });
+  }
+  const int warps = (n + kWarpSize - 1) / kWarpSize;
+  for (auto& buffer : r.words) {
+    if (static_cast<int>(buffer.size()) < warps) buffer.resize(warps);
+  }
+
+  for (;;) {
+    for (int i = 0; i < n; ++i) {
+      Fiber& f = r.fibers[i];
+      if (f.state != FiberState::kReady) continue;
+      r.current = &f;
+      f.self = std::move(f.self).resume();
+    }
+    // Every fiber now waits at a barrier or is done. Release the warps whose named lanes have all
+    // arrived, else the block if every live thread is at __syncthreads.
+    bool released = false, live = false, all_at_block_barrier = true;
+    for (int w = 0; w < warps; ++w) {
+      const int first = w * kWarpSize, lanes = std::min(kWarpSize, n - first);
+      unsigned waiting = 0, mask = 0;
+      for (int l = 0; l < lanes; ++l) {
+        const Fiber& f = r.fibers[first + l];
+        if (f.state == FiberState::kAtWarpBarrier) {
+          waiting |= 1u << l;
+          mask = f.warp_mask;
+        }
+      }
+      if (waiting == 0) continue;
+      if (waiting == mask) {
+        for (int l = 0; l < lanes; ++l) {
+          if (waiting >> l & 1u) r.fibers[first + l].state = FiberState::kReady;
+        }
+        released = true;
+      } else if ((mask >> lanes) != 0) {
+        return "a warp intrinsic's mask names lanes the block does not have (warp " +
+               std::to_string(w) + ", mask " + std::to_string(mask) + ")";
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const FiberState s = r.fibers[i].state;
+      if (s == FiberState::kDone) continue;
+      live = true;
+      if (s != FiberState::kAtBlockBarrier) all_at_block_barrier = false;
+    }
+    if (!live) return "";
+    if (released) continue;
+    if (all_at_block_barrier) {
+      // CUDA allows __syncthreads in conditional code only where the condition is the same for
+      // the whole block: threads that returned while others wait is such a divergence.
+      for (int i = 0; i < n; ++i) {
+        if (r.fibers[i].state == FiberState::kDone) {
+          return "__syncthreads in divergent code: thread " + std::to_string(i) +
+                 " returned while others wait at the barrier";
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        if (r.fibers[i].state == FiberState::kAtBlockBarrier) {
+          r.fibers[i].state = FiberState::kReady;
+        }
+      }
+      continue;
+    }
+    int at_block = 0, at_warp = 0, done = 0;
+    for (int i = 0; i < n; ++i) {
+      const FiberState s = r.fibers[i].state;
+      at_block += s == FiberState::kAtBlockBarrier;
+      at_warp += s == FiberState::kAtWarpBarrier;
+      done += s == FiberState::kDone;
+    }
+    return "deadlock: " + std::to_string(at_block) + " threads at __syncthreads, " +
+           std::to_string(at_warp) + " at a warp intrinsic whose other lanes never come, " +
+           std::to_string(done) + " finished";
+  }
+}
+
+void RunGrid(const char* name, const LaunchConfig& c, const std::function<void()>& body) {
+  if (sticky_error.load() != cudaSuccess) return;  // a faulted context runs nothing more
+  BlockRunner& r = Runner();
+  r.block_dim = c.block;
+  r.grid_dim = c.grid;
+  r.body = &body;
+  r.dynamic_shared.assign(c.shared_bytes, std::byte{0xff});
+  BlockRunner* outer = running_block;
+  running_block = &r;
+  for (unsigned z = 0; z < c.grid.z; ++z) {
+    for (unsigned y = 0; y < c.grid.y; ++y) {
+      for (unsigned x = 0; x < c.grid.x; ++x) {
+        r.block_idx = uint3{x, y, z};
+        const std::string failure = RunBlock(r);
+        if (!failure.empty()) {
+          Report(std::string("kernel ") + name + ", block (" + std::to_string(x) + "," +
+                 std::to_string(y) + "," + std::to_string(z) + "): " + failure);
+          sticky_error = cudaErrorLaunchFailure;
+          running_block = outer;
+          return;
+        }
+      }
+    }
+  }
+  running_block = outer;
+}
+
+}  // namespace
+
+// --- cuda_emulation.h's kernel-side functions ----------------------------------------------------
+
+const uint3& ThreadIdx() { return running_block->current->thread_idx; }
+const uint3& BlockIdx() { return running_block->block_idx; }
+const dim3& BlockDim() { return running_block->block_dim; }
+const dim3& GridDim() { return running_block->grid_dim; }
+void* DynamicSharedBytes() { return running_block->dynamic_shared.data(); }
+
+void SyncThreads() { Yield(FiberState::kAtBlockBarrier); }
+
+namespace {
+void WarpBarrier(unsigned mask) {
+  running_block->current->warp_mask = mask;
+  Yield(FiberState::kAtWarpBarrier);
+}
+}  // namespace
+
+uint64_t ShuffleXor(unsigned mask, uint64_t bits, int lane_mask, int width) {
+  BlockRunner& r = *running_block;
+  const int linear = LinearIndex(r), lane = linear % kWarpSize;
+  auto& words = r.words[r.current->exchange++ & 1][linear / kWarpSize];
+  words[lane] = bits;
+  WarpBarrier(mask);
+  // CUDA: a source lane outside the caller's width-wide group yields the caller's own value.
+  const int src = lane ^ lane_mask;
+  return src / width == lane / width ? words[src] : bits;
+}
+
+unsigned MatchAny(unsigned mask, uint64_t bits) {
+  BlockRunner& r = *running_block;
+  const int linear = LinearIndex(r), lane = linear % kWarpSize;
+  auto& words = r.words[r.current->exchange++ & 1][linear / kWarpSize];
+  words[lane] = bits;
+  WarpBarrier(mask);
+  unsigned same = 0;
+  for (int l = 0; l < kWarpSize; ++l) {
+    if ((mask >> l & 1u) && words[l] == bits) same |= 1u << l;
+  }
+  return same;
+}
+
+void Submit(const char* kernel_name, const LaunchConfig& c, std::function<void()> thread_body) {
+  const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
+  if (threads == 0 || threads > 1024 || c.block.x > 1024 || c.block.y > 1024 || c.block.z > 64 ||
+      c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 || c.grid.x > INT_MAX || c.grid.y > 65535 ||
+      c.grid.z > 65535) {
+    Report(std::string("kernel ") + kernel_name + ": invalid launch configuration: grid (" +
+           std::to_string(c.grid.x) + "," + std::to_string(c.grid.y) + "," +
+           std::to_string(c.grid.z) + "), block (" + std::to_string(c.block.x) + "," +
+           std::to_string(c.block.y) + "," + std::to_string(c.block.z) + ")");
+    Fail(cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (c.shared_bytes > 48 * 1024) {
+    Report(std::string("kernel ") + kernel_name + ": " + std::to_string(c.shared_bytes) +
+           " bytes of dynamic shared memory (48 KiB without an opt-in)");
+    Fail(cudaErrorInvalidValue);
+    return;
+  }
+  if (!KnownStream(c.stream)) {
+    Fail(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  auto body = std::make_shared<std::function<void()>>(std::move(thread_body));
+  const LaunchConfig config = c;
+  RunInStream(c.stream, [kernel_name, config, body] { RunGrid(kernel_name, config, *body); });
+}
+
+// --- runtime_internal.h --------------------------------------------------------------------------
+
+void Report(const std::string& message) {
+  std::fprintf(stderr, "cuda emulation: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+Where Locate(const void* p, size_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  std::lock_guard<std::mutex> lock(memory_mu);
+  const auto& map = Allocations();
+  auto it = map.upper_bound(begin);
+  // The allocation starting at or before `begin`, if any, and the next one (which must not begin
+  // inside the range).
+  if (it != map.begin()) {
+    auto prev = std::prev(it);
+    const uintptr_t a_begin = prev->first, a_end = a_begin + prev->second.bytes;
+    if (begin < a_end) {
+      if (end > a_end) return Where::kStraddles;
+      return prev->second.device ? Where::kDevice : Where::kPinned;
+    }
+    // Between the bytes asked for and the mapping's end is still not the allocation.
+    if (begin < a_begin + prev->second.mapped) return Where::kStraddles;
+  }
+  if (it != map.end() && it->first < end) return Where::kStraddles;
+  return Where::kPageable;
+}
+
+void RunInStream(cudaStream_t stream, std::function<void()> work) {
+  if (IsDefaultStream(stream)) {
+    DrainBlockingStreams();
+    work();
+    return;
+  }
+  CUstream_st* s = stream;
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->queue.push_back(std::move(work));
+  s->cv.notify_all();
+}
+
+void SynchronizeAll() {
+  std::vector<CUstream_st*> all;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu);
+    all.assign(Streams().begin(), Streams().end());
+  }
+  for (CUstream_st* s : all) Drain(s);
+}
+
+}  // namespace moebatch::cuda_emulation
+
+// --- The CUDA runtime API ------------------------------------------------------------------------
+
+using moebatch::cuda_emulation::Where;
+namespace emu = moebatch::cuda_emulation;
+
+namespace {
+
+thread_local int current_device = 0;
+
+const char* WhereName(Where w) {
+  switch (w) {
+    case Where::kPageable:
+      return "pageable host memory";
+    case Where::kPinned:
+      return "page-locked host memory";
+    case Where::kDevice:
+      return "device memory";
+    case Where::kStraddles:
+      break;
+  }
+  return "a range that crosses an allocation's end";
+}
+
+// Checks a copy's direction against where its ends lie. Answers cudaSuccess or the error.
+cudaError_t CheckCopy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                      Where* dst_where, Where* src_where) {
+  *dst_where = emu::Locate(dst, count);
+  *src_where = emu::Locate(src, count);
+  if (count == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) {
+    emu::Report("cudaMemcpy with a null pointer");
+    return emu::Fail(cudaErrorInvalidValue);
+  }
+  const bool dst_device = *dst_where == Where::kDevice, src_device = *src_where == Where::kDevice;
+  bool ok = *dst_where != Where::kStraddles && *src_where != Where::kStraddles;
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      ok = ok && dst_device && !src_device;
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = ok && !dst_device && src_device;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = ok && dst_device && src_device;
+      break;
+    case cudaMemcpyHostToHost:
+      ok = ok && !dst_device && !src_device;
+      break;
+    case cudaMemcpyDefault:
+      break;
+    default:
+      ok = false;
+  }
+  if (!ok) {
+    emu::Report(std::string("cudaMemcpy kind ") + std::to_string(static_cast<int>(kind)) + " of " +
+                std::to_string(count) + " bytes from " + WhereName(*src_where) + " to " +
+                WhereName(*dst_where));
+    return emu::Fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t Allocate(void** ptr, size_t size, bool device) {
+  if (ptr == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(emu::memory_mu);
+    if (device && emu::device_bytes_in_use + size > emu::EmulatedMemoryBytes()) {
+      return emu::Fail(cudaErrorMemoryAllocation);
+    }
+  }
+  size_t mapped = 0;
+  void* p = emu::Map(size, &mapped);
+  if (p == nullptr)
+    return emu::Fail(device ? cudaErrorMemoryAllocation : cudaErrorMemoryAllocation);
+  if (device) std::memset(p, 0xff, size);  // NaN wherever nothing is written
+  std::lock_guard<std::mutex> lock(emu::memory_mu);
+  emu::Allocations()[reinterpret_cast<uintptr_t>(p)] = emu::Allocation{size, mapped, device};
+  if (device) emu::device_bytes_in_use += size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t Release(void* ptr, bool device) {
+  if (ptr == nullptr) return cudaSuccess;
+  emu::SynchronizeAll();  // cudaFree synchronises the device
+  std::lock_guard<std::mutex> lock(emu::memory_mu);
+  auto& map = emu::Allocations();
+  auto it = map.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == map.end() || it->second.device != device) {
+    emu::Report(std::string(device ? "cudaFree" : "cudaFreeHost") +
+                " of a pointer it did not allocate");
+    return emu::Fail(cudaErrorInvalidValue);
+  }
+  munmap(ptr, it->second.mapped);
+  if (device) emu::device_bytes_in_use -= it->second.bytes;
+  map.erase(it);
+  return cudaSuccess;
+}
+
+bool ValidStream(cudaStream_t s) { return emu::KnownStream(s); }
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return emu::Fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  *device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  if (device != 0) return emu::Fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  const int sm = emu::EmulatedSm();
+  std::snprintf(prop->name, sizeof(prop->name), "moebatch CUDA emulator");
+  prop->major = sm / 10;
+  prop->minor = sm % 10;
+  prop->totalGlobalMem = emu::EmulatedMemoryBytes();
+  prop->sharedMemPerBlock = 48 * 1024;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = INT_MAX;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (free == nullptr || total == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(emu::memory_mu);
+  *total = emu::EmulatedMemoryBytes();
+  *free = *total - emu::device_bytes_in_use;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  emu::SynchronizeAll();
+  return emu::Sticky();
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t sticky = emu::sticky_error.load();
+  if (sticky != cudaSuccess) return sticky;
+  const cudaError_t err = emu::last_error;
+  emu::last_error = cudaSuccess;
+  return err;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  const cudaError_t sticky = emu::sticky_error.load();
+  return sticky != cudaSuccess ? sticky : emu::last_error;
+}
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure (emulated kernel failed: see the 'cuda emulation:' line)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInsufficientDriver:
+      return "CUDA driver version is insufficient for CUDA runtime version";
+    default:
+      return "unknown error";
+  }
+}
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return Allocate(devPtr, size, true); }
+cudaError_t cudaFree(void* devPtr) { return Release(devPtr, true); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
+  return Allocate(pHost, size, false);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return Allocate(ptr, size, false); }
+cudaError_t cudaFreeHost(void* ptr) { return Release(ptr, false); }
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  Where dst_where, src_where;
+  if (cudaError_t err = CheckCopy(dst, src, count, kind, &dst_where, &src_where);
+      err != cudaSuccess) {
+    return err;
+  }
+  emu::DrainBlockingStreams();
+  if (count > 0) std::memmove(dst, src, count);
+  return emu::Sticky();
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
+  Where dst_where, src_where;
+  if (cudaError_t err = CheckCopy(dst, src, count, kind, &dst_where, &src_where);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (count == 0) return cudaSuccess;
+  // Pageable host memory, as the CUDA runtime documents it: the stream's earlier work first; to
+  // the device, the source is staged before the call returns and the device written later, in
+  // stream order; to the host, the call returns when the copy is done.
+  if (dst_where == Where::kPageable || src_where == Where::kPageable) {
+    if (emu::IsDefaultStream(stream)) {
+      emu::DrainBlockingStreams();
+    } else {
+      emu::Drain(stream);
+    }
+    if (dst_where == Where::kDevice) {
+      auto staged = std::make_shared<std::vector<std::byte>>(
+          static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + count);
+      emu::RunInStream(stream, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+      return cudaSuccess;
+    }
+    std::memmove(dst, src, count);
+    return emu::Sticky();
+  }
+  emu::RunInStream(stream, [dst, src, count] { std::memmove(dst, src, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  if (pStream == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  auto* s = new CUstream_st();
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  s->worker = std::thread(emu::Worker, s);
+  {
+    std::lock_guard<std::mutex> lock(emu::streams_mu);
+    emu::Streams().insert(s);
+  }
+  *pStream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
+  return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (emu::IsDefaultStream(stream) || !ValidStream(stream)) {
+    return emu::Fail(cudaErrorInvalidResourceHandle);
+  }
+  {
+    std::lock_guard<std::mutex> lock(emu::streams_mu);
+    emu::Streams().erase(stream);
+  }
+  emu::Drain(stream);
+  {
+    std::lock_guard<std::mutex> lock(stream->mu);
+    stream->stop = true;
+    stream->cv.notify_all();
+  }
+  stream->worker.join();
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (!ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
+  if (emu::IsDefaultStream(stream)) return emu::Sticky();
+  std::lock_guard<std::mutex> lock(stream->mu);
+  return stream->queue.empty() && !stream->running ? emu::Sticky() : cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (!ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
+  if (emu::IsDefaultStream(stream)) {
+    emu::DrainBlockingStreams();
+  } else {
+    emu::Drain(stream);
+  }
+  return emu::Sticky();
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (event == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  auto* e = new CUevent_st();
+  e->flags = flags;
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (event == nullptr) return emu::Fail(cudaErrorInvalidResourceHandle);
+  delete event;  // records still in flight hold the state
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr || !ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<emu::EventState> state = event->state;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    seq = ++state->recorded;
+  }
+  emu::RunInStream(stream, [state, seq] {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->completed = std::max(state->completed, seq);
+    state->when = std::chrono::steady_clock::now();
+    state->cv.notify_all();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return emu::Fail(cudaErrorInvalidResourceHandle);
+  emu::EventState& state = *event->state;
+  std::unique_lock<std::mutex> lock(state.mu);
+  const uint64_t target = state.recorded;  // an event never recorded is complete
+  state.cv.wait(lock, [&] { return state.completed >= target; });
+  return emu::Sticky();
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return emu::Fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::mutex> lock(event->state->mu);
+  return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (event == nullptr || !ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<emu::EventState> state = event->state;
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    target = state->recorded;  // the event's latest record at the time of the call
+  }
+  emu::RunInStream(stream, [state, target] {
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&] { return state->completed >= target; });
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr) return emu::Fail(cudaErrorInvalidValue);
+  if (start == nullptr || end == nullptr || (start->flags & cudaEventDisableTiming) ||
+      (end->flags & cudaEventDisableTiming)) {
+    return emu::Fail(cudaErrorInvalidResourceHandle);
+  }
+  std::chrono::steady_clock::time_point a, b;
+  for (auto [e, t] : {std::pair{start, &a}, std::pair{end, &b}}) {
+    std::lock_guard<std::mutex> lock(e->state->mu);
+    if (e->state->recorded == 0) return emu::Fail(cudaErrorInvalidResourceHandle);
+    if (e->state->completed < e->state->recorded) return emu::Fail(cudaErrorNotReady);
+    *t = e->state->when;
+  }
+  *ms = std::chrono::duration<float, std::milli>(b - a).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,30 @@
+// What the CUDA emulator's runtime (runtime.cc) shares with its cuBLAS (cublas.cc). Internal to
+// tests/cuda_emulation/.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace moebatch::cuda_emulation {
+
+// Where a byte range lies: in one device allocation (cudaMalloc), in one page-locked host
+// allocation (cudaHostAlloc), in neither (pageable host memory), or across an allocation's end.
+enum class Where { kPageable, kPinned, kDevice, kStraddles };
+Where Locate(const void* p, size_t bytes);
+
+// Runs `work` in `stream`'s order: on its thread, or now on the calling thread for the legacy
+// default stream (nullptr, cudaStreamLegacy, cudaStreamPerThread) after every blocking stream's
+// earlier work.
+void RunInStream(cudaStream_t stream, std::function<void()> work);
+
+// Waits until every stream is idle (cudaDeviceSynchronize).
+void SynchronizeAll();
+
+// Prints "cuda emulation: <message>" to stderr: what the emulator found wrong, which a GPU would
+// have answered with an error or a fault.
+void Report(const std::string& message);
+
+}  // namespace moebatch::cuda_emulation
