@@ -1,8 +1,9 @@
-// The cuda backend on a GPU (label gpu; tests/gpu_catch_main.cc skips the binary without one):
+// The cuda backend on a GPU (label gpu; tests/gpu_catch_main.cc skips the binary without one), and
+// the same program on the CUDA emulator (label emulated, tests/cuda_emulation/):
 //  * the golden fixtures through the Engine with --backend=cuda: greedy tokens identical to
 //    transformers' with f32 weights (f32 accumulation everywhere), last logits within 1e-4 of
 //    transformers' with f32 weights and within 2e-2 relative in the GPU's compute dtype (bf16 on
-//    sm_80+ against the cpu backend in bf16, f16 on sm_75 against transformers);
+//    sm_80+, f16 on sm_75, each against the cpu backend in the same dtype);
 //  * a failed call mid-pass, then a pass with the right weights in every layer;
 //  * the data mover's CUDA copy engine under a concurrent load of small transfers on another
 //    stream: every layer arrives intact (checksums), in order, and every small transfer too.
