@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/cuda_emulation/runtime_internal.h"
@@ -147,6 +148,22 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
       !InDeviceMemory("B", B, b_n ? k : n, b_n ? n : k, ldb, Btype) ||
       !InDeviceMemory("C", C, m, n, ldc, Ctype)) {
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  // cuBLAS leaves C overlapping A or B undefined (it may write C before it has read them all);
+  // the emulator reads both first, so it refuses the overlap instead of hiding it.
+  auto extent = [](const void* p, int64_t rows, int64_t cols, int64_t ld, cudaDataType t) {
+    const auto begin = reinterpret_cast<uintptr_t>(p);
+    return std::pair{begin,
+                     begin + static_cast<uintptr_t>((cols - 1) * ld + rows) * ElementBytes(t)};
+  };
+  const auto c_range = extent(C, m, n, ldc, Ctype);
+  for (const auto& [name, range] :
+       {std::pair{"A", extent(A, a_n ? m : k, a_n ? k : m, lda, Atype)},
+        std::pair{"B", extent(B, b_n ? k : n, b_n ? n : k, ldb, Btype)}}) {
+    if (k > 0 && range.first < c_range.second && c_range.first < range.second) {
+      emu::Report(std::string("cublasGemmEx: C overlaps ") + name + " (undefined in cuBLAS)");
+      return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
   }
   const float a_scale = *static_cast<const float*>(alpha);
   const float b_scale = *static_cast<const float*>(beta);

@@ -46,12 +46,28 @@ struct CUstream_st {
 namespace moebatch::cuda_emulation {
 namespace {
 
+// An event's records, numbered 1, 2, ... as issued; each completes when its stream reaches it
+// (records on different streams may complete out of order).
 struct EventState {
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t recorded = 0;   // records issued
-  uint64_t completed = 0;  // the latest record that its stream reached
+  uint64_t recorded = 0;          // records issued
+  uint64_t done_through = 0;      // records 1..done_through completed
+  std::set<uint64_t> done_after;  // completed records beyond done_through
+  uint64_t when_record = 0;       // the latest completed record, and when
   std::chrono::steady_clock::time_point when;
+
+  bool Done(uint64_t record) const {  // record 0: never recorded, complete
+    return record <= done_through || done_after.count(record) != 0;
+  }
+  void Complete(uint64_t record) {
+    done_after.insert(record);
+    while (done_after.count(done_through + 1) != 0) done_after.erase(++done_through);
+    if (record >= when_record) {
+      when_record = record;
+      when = std::chrono::steady_clock::now();
+    }
+  }
 };
 
 }  // namespace
@@ -124,8 +140,22 @@ std::set<CUstream_st*>& Streams() {
   return *set;
 }
 
+// The legacy default stream (nullptr, cudaStreamLegacy; cudaStreamPerThread is treated as it):
+// a stream of its own, not in Streams(), created on first use and never destroyed.
 bool IsDefaultStream(cudaStream_t s) {
   return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+}
+
+void Worker(CUstream_st* s);
+
+CUstream_st* Legacy() {
+  static CUstream_st* legacy = [] {
+    auto* s = new CUstream_st();
+    s->worker = std::thread(Worker, s);
+    s->worker.detach();
+    return s;
+  }();
+  return legacy;
 }
 
 void Worker(CUstream_st* s) {
@@ -149,8 +179,8 @@ void Drain(CUstream_st* s) {
   s->cv.wait(lock, [s] { return s->queue.empty() && !s->running; });
 }
 
-// The legacy default stream's rule: its work starts after all earlier work of the blocking
-// streams.
+// The legacy default stream's rule, half one: its work starts after all earlier work of the
+// blocking streams (the host waits for that work before queueing).
 void DrainBlockingStreams() {
   std::vector<CUstream_st*> blocking;
   {
@@ -346,13 +376,15 @@ void RunGrid(const char* name, const LaunchConfig& c, const std::function<void()
   r.block_dim = c.block;
   r.grid_dim = c.grid;
   r.body = &body;
-  r.dynamic_shared.assign(c.shared_bytes, std::byte{0xff});
+  r.dynamic_shared.resize(c.shared_bytes);
   BlockRunner* outer = running_block;
   running_block = &r;
   for (unsigned z = 0; z < c.grid.z; ++z) {
     for (unsigned y = 0; y < c.grid.y; ++y) {
       for (unsigned x = 0; x < c.grid.x; ++x) {
         r.block_idx = uint3{x, y, z};
+        // Shared memory starts undefined in every block: NaN bytes, not the last block's values.
+        std::fill(r.dynamic_shared.begin(), r.dynamic_shared.end(), std::byte{0xff});
         const std::string failure = RunBlock(r);
         if (!failure.empty()) {
           Report(std::string("kernel ") + name + ", block (" + std::to_string(x) + "," +
@@ -392,9 +424,10 @@ uint64_t ShuffleXor(unsigned mask, uint64_t bits, int lane_mask, int width) {
   auto& words = r.words[r.current->exchange++ & 1][linear / kWarpSize];
   words[lane] = bits;
   WarpBarrier(mask);
-  // CUDA: a source lane outside the caller's width-wide group yields the caller's own value.
+  // CUDA: a source lane in a later width-wide group than the caller's yields the caller's own
+  // value (an earlier group's lane is read).
   const int src = lane ^ lane_mask;
-  return src / width == lane / width ? words[src] : bits;
+  return src / width <= lane / width ? words[src] : bits;
 }
 
 unsigned MatchAny(unsigned mask, uint64_t bits) {
@@ -466,12 +499,13 @@ Where Locate(const void* p, size_t bytes) {
 }
 
 void RunInStream(cudaStream_t stream, std::function<void()> work) {
+  CUstream_st* s = stream;
   if (IsDefaultStream(stream)) {
     DrainBlockingStreams();
-    work();
-    return;
+    s = Legacy();
+  } else if (s->blocking) {
+    Drain(Legacy());  // half two: a blocking stream's work starts after the default stream's
   }
-  CUstream_st* s = stream;
   std::lock_guard<std::mutex> lock(s->mu);
   s->queue.push_back(std::move(work));
   s->cv.notify_all();
@@ -483,7 +517,13 @@ void SynchronizeAll() {
     std::lock_guard<std::mutex> lock(streams_mu);
     all.assign(Streams().begin(), Streams().end());
   }
+  all.push_back(Legacy());
   for (CUstream_st* s : all) Drain(s);
+}
+
+void SynchronizeDefault() {
+  DrainBlockingStreams();
+  Drain(Legacy());
 }
 
 }  // namespace moebatch::cuda_emulation
@@ -732,8 +772,18 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
       err != cudaSuccess) {
     return err;
   }
-  emu::DrainBlockingStreams();
-  if (count > 0) std::memmove(dst, src, count);
+  if (count == 0) return emu::Sticky();
+  // The runtime's rules for cudaMemcpy: from pageable memory to the device, the call returns
+  // once the source is staged, the device written later in the default stream's order; device to
+  // device, no host synchronisation; otherwise done when the call returns.
+  if (dst_where == Where::kDevice && src_where == Where::kPageable) {
+    auto staged = std::make_shared<std::vector<std::byte>>(
+        static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + count);
+    emu::RunInStream(nullptr, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    return emu::Sticky();
+  }
+  emu::RunInStream(nullptr, [dst, src, count] { std::memmove(dst, src, count); });
+  if (!(dst_where == Where::kDevice && src_where == Where::kDevice)) emu::SynchronizeDefault();
   return emu::Sticky();
 }
 
@@ -751,7 +801,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   // stream order; to the host, the call returns when the copy is done.
   if (dst_where == Where::kPageable || src_where == Where::kPageable) {
     if (emu::IsDefaultStream(stream)) {
-      emu::DrainBlockingStreams();
+      emu::SynchronizeDefault();
     } else {
       emu::Drain(stream);
     }
@@ -806,7 +856,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
-  if (emu::IsDefaultStream(stream)) return emu::Sticky();
+  if (emu::IsDefaultStream(stream)) stream = emu::Legacy();
   std::lock_guard<std::mutex> lock(stream->mu);
   return stream->queue.empty() && !stream->running ? emu::Sticky() : cudaErrorNotReady;
 }
@@ -814,7 +864,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!ValidStream(stream)) return emu::Fail(cudaErrorInvalidResourceHandle);
   if (emu::IsDefaultStream(stream)) {
-    emu::DrainBlockingStreams();
+    emu::SynchronizeDefault();
   } else {
     emu::Drain(stream);
   }
@@ -849,8 +899,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   }
   emu::RunInStream(stream, [state, seq] {
     std::lock_guard<std::mutex> lock(state->mu);
-    state->completed = std::max(state->completed, seq);
-    state->when = std::chrono::steady_clock::now();
+    state->Complete(seq);
     state->cv.notify_all();
   });
   return cudaSuccess;
@@ -861,14 +910,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   emu::EventState& state = *event->state;
   std::unique_lock<std::mutex> lock(state.mu);
   const uint64_t target = state.recorded;  // an event never recorded is complete
-  state.cv.wait(lock, [&] { return state.completed >= target; });
+  state.cv.wait(lock, [&] { return state.Done(target); });
   return emu::Sticky();
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return emu::Fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(event->state->mu);
-  return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
+  return event->state->Done(event->state->recorded) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
@@ -881,7 +930,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   }
   emu::RunInStream(stream, [state, target] {
     std::unique_lock<std::mutex> lock(state->mu);
-    state->cv.wait(lock, [&] { return state->completed >= target; });
+    state->cv.wait(lock, [&] { return state->Done(target); });
   });
   return cudaSuccess;
 }
@@ -896,7 +945,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   for (auto [e, t] : {std::pair{start, &a}, std::pair{end, &b}}) {
     std::lock_guard<std::mutex> lock(e->state->mu);
     if (e->state->recorded == 0) return emu::Fail(cudaErrorInvalidResourceHandle);
-    if (e->state->completed < e->state->recorded) return emu::Fail(cudaErrorNotReady);
+    if (!e->state->Done(e->state->recorded)) return emu::Fail(cudaErrorNotReady);
     *t = e->state->when;
   }
   *ms = std::chrono::duration<float, std::milli>(b - a).count();

@@ -15,9 +15,9 @@ namespace moebatch::cuda_emulation {
 enum class Where { kPageable, kPinned, kDevice, kStraddles };
 Where Locate(const void* p, size_t bytes);
 
-// Runs `work` in `stream`'s order: on its thread, or now on the calling thread for the legacy
-// default stream (nullptr, cudaStreamLegacy, cudaStreamPerThread) after every blocking stream's
-// earlier work.
+// Queues `work` in `stream`'s order, on its thread. The legacy default stream (nullptr,
+// cudaStreamLegacy, cudaStreamPerThread) has a thread too; its work starts after every blocking
+// stream's earlier work, and a blocking stream's after the default stream's.
 void RunInStream(cudaStream_t stream, std::function<void()> work);
 
 // Waits until every stream is idle (cudaDeviceSynchronize).

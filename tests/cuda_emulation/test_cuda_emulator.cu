@@ -172,6 +172,21 @@ TEST_CASE("emulator: streams run in order, events order streams", "[cuda_emulati
   for (int i = 0; i < n; ++i) REQUIRE(pinned[i] == 9);
   REQUIRE(cudaEventQuery(filled) == cudaSuccess);
 
+  // A cudaMemcpy from pageable memory returns once the source is staged; the device is written
+  // later, in the legacy default stream's order, which a non-blocking stream does not follow.
+  gate = false;
+  GatedFillKernel<<<1, 64>>>(&gate, d, n, 5);  // holds the default stream
+  const std::vector<int> ones(n, 1);
+  REQUIRE(cudaMemcpy(d, ones.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(pinned, d, n * sizeof(int), cudaMemcpyDeviceToHost, b) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  REQUIRE(pinned[0] == 9);  // neither the kernel's 5 nor the copy's 1 yet
+  gate = true;
+  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(pinned, d, n * sizeof(int), cudaMemcpyDeviceToHost, b) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  REQUIRE(pinned[0] == 1);
+
   REQUIRE(cudaEventDestroy(filled) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(a) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(b) == cudaSuccess);
@@ -208,6 +223,10 @@ TEST_CASE("emulator: cublasGemmEx is column-major C = alpha op(A) op(B) + beta C
   REQUIRE(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &alpha, a_d, CUDA_R_32F, 3, b_d,
                        CUDA_R_32F, 6, &beta, c_d, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED);  // 9 floats of 8
+  // C over B: undefined in cuBLAS, refused here.
+  REQUIRE(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &alpha, a_d, CUDA_R_32F, 3, b_d,
+                       CUDA_R_32F, 4, &beta, b_d + 4, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED);
   REQUIRE(cublasDestroy(handle) == CUBLAS_STATUS_SUCCESS);
   for (float* p : {a_d, b_d, c_d}) REQUIRE(cudaFree(p) == cudaSuccess);
 }
@@ -217,8 +236,8 @@ TEST_CASE("emulator: cublasGemmEx is column-major C = alpha op(A) op(B) + beta C
 TEST_CASE("emulator: __syncthreads in divergent code faults the device", "[cuda_emulation]") {
   int* out = DeviceAlloc<int>(32);
   DivergentBarrierKernel<<<1, 32>>>(out);
-  REQUIRE(cudaGetLastError() == cudaErrorLaunchFailure);
   REQUIRE(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  REQUIRE(cudaGetLastError() == cudaErrorLaunchFailure);
 }
 
 }  // namespace
