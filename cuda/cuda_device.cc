@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,6 +125,10 @@ class CudaDevice final : public Device {
   absl::Status RunTaskB(int micro_batch, int64_t layer, const float* attn, ForwardStats* stats);
   absl::Status RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits);
   absl::Status RunGreedyTokens(int micro_batch, const int64_t* rows, int64_t n, int32_t* token_ids);
+  // h[from, to) += O projection of attn_f_'s rows [from, to) (converted to the compute dtype), on
+  // the compute stream: task B's first step, which task A does for the prefill segments' rows.
+  absl::Status OutputProjection(int micro_batch, const std::byte* slot, int64_t layer, int64_t from,
+                                int64_t to);
   // logits_ [n, vocab] f32 = RMSNorm(h[rows]) lm_headᵀ on the compute stream; 1 <= n <= tokens.
   absl::Status LmHead(int micro_batch, const int64_t* rows, int64_t n);
   // After a failed call, which may have left a pass half done (two layers live, a fill waited
@@ -308,6 +313,9 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   MB_RETURN_IF_ERROR(CudaError(cudaMemcpy(d->inv_freq_, inv_freq.data(),
                                           inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
                                "inv_freq H2D"));
+  // A cudaMemcpy from pageable memory (inv_freq) may return before the device is written, and
+  // the non-blocking compute stream does not wait for the default stream: finish it now.
+  MB_RETURN_IF_ERROR(CudaError(cudaDeviceSynchronize(), "set-up copies"));
 
   auto engine =
       CudaCopyEngine::Create(options.device, {d->slots_[0], d->slots_[1]},
@@ -390,6 +398,20 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
       "cublasGemmEx");
 }
 
+absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot, int64_t layer,
+                                          int64_t from, int64_t to) {
+  if (to <= from) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const int64_t q_row = c.q_size(), hidden = c.hidden_size, rows = to - from;
+  std::byte* attn_c = static_cast<std::byte*>(attn_c_) + from * q_row * elem_;
+  MB_RETURN_IF_ERROR(
+      gpu::ConvertF32To(attn_f_ + from * q_row, rows * q_row, attn_c, dtype_, compute_));
+  MB_RETURN_IF_ERROR(
+      Gemm(attn_c, Tensor(slot, layer, kO), rows, hidden, q_row, proj_ + from * hidden));
+  return gpu::AddResidual(h_[micro_batch] + from * hidden, proj_ + from * hidden, rows * hidden,
+                          compute_);
+}
+
 absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
                                   const int64_t* positions, int64_t tokens) {
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
@@ -459,9 +481,6 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   const int64_t tokens =
       tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
-  if (prefill_segments_[micro_batch] > 0 && attn == nullptr) {
-    return absl::InvalidArgumentError("task A: prefill segments, null attn");
-  }
   const ModelConfig& c = config();
   auto slot = AwaitLayer(layer);
   if (!slot.ok()) return slot.status();
@@ -478,8 +497,11 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
                                     positions_[micro_batch], inv_freq_, compute_));
   MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
                                     positions_[micro_batch], inv_freq_, compute_));
-  // Prefill attention of the segments (their rows' attention output in attn_f_, which task B
-  // overwrites only after this call has copied it to the host).
+  // Prefill attention of the segments, and what task B would do with it: the O projection and
+  // the residual, with this layer's weights (device.h: a device that attends prefill may apply it
+  // itself). The segments' attention never leaves the GPU, and task B moves only the rows the CPU
+  // attended: per prefill token and layer, q_size f32 less each way over PCIe (16 KiB for
+  // Mixtral), the H2D half of which would compete with the weight stream.
   const int64_t segments = prefill_segments_[micro_batch];
   const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
   const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
@@ -488,9 +510,10 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
         q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
         c.sliding_window.value_or(0), attn_f_, compute_));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
   }
-  // q (rows outside the segments: the CPU attends them), k, v and the segments' attention to the
-  // host on the transfer stream, after the compute stream's work.
+  // q (rows outside the segments: the CPU attends them), k and v to the host on the transfer
+  // stream, after the compute stream's work.
   MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
   MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
   const int64_t q_row = c.q_size();
@@ -505,7 +528,6 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   };
   MB_RETURN_IF_ERROR(rows_d2h(q, q_, 0, first, "q D2H"));
   MB_RETURN_IF_ERROR(rows_d2h(q, q_, last, tokens, "q D2H"));
-  MB_RETURN_IF_ERROR(rows_d2h(attn, attn_f_, first, last, "prefill attention D2H"));
   MB_RETURN_IF_ERROR(
       CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
   MB_RETURN_IF_ERROR(
@@ -527,16 +549,24 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
   const float eps = static_cast<float>(c.rms_norm_eps);
   float* h = h_[micro_batch];
   if (tokens > 0) {
-    // Attention output to the device on the transfer stream; the compute stream waits for it.
-    MB_RETURN_IF_ERROR(CudaError(
-        cudaMemcpyAsync(attn_f_, attn, static_cast<size_t>(tokens * c.q_size()) * sizeof(float),
-                        cudaMemcpyHostToDevice, transfer_),
-        "attention H2D"));
+    // The attention output of the rows the CPU attended (all but the prefill segments', which
+    // task A applied) to the device on the transfer stream; the compute stream waits for it.
+    const int64_t segments = prefill_segments_[micro_batch];
+    const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
+    const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
+    const int64_t q_row = c.q_size();
+    for (auto [from, to] : {std::pair{int64_t{0}, first}, std::pair{last, tokens}}) {
+      if (to <= from) continue;
+      MB_RETURN_IF_ERROR(
+          CudaError(cudaMemcpyAsync(attn_f_ + from * q_row, attn + from * q_row,
+                                    static_cast<size_t>((to - from) * q_row) * sizeof(float),
+                                    cudaMemcpyHostToDevice, transfer_),
+                    "attention H2D"));
+    }
     MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(transferred_, transfer_), "event"));
     MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(compute_, transferred_, 0), "event wait"));
-    MB_RETURN_IF_ERROR(gpu::ConvertF32To(attn_f_, tokens * c.q_size(), attn_c_, dtype_, compute_));
-    MB_RETURN_IF_ERROR(Gemm(attn_c_, Tensor(s, layer, kO), tokens, hidden, c.q_size(), proj_));
-    MB_RETURN_IF_ERROR(gpu::AddResidual(h, proj_, tokens * hidden, compute_));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, 0, first));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, last, tokens));
     MB_RETURN_IF_ERROR(gpu::RmsNorm(h, Tensor(s, layer, kPostNorm), dtype_, tokens, hidden, eps, x_,
                                     dtype_, compute_));
     MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kRouter), tokens, E, hidden, router_));

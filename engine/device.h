@@ -102,17 +102,20 @@ class Device {
   }
 
   // Task A of `layer` for the micro-batch: writes q [tokens, num_heads, head_dim] and
-  // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k), and, for the rows of the
-  // prefill segments (SetPrefillSegments), their attention output into attn [tokens, num_heads,
-  // head_dim] f32 (causal over the segment, GQA, the model's sliding window, scale head_dim^-0.5:
-  // the math of cpu_attention/paged_attention.h); the other rows of attn are left untouched, and
-  // q of the segments' rows may be left unwritten (nothing reads it). attn may be null when there
-  // are no segments.
+  // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k), and attends the rows of
+  // the prefill segments (SetPrefillSegments): causal over the segment, GQA, the model's sliding
+  // window, scale head_dim^-0.5 (the math of cpu_attention/paged_attention.h). The device either
+  // writes their attention output into attn [tokens, num_heads, head_dim] f32, which its TaskB
+  // then reads, or keeps and applies it itself (the cuda backend: it never crosses PCIe), in
+  // which case TaskB ignores those rows of attn. Either way the caller leaves the segments' rows
+  // of attn alone; q of those rows may be left unwritten (nothing reads it). attn may be null when
+  // there are no segments.
   virtual absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
                              float* attn) = 0;
 
-  // Task B of `layer`: attn [tokens, num_heads * head_dim] f32 is the attention output; updates
-  // the micro-batch's hidden state. Adds the routing counts to *stats when not null.
+  // Task B of `layer`: attn [tokens, num_heads * head_dim] f32 is the attention output (of the
+  // rows TaskA did not attend on the device, or all of them; see TaskA); updates the micro-batch's
+  // hidden state. Adds the routing counts to *stats when not null.
   virtual absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                              ForwardStats* stats) = 0;
 
