@@ -236,6 +236,66 @@ TEST_CASE("cuda backend: a call that fails mid-pass leaves the device usable", "
   REQUIRE(err < 1e-4);
 }
 
+// The model runner puts the prefill segments last in a micro-batch; device.h allows them anywhere.
+// Here a golden prompt is a segment between two one-token sequences that the "CPU" (this test)
+// attends: task A applies the segment's attention itself, task B projects the rows before and
+// after it. A one-token sequence at position 0 attends only to itself: its attention output is its
+// own v, per query head through GQA.
+TEST_CASE("cuda backend: prefill segments between rows the CPU attends", "[cuda_backend]") {
+  const std::string dir = FixtureDir("tiny-mixtral");
+  const auto golden = LoadGolden(dir);
+  auto checkpoint = Checkpoint::Load(dir);
+  REQUIRE(checkpoint.ok());
+  std::unique_ptr<WeightStore> store;
+  std::unique_ptr<Device> device = CudaOver(**checkpoint, DType::kF32, &store);
+  const ModelConfig& c = device->config();
+  const Golden& g = golden[1];
+  const int64_t n = static_cast<int64_t>(g.prompt_ids.size()), tokens = n + 2;
+  const int32_t first_token = 7, last_token = 11;
+  std::vector<int32_t> ids = {first_token};
+  ids.insert(ids.end(), g.prompt_ids.begin(), g.prompt_ids.end());
+  ids.push_back(last_token);
+  std::vector<int64_t> positions(tokens, 0);
+  for (int64_t i = 0; i < n; ++i) positions[1 + i] = i;
+  const int32_t cu_rows[2] = {1, static_cast<int32_t>(1 + n)};
+  std::vector<float> q(tokens * c.q_size()), k(tokens * c.kv_size()), v(tokens * c.kv_size());
+  std::vector<float> attn(tokens * c.q_size(), std::nanf(""));  // the segment's rows stay NaN
+  const int64_t group = c.num_attention_heads / c.num_key_value_heads;
+  device->BeginPass(1);
+  REQUIRE(device->Embed(0, ids.data(), positions.data(), tokens).ok());
+  REQUIRE(device->SetPrefillSegments(0, cu_rows, 1).ok());
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    REQUIRE(device->TaskA(0, layer, q.data(), k.data(), v.data(), attn.data()).ok());
+    for (int64_t row : {int64_t{0}, tokens - 1}) {
+      for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+        std::memcpy(&attn[(row * c.num_attention_heads + h) * c.head_dim],
+                    &v[(row * c.num_key_value_heads + h / group) * c.head_dim],
+                    c.head_dim * sizeof(float));
+      }
+    }
+    REQUIRE(device->TaskB(0, layer, attn.data(), nullptr).ok());
+  }
+  const int64_t rows[3] = {0, n, tokens - 1};
+  std::vector<float> logits(3 * c.vocab_size);
+  REQUIRE(device->Logits(0, rows, 3, logits.data()).ok());
+  auto row = [&](int i) {
+    return std::vector<float>(logits.begin() + i * c.vocab_size,
+                              logits.begin() + (i + 1) * c.vocab_size);
+  };
+  // The segment: transformers' last logits. The one-token sequences: the cpu backend's (f32).
+  REQUIRE(RelativeError(row(1), g.last_logits) < 1e-4);
+  std::vector<Golden> singles(2);
+  singles[0].prompt_ids = {first_token};
+  singles[1].prompt_ids = {last_token};
+  for (Golden& s : singles) s.last_logits.resize(c.vocab_size);
+  auto cpu = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
+                               CpuDeviceOptions{DType::kF32, int64_t{1} << 30, true});
+  REQUIRE(cpu.ok());
+  const auto want = LastLogits(*std::move(cpu), singles);
+  REQUIRE(RelativeError(row(0), want[0]) < 1e-4);
+  REQUIRE(RelativeError(row(2), want[1]) < 1e-4);
+}
+
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {
   EngineOptions o = CudaOptions(FixtureDir("tiny-mixtral"), std::nullopt);
   o.gpu_memory_bytes = 1 << 20;
