@@ -28,7 +28,8 @@
 namespace moebatch {
 
 struct CpuDeviceOptions {
-  DType compute_dtype = DType::kF32;  // f32 (reference) or bf16 (see engine/matmul.h)
+  // f32 (reference) or bf16; f16 is the reference for the cuda backend's T4 path (engine/matmul.h)
+  DType compute_dtype = DType::kF32;
   // f32 mode: bytes of f32 weight copies kept between passes (see engine/matmul.h). 0 = convert
   // on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;

@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
                                                        bool batch_invariant) {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16 &&
       compute_dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32 or bf16, got ",
+    return absl::InvalidArgumentError(absl::StrCat("compute dtype must be f32, bf16 or f16, got ",
                                                    std::string(DTypeName(compute_dtype))));
   }
   std::unique_ptr<Matmul> mm(new Matmul(compute_dtype));
