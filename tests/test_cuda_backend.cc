@@ -124,6 +124,16 @@ std::vector<std::vector<float>> LastLogits(std::unique_ptr<Device> device,
   return out;
 }
 
+// The same from the cpu backend (batch-invariant) computing in `dtype`.
+std::vector<std::vector<float>> CpuLastLogits(const ModelConfig& config,
+                                              const ModelWeights& weights, DType dtype,
+                                              const std::vector<Golden>& golden) {
+  auto cpu = CpuDevice::Create(config, weights, CpuDeviceOptions{dtype, int64_t{1} << 30, true});
+  INFO(cpu.status().ToString());
+  REQUIRE(cpu.ok());
+  return LastLogits(*std::move(cpu), golden);
+}
+
 // max |got - want| / max |want| over the vocabulary.
 double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
   double max_err = 0, max_ref = 0;
@@ -193,11 +203,7 @@ TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[
     const auto got = LastLogits(CudaOver(**checkpoint, *dtype, &store), golden);
     // The cpu backend reads the cuda backend's weight store: the same weights in the same dtype
     // (f16 ones converted from the checkpoint's bf16 at load).
-    auto cpu = CpuDevice::Create(store->config(), store->weights(),
-                                 CpuDeviceOptions{*dtype, int64_t{1} << 30, true});
-    INFO(cpu.status().ToString());
-    REQUIRE(cpu.ok());
-    const auto want = LastLogits(*std::move(cpu), golden);
+    const auto want = CpuLastLogits(store->config(), store->weights(), *dtype, golden);
     for (size_t i = 0; i < golden.size(); ++i) {
       const double err = RelativeError(got[i], want[i]);
       INFO(fixture << " prompt " << i << ": relative error " << err << " (" << DTypeName(*dtype)
@@ -288,10 +294,8 @@ TEST_CASE("cuda backend: prefill segments between rows the CPU attends", "[cuda_
   singles[0].prompt_ids = {first_token};
   singles[1].prompt_ids = {last_token};
   for (Golden& s : singles) s.last_logits.resize(c.vocab_size);
-  auto cpu = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
-                               CpuDeviceOptions{DType::kF32, int64_t{1} << 30, true});
-  REQUIRE(cpu.ok());
-  const auto want = LastLogits(*std::move(cpu), singles);
+  const auto want =
+      CpuLastLogits((*checkpoint)->config(), (*checkpoint)->weights(), DType::kF32, singles);
   REQUIRE(RelativeError(row(0), want[0]) < 1e-4);
   REQUIRE(RelativeError(row(2), want[1]) < 1e-4);
 }

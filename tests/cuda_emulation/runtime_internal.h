@@ -23,6 +23,17 @@ void RunInStream(cudaStream_t stream, std::function<void()> work);
 // Waits until every stream is idle (cudaDeviceSynchronize).
 void SynchronizeAll();
 
+// Whether `stream` is the default stream or one cudaStreamCreate* made and not yet destroyed.
+bool KnownStream(cudaStream_t stream);
+
+// cudaGetLastError's error of the calling host thread.
+void SetLastError(cudaError_t err);
+
+// A kernel failed (a deadlock at a barrier): like a GPU's sticky error, every later
+// synchronisation answers cudaErrorLaunchFailure, and no further kernel runs.
+void Fault();
+bool Faulted();
+
 // Prints "cuda emulation: <message>" to stderr: what the emulator found wrong, which a GPU would
 // have answered with an error or a fault.
 void Report(const std::string& message);
