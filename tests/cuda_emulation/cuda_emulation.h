@@ -13,15 +13,16 @@
 // nor about what only the hardware has (the memory model between blocks, __fmul_rn's exact
 // device rounding of transcendental functions, the real driver's errors).
 //
-// Semantics (tests/cuda_emulation/runtime.cc):
+// Semantics (tests/cuda_emulation/kernels.cc, runtime.cc):
 //  - A block's threads run as fibers on one host thread, switching only at __syncthreads and the
 //    warp intrinsics; a barrier that not every live thread reaches is reported as a deadlock.
 //  - __shared__ variables are per host thread (static thread_local): blocks run one at a time.
-//  - Fresh device memory is filled with 0xff bytes (NaN in f32/bf16/f16), so a read of memory
-//    nothing wrote shows as NaN, as garbage would on a GPU.
-//  - Streams run their work in order on their own thread; events, cudaStreamWaitEvent and the
-//    legacy default stream follow the CUDA runtime's documented rules; copies from or to pageable
-//    host memory are synchronous, as on a GPU.
+//  - Fresh device memory, and dynamic shared memory in every block, are 0xff bytes (NaN in
+//    f32/bf16/f16), so a read of memory nothing wrote shows as NaN, as garbage would on a GPU.
+//  - Streams, the legacy default stream included, run their work in order on their own thread;
+//    events, cudaStreamWaitEvent and the default stream's ordering follow the CUDA runtime's
+//    documented rules; copies from or to pageable host memory are as synchronous as CUDA makes
+//    them and no more (to the device: staged at the call, written later in stream order).
 // Threading: kernels run on stream threads; everything in this header is for kernel code.
 #pragma once
 
