@@ -64,11 +64,16 @@ void Store(void* base, int64_t index, cudaDataType t, float v) {
   }
 }
 
+// The bytes a column-major rows x cols matrix with leading dimension ld spans (rows, cols > 0).
+size_t MatrixBytes(int64_t rows, int64_t cols, int64_t ld, cudaDataType t) {
+  return static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
+}
+
 // Whether a column-major rows x cols matrix with leading dimension ld lies in device memory.
 bool InDeviceMemory(const char* what, const void* p, int64_t rows, int64_t cols, int64_t ld,
                     cudaDataType t) {
   if (rows == 0 || cols == 0) return true;
-  const size_t bytes = static_cast<size_t>((cols - 1) * ld + rows) * ElementBytes(t);
+  const size_t bytes = MatrixBytes(rows, cols, ld, t);
   if (p != nullptr && emu::Locate(p, bytes) == emu::Where::kDevice) return true;
   emu::Report(std::string("cublasGemmEx: matrix ") + what + " (" + std::to_string(rows) + " x " +
               std::to_string(cols) + ", ld " + std::to_string(ld) + ", " + std::to_string(bytes) +
@@ -153,8 +158,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   // the emulator reads both first, so it refuses the overlap instead of hiding it.
   auto extent = [](const void* p, int64_t rows, int64_t cols, int64_t ld, cudaDataType t) {
     const auto begin = reinterpret_cast<uintptr_t>(p);
-    return std::pair{begin,
-                     begin + static_cast<uintptr_t>((cols - 1) * ld + rows) * ElementBytes(t)};
+    return std::pair{begin, begin + MatrixBytes(rows, cols, ld, t)};
   };
   const auto c_range = extent(C, m, n, ldc, Ctype);
   for (const auto& [name, range] :

@@ -7,6 +7,7 @@
 // Memory: device and page-locked allocations are host mappings the runtime keeps the extent of, so
 // copies are checked against their direction and bounds. Streams: one thread each, in order.
 // Kernels: kernels.cc.
+#include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -26,7 +27,6 @@
 #include <thread>
 #include <vector>
 
-#include "tests/cuda_emulation/cuda_emulation.h"
 #include "tests/cuda_emulation/runtime_internal.h"
 
 // The runtime's opaque handles, defined here.
@@ -333,8 +333,7 @@ cudaError_t Allocate(void** ptr, size_t size, bool device) {
   }
   size_t mapped = 0;
   void* p = emu::Map(size, &mapped);
-  if (p == nullptr)
-    return emu::Fail(device ? cudaErrorMemoryAllocation : cudaErrorMemoryAllocation);
+  if (p == nullptr) return emu::Fail(cudaErrorMemoryAllocation);
   if (device) std::memset(p, 0xff, size);  // NaN wherever nothing is written
   std::lock_guard<std::mutex> lock(emu::memory_mu);
   emu::Allocations()[reinterpret_cast<uintptr_t>(p)] = emu::Allocation{size, mapped, device};
