@@ -709,5 +709,29 @@ TEST_CASE("fixtures: tiny-mixtral-swa loads with tied embeddings and a sliding w
   CHECK((*ckpt)->weights().lm_head == (*ckpt)->weights().embed_tokens);
 }
 
+TEST_CASE("fixtures: tiny-mixtral-hd128 loads with an explicit head_dim wider than hidden / heads",
+          "[checkpoint][fixtures]") {
+  const std::string dir = std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtral-hd128";
+  RequireFixture(dir);
+  auto ckpt = Checkpoint::Load(dir);
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  const ModelConfig& c = (*ckpt)->config();
+  CHECK(c.hidden_size == 128);
+  CHECK(c.num_hidden_layers == 2);
+  CHECK(c.num_attention_heads == 8);
+  CHECK(c.num_key_value_heads == 2);
+  CHECK(c.head_dim == 128);  // given, not hidden_size / num_attention_heads (16)
+  CHECK(c.q_size() == 1024);
+  CHECK(c.kv_size() == 256);
+  CHECK(c.tie_word_embeddings);
+  const TensorInfo* q = (*ckpt)->store().Find("model.layers.1.self_attn.q_proj.weight");
+  const TensorInfo* o = (*ckpt)->store().Find("model.layers.1.self_attn.o_proj.weight");
+  REQUIRE(q != nullptr);
+  REQUIRE(o != nullptr);
+  CHECK(q->shape == std::vector<int64_t>{1024, 128});
+  CHECK(o->shape == std::vector<int64_t>{128, 1024});
+}
+
 }  // namespace
 }  // namespace moebatch

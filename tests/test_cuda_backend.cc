@@ -89,6 +89,7 @@ void CheckGreedy(const std::string& fixture, int64_t resident = 0) {
 TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights", "[cuda_backend]") {
   CheckGreedy("tiny-mixtral");
   CheckGreedy("tiny-mixtral-swa");
+  CheckGreedy("tiny-mixtral-hd128");  // Mixtral's head_dim 128 and 4 query heads per KV head
 }
 
 TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend]") {
@@ -165,7 +166,7 @@ std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
 
 TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformers'",
           "[cuda_backend]") {
-  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
     const std::string dir = FixtureDir(fixture);
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);
@@ -194,7 +195,7 @@ TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformer
 TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[cuda_backend]") {
   auto dtype = CudaComputeDType(0);
   REQUIRE(dtype.ok());
-  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
     const std::string dir = FixtureDir(fixture);
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);

@@ -153,7 +153,7 @@ void CheckClose(const std::vector<float>& got, const std::vector<float>& want) {
 
 TEST_CASE("device prefill: whole-context sequences go to the device, the rest to the CPU",
           "[device_prefill]") {
-  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa"}) {
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
     auto checkpoint = Checkpoint::Load(FixtureDir(fixture));
     REQUIRE(checkpoint.ok());
     const int64_t layers = (*checkpoint)->config().num_hidden_layers;

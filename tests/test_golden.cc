@@ -2,7 +2,8 @@
 // MixtralForCausalLM 4.x, fp32 compute) on the committed tiny checkpoints, token for token.
 //   - last-prompt-position logits within 1e-4 relative (max-abs error over max-abs value);
 //   - greedy continuations identical, prompts one at a time and all in one batch;
-//   - from the single file, from the two shards, and with a sliding window + tied embeddings;
+//   - from the single file, from the two shards, with a sliding window + tied embeddings, and at
+//     Mixtral's head_dim 128 with 4 query heads per KV head;
 //   - the detokenized text equals sentencepiece's own decode;
 //   - unchanged when requests arrive while others decode (passes mixing prefill and decode), when
 //     a small KV cache forces preemptions, and when prompts are chunked.
@@ -200,6 +201,18 @@ TEST_CASE("golden tiny-mixtral-sharded (two shards): last-position logits") {
 }
 TEST_CASE("golden tiny-mixtral-swa (sliding window, tied): last-position logits") {
   CheckLogits("tiny-mixtral-swa");
+}
+// Mixtral's attention shape (head_dim 128, 4 query heads per KV head; q_size 1024 != hidden 128):
+// on an AVX-512 or AVX2 host these run the tiled decode attention kernels real models use (the
+// other fixtures' head_dim 16 takes the AVX-512 generic template). tests/CMakeLists.txt also runs
+// them with MOEBATCH_CPU_ISA forced to avx2 and to portable.
+TEST_CASE("golden tiny-mixtral-hd128 (head_dim 128, GQA 4, tied): last-position logits",
+          "[hd128]") {
+  CheckLogits("tiny-mixtral-hd128");
+}
+TEST_CASE("golden tiny-mixtral-hd128 (head_dim 128, GQA 4, tied): greedy tokens and text",
+          "[hd128]") {
+  CheckGreedy("tiny-mixtral-hd128");
 }
 TEST_CASE("golden tiny-mixtral (single file): greedy tokens and text") {
   CheckGreedy("tiny-mixtral");
