@@ -214,6 +214,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         absl::StrCat("tokenizer.model has ", engine->tokenizer_->vocab_size(),
                      " pieces but config.json vocab_size is ", c.vocab_size));
   }
+  spdlog::info("tokenizer: {} pieces, chat layout {}", engine->tokenizer_->vocab_size(),
+               ChatFormatName(engine->tokenizer_->chat_format()));
 
   // Tokens per pass and sequences (MoE-Lens §6.2-6.3; 0: automatic). The cuda backend's ceiling is
   // what its GPU budget holds activations for, lowered to the profiler's n_real; the device is then

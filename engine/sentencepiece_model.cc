@@ -33,6 +33,12 @@ bool SentencePieceModel::IsByte(int32_t id) const { return sp_->IsByte(id); }
 bool SentencePieceModel::IsControl(int32_t id) const { return sp_->IsControl(id); }
 const std::string& SentencePieceModel::IdToPiece(int32_t id) const { return sp_->IdToPiece(id); }
 
+int32_t SentencePieceModel::PieceToId(std::string_view piece) const {
+  // sentencepiece answers unk_id() for an unknown piece; "<unk>" itself is the one that is there.
+  const int id = sp_->PieceToId(absl::string_view(piece.data(), piece.size()));
+  return id >= 0 && id < sp_->GetPieceSize() && sp_->IdToPiece(id) == piece ? id : -1;
+}
+
 std::vector<int32_t> SentencePieceModel::Encode(std::string_view text) const {
   std::vector<int> ids;
   // absl::string_view here is sentencepiece's own class (no Abseil header in this file).

@@ -33,6 +33,8 @@ class SentencePieceModel {
   bool IsByte(int32_t id) const;
   bool IsControl(int32_t id) const;
   const std::string& IdToPiece(int32_t id) const;
+  // The id of `piece`, or -1 when the vocabulary has no such piece.
+  int32_t PieceToId(std::string_view piece) const;
   std::vector<int32_t> Encode(std::string_view text) const;  // ids, no BOS
   std::string DecodeIds(const std::vector<int32_t>& ids) const;
 

@@ -1,5 +1,5 @@
-// Tokenizer: Mixtral's sentencepiece tokenizer.model behind moebatch's API, the Mixtral-Instruct
-// chat format (mistral-common v1), and streaming detokenization.
+// Tokenizer: Mixtral's sentencepiece tokenizer.model behind moebatch's API, the Mistral instruct
+// chat layouts (mistral-common v1 and v3), and streaming detokenization.
 //
 // Streaming detokenization. sentencepiece's Decode concatenates piece surfaces left to right with
 // two kinds of context: (1) the leading "▁" of the first non-control piece is dropped; (2) a run of
@@ -119,6 +119,16 @@ std::string DecodeWindow(const SentencePieceModel& sp, const std::string& unk_su
 
 }  // namespace
 
+const char* ChatFormatName(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::kMistralV1:
+      return "mistral-v1";
+    case ChatFormat::kMistralV3:
+      return "mistral-v3";
+  }
+  return "?";
+}
+
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
@@ -159,6 +169,19 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
   tok->bos_id_ = bos_id;
   tok->eos_id_ = eos_id;
   tok->unk_surface_ = tok->sp_->DecodeIds({tok->sp_->unk_id()});
+  // The instruct layout: [INST]/[/INST] as control pieces mean mistral-common v2+ (tokens, not
+  // text); without them, v1.
+  const SentencePieceModel& sp = *tok->sp_;
+  auto control = [&](const char* piece) {
+    const int32_t id = sp.PieceToId(piece);
+    return id >= 0 && sp.IsControl(id) ? id : -1;
+  };
+  tok->inst_id_ = control("[INST]");
+  tok->end_inst_id_ = control("[/INST]");
+  if (tok->inst_id_ >= 0 && tok->end_inst_id_ >= 0) {
+    tok->chat_format_ = ChatFormat::kMistralV3;
+    tok->system_prompt_tokens_ = control("[SYSTEM_PROMPT]") >= 0;
+  }
   return tok;
 }
 
@@ -212,14 +235,29 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
 
   const std::string no_system;
   const std::string& system = first == 1 ? messages[0].content : no_system;
+  if (first == 1 && system_prompt_tokens_) {
+    return absl::InvalidArgumentError(
+        "messages[0].role: this model's tokenizer encodes system prompts as [SYSTEM_PROMPT] "
+        "tokens (mistral-common v7), which moebatch does not implement; put the instructions in "
+        "the user message");
+  }
+  // kMistralV1 prepends the system prompt to the first user message, kMistralV3 to the last.
+  const size_t system_at = chat_format_ == ChatFormat::kMistralV1 ? first : messages.size() - 1;
   std::vector<int32_t> ids = {bos_id_};
   for (size_t i = first; i < messages.size(); ++i) {
     std::vector<int32_t> part;
     if (messages[i].role == kUser) {
-      std::string text = "[INST] ";
-      if (i == first && !system.empty()) absl::StrAppend(&text, system, "\n\n");
-      absl::StrAppend(&text, messages[i].content, " [/INST]");
-      part = Encode(text, /*add_bos=*/false);
+      std::string content;
+      if (i == system_at && !system.empty()) absl::StrAppend(&content, system, "\n\n");
+      absl::StrAppend(&content, messages[i].content);
+      if (chat_format_ == ChatFormat::kMistralV1) {
+        part = Encode(absl::StrCat("[INST] ", content, " [/INST]"), /*add_bos=*/false);
+      } else {
+        part.push_back(inst_id_);
+        const std::vector<int32_t> text = Encode(content, /*add_bos=*/false);
+        part.insert(part.end(), text.begin(), text.end());
+        part.push_back(end_inst_id_);
+      }
     } else {
       part = Encode(messages[i].content, /*add_bos=*/false);
       part.push_back(eos_id_);

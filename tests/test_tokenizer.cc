@@ -7,6 +7,7 @@
 // copy elsewhere, set MOEBATCH_TOKENIZER, e.g.
 //   MOEBATCH_TOKENIZER=.deps/tokenizers/mixtral-8x7b.tokenizer.model.v1 build/tests/test_tokenizer
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -47,21 +48,23 @@ const Tokenizer& Tok() {
   return **tok;
 }
 
-const std::vector<json>& Cases(const std::string& kind) {
-  static const std::map<std::string, std::vector<json>> by_kind = [] {
-    std::map<std::string, std::vector<json>> m;
-    std::ifstream in(std::string(MOEBATCH_FIXTURES_DIR) + "/tokenizer_cases.jsonl");
+// The cases of one kind in a cases file under tests/fixtures (default: the Mixtral-8x7B ones).
+const std::vector<json>& Cases(const std::string& kind,
+                               const std::string& file = "tokenizer_cases.jsonl") {
+  static std::map<std::string, std::map<std::string, std::vector<json>>> by_file;
+  auto [at, inserted] = by_file.try_emplace(file);
+  if (inserted) {
+    std::ifstream in(std::string(MOEBATCH_FIXTURES_DIR) + "/" + file);
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       json j = json::parse(line);
-      m[j.at("kind").get<std::string>()].push_back(std::move(j));
+      at->second[j.at("kind").get<std::string>()].push_back(std::move(j));
     }
-    return m;
-  }();
+  }
   static const std::vector<json> none;
-  auto it = by_kind.find(kind);
-  return it == by_kind.end() ? none : it->second;
+  auto it = at->second.find(kind);
+  return it == at->second.end() ? none : it->second;
 }
 
 bool IsValidUtf8(const std::string& s) {
@@ -228,18 +231,27 @@ TEST_CASE("Encode takes bytes that are not UTF-8 without failing") {
   CHECK(CheckStreaming(tok, ids) == "");
 }
 
-TEST_CASE("EncodeChat matches mistral-common's v1 instruct tokenizer") {
-  const Tokenizer& tok = Tok();
-  for (const json& c : Cases("chat")) {
-    INFO("case " << c.at("name").get<std::string>());
-    std::vector<ChatMessage> messages;
-    for (const json& m : c.at("messages")) {
-      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-    }
-    auto ids = tok.EncodeChat(messages);
+std::vector<ChatMessage> Messages(const json& chat_case) {
+  std::vector<ChatMessage> messages;
+  for (const json& m : chat_case.at("messages")) {
+    messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+  }
+  return messages;
+}
+
+// Every "chat" case of `file` through tok.EncodeChat.
+void CheckChatCases(const Tokenizer& tok, const std::string& file) {
+  for (const json& c : Cases("chat", file)) {
+    INFO(file << " case " << c.at("name").get<std::string>());
+    auto ids = tok.EncodeChat(Messages(c));
     REQUIRE(ids.ok());
     CHECK(Show(*ids) == Show(c.at("ids").get<std::vector<int32_t>>()));
   }
+}
+
+TEST_CASE("EncodeChat matches mistral-common's v1 instruct tokenizer") {
+  CHECK(Tok().chat_format() == ChatFormat::kMistralV1);
+  CheckChatCases(Tok(), "tokenizer_cases.jsonl");
 }
 
 TEST_CASE("EncodeChat builds the Mixtral-Instruct layout") {
@@ -416,6 +428,80 @@ TEST_CASE("StreamingDetokenizer does constant work per id on long sequences") {
   text += d.Finish();
   CHECK(text == tok.Decode(ids));
   CHECK(IsValidUtf8(text));
+}
+
+// Mixtral-8x22B-Instruct-v0.1's tokenizer (32,768 pieces, [INST]/[/INST] control pieces) and
+// mistral-common's v7 vocabulary ([SYSTEM_PROMPT] too), fetched by scripts/fetch_tokenizer.sh into
+// tests/fixtures/mistral-v3/ and mistral-v7/ beside their cases (make_tokenizer_cases.py).
+std::unique_ptr<Tokenizer> LoadFixtureTokenizer(const std::string& dir) {
+  auto tok = Tokenizer::Load(std::string(MOEBATCH_FIXTURES_DIR) + "/" + dir + "/tokenizer.model",
+                             kBos, kEos);
+  INFO(tok.status().ToString() << " (run scripts/fetch_tokenizer.sh)");
+  REQUIRE(tok.ok());
+  return *std::move(tok);
+}
+
+TEST_CASE("the Mixtral-8x22B-Instruct tokenizer: mistral-common's v3 layout, encode and decode") {
+  const auto tok = LoadFixtureTokenizer("mistral-v3");
+  const std::string file = "mistral-v3/tokenizer_cases.jsonl";
+  REQUIRE(Cases("meta", file).size() == 1);
+  const json& meta = Cases("meta", file)[0];
+  CHECK(meta.at("vocab_size").get<int32_t>() == tok->vocab_size());
+  CHECK(tok->vocab_size() == 32768);
+  CHECK(meta.at("instruct_tokenizer").get<std::string>() == "InstructTokenizerV3");
+  CHECK(tok->chat_format() == ChatFormat::kMistralV3);
+  REQUIRE(Cases("chat", file).size() >= 8);
+  CheckChatCases(*tok, file);
+  REQUIRE(Cases("encode", file).size() >= 40);
+  for (const json& c : Cases("encode", file)) {
+    INFO("case " << c.at("name").get<std::string>());
+    CHECK(Show(tok->Encode(c.at("text").get<std::string>(), false)) ==
+          Show(c.at("ids").get<std::vector<int32_t>>()));
+  }
+  REQUIRE(Cases("decode", file).size() >= 4);
+  for (const json& c : Cases("decode", file)) {
+    INFO("case " << c.at("name").get<std::string>());
+    const auto ids = c.at("ids").get<std::vector<int32_t>>();
+    CHECK(tok->Decode(ids) == c.at("text").get<std::string>());
+    CHECK(CheckStreaming(*tok, ids) == "");
+  }
+  // The layout, spelled out: control ids around each user turn, the system prompt on the last.
+  const int32_t inst = meta.at("inst_id").get<int32_t>(),
+                end = meta.at("end_inst_id").get<int32_t>();
+  auto ids = tok->EncodeChat({{"system", "S"}, {"user", "a"}, {"assistant", "b"}, {"user", "c"}});
+  REQUIRE(ids.ok());
+  std::vector<int32_t> expected = {kBos, inst};
+  for (const std::vector<int32_t>& part : {tok->Encode("a", false),
+                                           {end},
+                                           tok->Encode("b", false),
+                                           {kEos, inst},
+                                           tok->Encode("S\n\nc", false),
+                                           {end}}) {
+    expected.insert(expected.end(), part.begin(), part.end());
+  }
+  CHECK(Show(*ids) == Show(expected));
+  // Literal "[INST]" text in a message stays text.
+  auto literal = tok->EncodeChat({{"user", "[INST]"}});
+  REQUIRE(literal.ok());
+  CHECK(std::count(literal->begin(), literal->end(), inst) == 1);
+}
+
+TEST_CASE("a v7 vocabulary: user/assistant turns as mistral-common's, system messages refused") {
+  const auto tok = LoadFixtureTokenizer("mistral-v7");
+  const std::string file = "mistral-v7/tokenizer_cases.jsonl";
+  REQUIRE(Cases("meta", file).size() == 1);
+  CHECK(Cases("meta", file)[0].at("instruct_tokenizer").get<std::string>() ==
+        "InstructTokenizerV7");
+  CHECK(tok->chat_format() == ChatFormat::kMistralV3);
+  REQUIRE(Cases("chat", file).size() >= 4);
+  CheckChatCases(*tok, file);
+  for (const char* system : {"Be brief.", ""}) {
+    auto refused = tok->EncodeChat({{"system", system}, {"user", "Hi"}});
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(refused.status().message()),
+               Catch::StartsWith("messages[0].role") && Catch::Contains("SYSTEM_PROMPT"));
+  }
 }
 
 }  // namespace
