@@ -25,6 +25,7 @@
 #include "engine/cpu_device.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/pipeline_profiler.h"
 #include "engine/weight_store.h"
 #include "tests/golden.h"
 
@@ -212,6 +213,33 @@ TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[
       REQUIRE(err < 2e-2);
     }
   }
+}
+
+// The pipeline profiler (MoE-Lens §6.3) times a one-layer device and must time its GEMMs, not a
+// transfer: that layer stays in its weight slot, so only the untimed warm-up pass fills it.
+TEST_CASE("cuda backend: the profiler's timed passes copy no weights", "[cuda_backend]") {
+  auto checkpoint = Checkpoint::Load(FixtureDir("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  WeightStoreOptions store_options;
+  store_options.allocator = PinnedHostAllocator();
+  store_options.dtype = DType::kF32;
+  auto store = WeightStore::Load(**checkpoint, store_options);
+  REQUIRE(store.ok());
+  auto one_layer = WeightStore::View(**store, 1);
+  REQUIRE(one_layer.ok());
+  CudaBackendOptions options;
+  options.gpu_memory_bytes = int64_t{1} << 30;
+  options.max_tokens_per_pass = 64;
+  auto device = CreateCudaDevice(**one_layer, options);
+  INFO(device.status().ToString());
+  REQUIRE(device.ok());
+  auto points = MeasureLayerTimes(**device, {16, 64}, 2);
+  INFO(points.status().ToString());
+  REQUIRE(points.ok());
+  CHECK(points->size() == 2);
+  const DeviceCounters moved = (*device)->counters();
+  CHECK(moved.weight_fills == 1);  // 2 token counts x (1 warm-up + 2 timed) passes, one fill
+  CHECK(moved.weight_bytes == static_cast<int64_t>((*one_layer)->max_layer_bytes()));
 }
 
 TEST_CASE("cuda backend: a call that fails mid-pass leaves the device usable", "[cuda_backend]") {
