@@ -146,15 +146,20 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
   return max_err / max_ref;
 }
 
-// The cuda backend over `checkpoint` with weights (and so compute) in `dtype`.
-std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
-                                 std::unique_ptr<WeightStore>* store, int64_t resident = 0) {
+// `checkpoint`'s weights in page-locked memory, stored in `dtype`.
+std::unique_ptr<WeightStore> PinnedStore(const Checkpoint& checkpoint, DType dtype) {
   WeightStoreOptions store_options;
   store_options.allocator = PinnedHostAllocator();
   store_options.dtype = dtype;
   auto loaded = WeightStore::Load(checkpoint, store_options);
   REQUIRE(loaded.ok());
-  *store = *std::move(loaded);
+  return *std::move(loaded);
+}
+
+// The cuda backend over `checkpoint` with weights (and so compute) in `dtype`.
+std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
+                                 std::unique_ptr<WeightStore>* store, int64_t resident = 0) {
+  *store = PinnedStore(checkpoint, dtype);
   CudaBackendOptions options;
   options.gpu_memory_bytes = int64_t{1} << 30;
   options.max_tokens_per_pass = 256;
@@ -220,12 +225,8 @@ TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[
 TEST_CASE("cuda backend: the profiler's timed passes copy no weights", "[cuda_backend]") {
   auto checkpoint = Checkpoint::Load(FixtureDir("tiny-mixtral"));
   REQUIRE(checkpoint.ok());
-  WeightStoreOptions store_options;
-  store_options.allocator = PinnedHostAllocator();
-  store_options.dtype = DType::kF32;
-  auto store = WeightStore::Load(**checkpoint, store_options);
-  REQUIRE(store.ok());
-  auto one_layer = WeightStore::View(**store, 1);
+  const std::unique_ptr<WeightStore> store = PinnedStore(**checkpoint, DType::kF32);
+  auto one_layer = WeightStore::View(*store, 1);
   REQUIRE(one_layer.ok());
   CudaBackendOptions options;
   options.gpu_memory_bytes = int64_t{1} << 30;
