@@ -6,6 +6,12 @@
 #   tests        the GPU tests (test_cuda_kernels, test_cuda_backend: kernels against CPU loops, the
 #                whole cuda backend against the golden fixtures, the data mover under small
 #                transfers)
+#   sanitize     the GPU tests under compute-sanitizer (the machine's CUDA toolkit), for what the
+#                CUDA emulator cannot see (docs/architecture.md): memcheck (out-of-bounds and
+#                misaligned device accesses; the kernel tests give every buffer its own cudaMalloc),
+#                racecheck (shared-memory races), synccheck (barrier misuse) and initcheck (reads of
+#                device memory never written) over test_cuda_kernels, and memcheck over
+#                test_cuda_backend (its buffers share one arena: bounds between them are not seen)
 #   bench        bench_cuda_backend for each GPU budget (raw pinned H2D, the data mover during
 #                decode passes, task B against tokens per pass) and bench_attention_bandwidth on the
 #                machine's CPU (its all-threads GB/s is CPU_MEM_GBS for the model)
@@ -15,12 +21,14 @@
 #   accelerate   the transformers + accelerate baseline on the same shape, budgets and lengths
 #
 # Usage (device tool, from the repository root, carry [".gpu"]):
-#   bash scripts/gpu_check.sh tests bench         then   bash scripts/gpu_check.sh pipeline ...
+#   bash scripts/gpu_check.sh tests sanitize bench     then   bash scripts/gpu_check.sh pipeline ...
 # env: OUT (the device tool sets it), GPU_BUDGETS (GiB, default "16 24": T4 and L4 emulated by the
 # memory cap only, not their compute or PCIe link: say so next to every figure), GEN_TOKENS
 # (default 32,64,128,256), REQUESTS (default 2000), LAYERS (synthetic layers, default 8),
 # GPU_TFLOPS, CPU_MEM_GBS, HF_REQUESTS (default 256), STEP_SECONDS (time limit per program,
-# default 240), PIPELINE_SECONDS (bench_pipeline_throughput's, default 540).
+# default 240), PIPELINE_SECONDS (bench_pipeline_throughput's, default 540), SANITIZE_SECONDS
+# (per sanitizer run, default 150; racecheck slows kernels by 10-100x: a run stopped at its limit
+# reports rc=124, inconclusive, with whatever it found before).
 # Sizes: 2,000 requests of the four lengths at 8 layers are roughly 480 passes of ~23 GB of weights
 # each over PCIe, several minutes: give the pipeline phase one budget per call (GPU_BUDGETS=16,
 # then 24), and lower REQUESTS or GEN_TOKENS if the first call's log shows it will not fit. A
@@ -37,10 +45,12 @@ bundle="$root/.gpu/bundle.tar.xz"
 dest=/tmp/moebatch-gpu
 step_seconds="${STEP_SECONDS:-240}"
 
-[ ${#phases[@]} -gt 0 ] || { echo "usage: scripts/gpu_check.sh tests|bench|pipeline|accelerate ..." >&2; exit 2; }
+[ ${#phases[@]} -gt 0 ] ||
+  { echo "usage: scripts/gpu_check.sh tests|sanitize|bench|pipeline|accelerate ..." >&2; exit 2; }
 for phase in "${phases[@]}"; do
-  case "$phase" in tests|bench|pipeline|accelerate) ;; *)
-    echo "gpu_check: unknown phase '$phase' (tests, bench, pipeline, accelerate)" >&2; exit 2 ;;
+  case "$phase" in tests|sanitize|bench|pipeline|accelerate) ;; *)
+    echo "gpu_check: unknown phase '$phase' (tests, sanitize, bench, pipeline, accelerate)" >&2
+    exit 2 ;;
   esac
 done
 if [ ! -f "$bundle" ]; then
@@ -120,6 +130,21 @@ for phase in "${phases[@]}"; do
       # gpu_catch_main exits 77 (skip) without a usable GPU: here that is a failure too.
       step test_cuda_kernels "$step_seconds" test_cuda_kernels --durations yes
       step test_cuda_backend "$step_seconds" test_cuda_backend --durations yes
+      ;;
+    sanitize)
+      sanitizer="$(command -v compute-sanitizer ||
+                   ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+      if [ -z "$sanitizer" ]; then
+        echo "gpu_check: compute-sanitizer not found on this machine" | tee -a "$out/$phase.log"
+        status=1
+        continue
+      fi
+      for tool in memcheck racecheck synccheck initcheck; do
+        step "kernels_$tool" "${SANITIZE_SECONDS:-150}" "$sanitizer" --tool "$tool" \
+          --error-exitcode 1 "${run[@]}" "$dest/bin/test_cuda_kernels"
+      done
+      step backend_memcheck "${SANITIZE_SECONDS:-150}" "$sanitizer" --tool memcheck \
+        --error-exitcode 1 "${run[@]}" "$dest/bin/test_cuda_backend"
       ;;
     bench)
       for gb in ${GPU_BUDGETS:-16 24}; do
