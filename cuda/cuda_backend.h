@@ -52,9 +52,17 @@ absl::StatusOr<DType> CudaComputeDType(int device);
 // without that device; ResourceExhausted when 1 GiB or less is free.
 absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options);
 
+// Debugging aid: with MOEBATCH_CUDA_GUARD_BYTES=N (0 < N <= 1 MiB) in the environment, each buffer
+// carved from the arena is followed by N bytes of a fixed pattern, on top of the budget, checked
+// after every pass (Logits, GreedyTokens: the device synchronised first): a kernel or copy that
+// wrote past a buffer's end fails that pass with Internal naming the buffer. The arena's buffers
+// share one cudaMalloc, so neither compute-sanitizer's memcheck nor the CUDA emulator sees such a
+// write otherwise. The GPU tests turn it on (tests/gpu_catch_main.cc).
+//
 // The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).
 // ResourceExhausted when the GpuMemoryPlan exceeds the budget (naming the parts and how many tokens
-// per pass would fit), Unavailable without CUDA or a device, Internal for CUDA/cuBLAS failures.
+// per pass would fit), Unavailable without CUDA or a device, Internal for CUDA/cuBLAS failures,
+// InvalidArgument for a MOEBATCH_CUDA_GUARD_BYTES outside its range.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
                                                          const CudaBackendOptions& options);
 

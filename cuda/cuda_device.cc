@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -135,14 +136,19 @@ class CudaDevice final : public Device {
   // for by no one): WeightSlots::Reset, and the streams drained.
   void ResetAfterFailure();
 
-  // Bump allocation inside the one budgeted cudaMalloc.
+  // Bump allocation inside the one budgeted cudaMalloc, 256-byte aligned. With guards on
+  // (MOEBATCH_CUDA_GUARD_BYTES), `guard_bytes_` of kGuardByte follow the buffer's last byte.
   template <typename T>
-  T* Carve(int64_t count) {
-    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
+  T* Carve(int64_t count, const char* name) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
     std::byte* p = arena_ + arena_used_;
-    arena_used_ += bytes;
+    if (guard_bytes_ > 0) guards_.push_back(Guard{name, p + bytes});
+    arena_used_ += (bytes + guard_bytes_ + 255) / 256 * 256;
     return reinterpret_cast<T*>(p);
   }
+  // The guards' bytes all still kGuardByte, after the device finished all its work; Internal
+  // naming the buffer whose guard was written otherwise. Called at the end of every pass.
+  absl::Status CheckGuards();
   absl::Status CheckCall(int micro_batch, int64_t layer, int64_t tokens) const;
   // The weights of `layer`: a resident layer's region, or the weight slot WeightSlots says holds
   // it (its fill complete; the next streamed layer is then queued).
@@ -160,6 +166,13 @@ class CudaDevice final : public Device {
   GpuMemoryPlan plan_;
   std::byte* arena_ = nullptr;
   size_t arena_used_ = 0;
+  struct Guard {
+    const char* buffer;  // the buffer the guard follows
+    std::byte* at;
+  };
+  static constexpr unsigned char kGuardByte = 0xA5;
+  size_t guard_bytes_ = 0;
+  std::vector<Guard> guards_;
   cudaStream_t compute_ = nullptr, transfer_ = nullptr;
   cudaEvent_t computed_ = nullptr, transferred_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -228,49 +241,66 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->plan_ = *plan;
   // The plan's workspace holds the cuBLAS workspace, the small buffers and the 256-byte alignment
   // of every carved buffer (checked after carving).
-  const size_t arena_bytes = static_cast<size_t>(d->plan_.total_bytes);
+  // Guards (a debugging aid, MOEBATCH_CUDA_GUARD_BYTES) come on top of the budget: at most
+  // kMaxCarves buffers, each with its guard and up to 255 bytes more of alignment.
+  if (const char* env = std::getenv("MOEBATCH_CUDA_GUARD_BYTES"); env != nullptr && *env != '\0') {
+    const long long guard = std::atoll(env);
+    if (guard < 0 || guard > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MOEBATCH_CUDA_GUARD_BYTES=", env, ": expected 0 to 1048576 bytes"));
+    }
+    d->guard_bytes_ = static_cast<size_t>(guard);
+  }
+  constexpr size_t kMaxCarves = 40;
+  const size_t arena_bytes =
+      static_cast<size_t>(d->plan_.total_bytes) +
+      (d->guard_bytes_ > 0
+           ? (kMaxCarves + static_cast<size_t>(d->plan_.resident_layers)) * (d->guard_bytes_ + 256)
+           : 0);
   void* arena = nullptr;
   MB_RETURN_IF_ERROR(CudaError(cudaMalloc(&arena, arena_bytes), "cudaMalloc (the GPU budget)"));
   d->arena_ = static_cast<std::byte*>(arena);
 
   const int64_t T = options.max_tokens_per_pass, hidden = c.hidden_size;
   const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size, E = c.num_local_experts;
-  d->slots_[0] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
-  d->slots_[1] = d->Carve<std::byte>(d->plan_.weight_slot_bytes);
+  d->slots_[0] = d->Carve<std::byte>(d->plan_.weight_slot_bytes, "weight slot 0");
+  d->slots_[1] = d->Carve<std::byte>(d->plan_.weight_slot_bytes, "weight slot 1");
   for (int64_t l = 0; l < d->plan_.resident_layers; ++l) {
-    d->resident_layers_.push_back(d->Carve<std::byte>(d->plan_.weight_slot_bytes));
+    d->resident_layers_.push_back(
+        d->Carve<std::byte>(d->plan_.weight_slot_bytes, "resident layer"));
   }
-  d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_);
-  d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_);
-  d->inv_freq_ = d->Carve<float>(c.head_dim / 2);
+  d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_, "lm_head");
+  d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_, "final_norm");
+  d->inv_freq_ = d->Carve<float>(c.head_dim / 2, "inv_freq");
   for (int mb = 0; mb < kMaxMicroBatches; ++mb) {
-    d->h_[mb] = d->Carve<float>(T * hidden);
-    d->positions_[mb] = d->Carve<int64_t>(T);
-    d->prefill_cu_[mb] = d->Carve<int32_t>(T + 1);
+    d->h_[mb] = d->Carve<float>(T * hidden, "h");
+    d->positions_[mb] = d->Carve<int64_t>(T, "positions");
+    d->prefill_cu_[mb] = d->Carve<int32_t>(T + 1, "prefill_cu");
   }
-  d->x_ = d->Carve<std::byte>(T * hidden * d->elem_);
-  d->q_ = d->Carve<float>(T * c.q_size());
-  d->k_ = d->Carve<float>(T * c.kv_size());
-  d->v_ = d->Carve<float>(T * c.kv_size());
-  d->attn_f_ = d->Carve<float>(T * c.q_size());
-  d->attn_c_ = d->Carve<std::byte>(T * c.q_size() * d->elem_);
-  d->proj_ = d->Carve<float>(T * hidden);
-  d->router_ = d->Carve<float>(T * E);
-  d->ids_ = d->Carve<int32_t>(T * k);
-  d->route_w_ = d->Carve<float>(T * k);
-  d->slot_of_ = d->Carve<int32_t>(T * k);
-  d->sorted_token_ = d->Carve<int32_t>(T * k);
-  d->offsets_ = d->Carve<int32_t>(E + 1);
-  d->expert_in_ = d->Carve<std::byte>(T * k * hidden * d->elem_);
-  d->gate_ = d->Carve<float>(T * k * ffn);
-  d->up_ = d->Carve<float>(T * k * ffn);
-  d->act_ = d->Carve<std::byte>(T * k * ffn * d->elem_);
-  d->expert_out_ = d->Carve<float>(T * k * hidden);
-  d->logits_ = d->Carve<float>(T * c.vocab_size);
-  d->rows_ = d->Carve<int32_t>(T);
+  d->x_ = d->Carve<std::byte>(T * hidden * d->elem_, "x");
+  d->q_ = d->Carve<float>(T * c.q_size(), "q");
+  d->k_ = d->Carve<float>(T * c.kv_size(), "k");
+  d->v_ = d->Carve<float>(T * c.kv_size(), "v");
+  d->attn_f_ = d->Carve<float>(T * c.q_size(), "attn_f");
+  d->attn_c_ = d->Carve<std::byte>(T * c.q_size() * d->elem_, "attn_c");
+  d->proj_ = d->Carve<float>(T * hidden, "proj");
+  d->router_ = d->Carve<float>(T * E, "router");
+  d->ids_ = d->Carve<int32_t>(T * k, "ids");
+  d->route_w_ = d->Carve<float>(T * k, "route_w");
+  d->slot_of_ = d->Carve<int32_t>(T * k, "slot_of");
+  d->sorted_token_ = d->Carve<int32_t>(T * k, "sorted_token");
+  d->offsets_ = d->Carve<int32_t>(E + 1, "offsets");
+  d->expert_in_ = d->Carve<std::byte>(T * k * hidden * d->elem_, "expert_in");
+  d->gate_ = d->Carve<float>(T * k * ffn, "gate");
+  d->up_ = d->Carve<float>(T * k * ffn, "up");
+  d->act_ = d->Carve<std::byte>(T * k * ffn * d->elem_, "act");
+  d->expert_out_ = d->Carve<float>(T * k * hidden, "expert_out");
+  d->logits_ = d->Carve<float>(T * c.vocab_size, "logits");
+  d->rows_ = d->Carve<int32_t>(T, "rows");
   const size_t workspace_bytes = GpuMemoryPlan::kCublasWorkspaceBytes;
-  d->workspace_ = d->Carve<std::byte>(static_cast<int64_t>(workspace_bytes));
-  if (d->arena_used_ > arena_bytes) {
+  d->workspace_ = d->Carve<std::byte>(static_cast<int64_t>(workspace_bytes), "workspace");
+  if (d->guards_.size() > kMaxCarves + static_cast<size_t>(d->plan_.resident_layers) ||
+      d->arena_used_ > arena_bytes) {
     return absl::InternalError(absl::StrCat("GPU memory: carved ", d->arena_used_,
                                             " bytes out of an arena of ", arena_bytes));
   }
@@ -313,6 +343,15 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   MB_RETURN_IF_ERROR(CudaError(cudaMemcpy(d->inv_freq_, inv_freq.data(),
                                           inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
                                "inv_freq H2D"));
+  const std::vector<unsigned char> pattern(d->guard_bytes_, kGuardByte);
+  for (const Guard& g : d->guards_) {
+    MB_RETURN_IF_ERROR(CudaError(
+        cudaMemcpy(g.at, pattern.data(), pattern.size(), cudaMemcpyHostToDevice), "guard H2D"));
+  }
+  if (!d->guards_.empty()) {
+    spdlog::info("cuda backend: {} guards of {} bytes after the arena's buffers", d->guards_.size(),
+                 d->guard_bytes_);
+  }
   // A cudaMemcpy from pageable memory (inv_freq) may return before the device is written, and
   // the non-blocking compute stream does not wait for the default stream: finish it now.
   MB_RETURN_IF_ERROR(CudaError(cudaDeviceSynchronize(), "set-up copies"));
@@ -648,7 +687,8 @@ absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t
       cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n * config().vocab_size) * sizeof(float),
                       cudaMemcpyDeviceToHost, compute_),
       "logits D2H"));
-  return CudaError(cudaStreamSynchronize(compute_), "logits");
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "logits"));
+  return CheckGuards();
 }
 
 absl::Status CudaDevice::RunGreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
@@ -660,7 +700,28 @@ absl::Status CudaDevice::RunGreedyTokens(int micro_batch, const int64_t* rows, i
   MB_RETURN_IF_ERROR(CudaError(
       cudaMemcpyAsync(token_ids, ids_, n * sizeof(int32_t), cudaMemcpyDeviceToHost, compute_),
       "greedy tokens D2H"));
-  return CudaError(cudaStreamSynchronize(compute_), "greedy tokens");
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "greedy tokens"));
+  return CheckGuards();
+}
+
+absl::Status CudaDevice::CheckGuards() {
+  if (guards_.empty()) return absl::OkStatus();
+  // Every stream's work, the data mover's fills included, done.
+  MB_RETURN_IF_ERROR(CudaError(cudaDeviceSynchronize(), "guard check"));
+  std::vector<unsigned char> read(guard_bytes_);
+  for (const Guard& g : guards_) {
+    MB_RETURN_IF_ERROR(
+        CudaError(cudaMemcpy(read.data(), g.at, read.size(), cudaMemcpyDeviceToHost), "guard D2H"));
+    for (size_t i = 0; i < read.size(); ++i) {
+      if (read[i] != kGuardByte) {
+        return absl::InternalError(absl::StrCat(
+            "GPU memory guard: byte ", i, " past the end of the buffer '", g.buffer,
+            "' was overwritten (", static_cast<int>(read[i]), ", not ",
+            static_cast<int>(kGuardByte), "): a kernel or copy wrote past that buffer"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

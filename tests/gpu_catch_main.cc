@@ -4,12 +4,16 @@
 // that fails to start) fails the run with its name: a GPU host must not pass by skipping.
 // Listing (--list-*, -l, -t) and --help work without a GPU, so that catch_discover_tests can
 // enumerate the tests at build time on any machine.
+// The cuda backend runs with guards after its arena's buffers (MOEBATCH_CUDA_GUARD_BYTES=256 unless
+// the environment says otherwise; cuda/cuda_backend.h): a kernel or copy that writes past a buffer
+// fails the pass that did it, on a GPU and on the CUDA emulator alike.
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
 namespace {
@@ -37,6 +41,7 @@ bool ListsOrHelps(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  setenv("MOEBATCH_CUDA_GUARD_BYTES", "256", /*overwrite=*/0);
   if (!ListsOrHelps(argc, argv)) {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -328,6 +329,26 @@ TEST_CASE("cuda backend: prefill segments between rows the CPU attends", "[cuda_
       CpuLastLogits((*checkpoint)->config(), (*checkpoint)->weights(), DType::kF32, singles);
   REQUIRE(RelativeError(row(0), want[0]) < 1e-4);
   REQUIRE(RelativeError(row(2), want[1]) < 1e-4);
+}
+
+TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refused",
+          "[cuda_backend]") {
+  auto checkpoint = Checkpoint::Load(FixtureDir("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const std::unique_ptr<WeightStore> store = PinnedStore(**checkpoint, DType::kF32);
+  CudaBackendOptions options;
+  options.gpu_memory_bytes = int64_t{1} << 30;
+  options.max_tokens_per_pass = 64;
+  for (const char* bad : {"-1", "2000000"}) {
+    setenv("MOEBATCH_CUDA_GUARD_BYTES", bad, 1);
+    auto device = CreateCudaDevice(*store, options);
+    REQUIRE_FALSE(device.ok());
+    CHECK(device.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(device.status().message()),
+               Catch::Contains(std::string("MOEBATCH_CUDA_GUARD_BYTES=") + bad));
+  }
+  setenv("MOEBATCH_CUDA_GUARD_BYTES", "256", 1);  // as tests/gpu_catch_main.cc set it
+  CHECK(CreateCudaDevice(*store, options).ok());
 }
 
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {
