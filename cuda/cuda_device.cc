@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_memory.h"
@@ -244,8 +245,8 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   // Guards (a debugging aid, MOEBATCH_CUDA_GUARD_BYTES) come on top of the budget: at most
   // kMaxCarves buffers, each with its guard and up to 255 bytes more of alignment.
   if (const char* env = std::getenv("MOEBATCH_CUDA_GUARD_BYTES"); env != nullptr && *env != '\0') {
-    const long long guard = std::atoll(env);
-    if (guard < 0 || guard > (1 << 20)) {
+    int64_t guard = 0;
+    if (!absl::SimpleAtoi(env, &guard) || guard < 0 || guard > (1 << 20)) {
       return absl::InvalidArgumentError(
           absl::StrCat("MOEBATCH_CUDA_GUARD_BYTES=", env, ": expected 0 to 1048576 bytes"));
     }

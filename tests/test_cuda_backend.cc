@@ -339,7 +339,7 @@ TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refuse
   CudaBackendOptions options;
   options.gpu_memory_bytes = int64_t{1} << 30;
   options.max_tokens_per_pass = 64;
-  for (const char* bad : {"-1", "2000000"}) {
+  for (const char* bad : {"-1", "2000000", "lots"}) {
     setenv("MOEBATCH_CUDA_GUARD_BYTES", bad, 1);
     auto device = CreateCudaDevice(*store, options);
     REQUIRE_FALSE(device.ok());
