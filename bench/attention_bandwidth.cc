@@ -50,10 +50,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "cpu_attention/decode_attention.h"
-#include "cpu_attention/paged_attention.h"
-#include "engine/dtype.h"
-#include "engine/kv_cache.h"
+#include "cpu_attention/attention/decode_attention.h"
+#include "cpu_attention/attention/paged_attention.h"
+#include "engine/model/dtype.h"
+#include "engine/kv/kv_cache.h"
 
 ABSL_FLAG(int64_t, repeats, 7, "timed calls per figure (best and median reported)");
 ABSL_FLAG(int64_t, triad_mib, 512, "size of each of the three triad arrays, MiB");
@@ -104,7 +104,7 @@ struct Triad {
 };
 
 // An uninitialised array of n T in its own anonymous mapping with transparent huge pages asked
-// for, like the KV cache (engine/kv_cache.cc), so that the bound and the kernels see the same page
+// for, like the KV cache (engine/kv/kv_cache.cc), so that the bound and the kernels see the same page
 // size; its pages are first touched by the threads that use them.
 template <class T>
 struct HugeArray {
@@ -325,7 +325,7 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
 
 // The same bytes in the order of the tiled kernels, which take every KV head of a sequence in one
 // work item (decode_attention_tiled.h): block by block, and in each block KV head 0's K run and V
-// run, then head 1's, ...; the K runs of a block are adjacent (engine/kv_cache.h), so each block is
+// run, then head 1's, ...; the K runs of a block are adjacent (engine/kv/kv_cache.h), so each block is
 // read as two 32 KiB sequential streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far
 // apart. Split over sequences.
 uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t tokens) {

@@ -1,5 +1,5 @@
 // The auto-vectorised baseline of bench_attention_bandwidth (issue 4): a copy of the portable
-// decode attention (PagedAttentionReference, cpu_attention/paged_attention.cc: scalar loops, fp32
+// decode attention (PagedAttentionReference, cpu_attention/attention/paged_attention.cc: scalar loops, fp32
 // accumulation, online softmax, parallel over (query, head) with OpenMP) that bench/CMakeLists.txt
 // compiles at -O3 once per vector ISA (AVX-512 F/BW/VL+FMA+F16C, and AVX2+FMA+F16C), each copy
 // under its own function name (MOEBATCH_BASELINE_NAME). That gives the compiler the same
@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cpu_attention/paged_attention.h"
+#include "cpu_attention/attention/paged_attention.h"
 
 #ifndef MOEBATCH_BASELINE_NAME
 #error "compile with -DMOEBATCH_BASELINE_NAME=<function name> (see bench/CMakeLists.txt)"
@@ -43,7 +43,7 @@ inline float LoadElement(const std::byte* p, int64_t i) {
   } else if constexpr (T == Elem::kBF16) {
     return Bf16ToF32Local(reinterpret_cast<const uint16_t*>(p)[i]);
   } else {
-    return F16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);  // out of line in engine/dtype.cc
+    return F16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);  // out of line in engine/model/dtype.cc
   }
 }
 
@@ -86,7 +86,7 @@ struct Row {
 
 }  // namespace
 
-// Same contract as PagedAttentionReference (cpu_attention/paged_attention.h), except the window:
+// Same contract as PagedAttentionReference (cpu_attention/attention/paged_attention.h), except the window:
 // sliding_window <= 0 means none (a plain integer, so no std::optional code is emitted here).
 void MOEBATCH_BASELINE_NAME(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                             const float* q, int64_t num_heads, float scale, int64_t sliding_window,

@@ -34,7 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/model_runner.h"
-#include "engine/weight_store.h"
+#include "engine/model/weight_store.h"
 
 ABSL_FLAG(std::string, config_dir, "bench/models/mixtral-8x7b", "directory of a config.json");
 ABSL_FLAG(double, gpu_memory_gb, 16.0, "GPU memory budget, GiB (16: T4, 24: L4)");

@@ -20,7 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/cpu_device.h"
+#include "cpu_attention/backend/cpu_device.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "spdlog/spdlog.h"
@@ -31,7 +31,7 @@ ABSL_FLAG(int64_t, prompt_tokens, 128, "prompt length");
 ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequence");
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
 ABSL_FLAG(bool, batch_invariant, true,
-          "the batch-invariant matmuls (engine/invariant_linear.h); false: oneDNN");
+          "the batch-invariant matmuls (cpu_attention/gemm/invariant_linear.h); false: oneDNN");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");

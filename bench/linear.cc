@@ -1,6 +1,6 @@
-// The CPU dense layer y = x · Wᵀ (engine/matmul.h) in its three forms, at Mixtral-8x7B expert
+// The CPU dense layer y = x · Wᵀ (cpu_attention/gemm/matmul.h) in its three forms, at Mixtral-8x7B expert
 // shapes: oneDNN f32 (bf16 weights widened once and cached), oneDNN bf16 (AMX / AVX512-BF16, where
-// the CPU has it), and the batch-invariant kernel (engine/invariant_linear.h, bf16 weights read in
+// the CPU has it), and the batch-invariant kernel (cpu_attention/gemm/invariant_linear.h, bf16 weights read in
 // place). For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight bytes read (the bound
 // at small M, when the layer streams its weights once).
 //
@@ -18,8 +18,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "engine/invariant_linear.h"
-#include "engine/matmul.h"
+#include "cpu_attention/gemm/invariant_linear.h"
+#include "cpu_attention/gemm/matmul.h"
 
 ABSL_FLAG(int64_t, k, 4096, "in_features (Mixtral-8x7B w1/w3: hidden 4096)");
 ABSL_FLAG(int64_t, n, 14336, "out_features (Mixtral-8x7B w1/w3: intermediate 14336)");

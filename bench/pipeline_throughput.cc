@@ -1,6 +1,6 @@
 // Issue 6's benchmark: a whole batch job through the engine (scheduler, VSLPipe, data mover) on a
 // Mixtral-shaped model, its measured generation throughput next to the MoE-Lens Stage 2
-// prediction and Stage 1 bound (engine/perf_model.h), with a per-pass CSV for the Fig. 13-style
+// prediction and Stage 1 bound (engine/plan/perf_model.h), with a per-pass CSV for the Fig. 13-style
 // plot (scripts/plot_throughput.py).
 //
 //   bench_pipeline_throughput --model bench/models/mixtral-8x7b --weights synthetic
@@ -8,7 +8,7 @@
 //       --requests 2000 --prompt_tokens 98 --gen_tokens 32,64,128,256
 //       --pcie_gbs 25 --gpu_tflops 65 --cpu_mem_gbs 80 --csv /tmp/passes.csv
 //
-// The engine flags are engine/engine_flags.h's (--backend, --weights, --gpu_memory_gb, ...). The
+// The engine flags are engine/tools/engine_flags.h's (--backend, --weights, --gpu_memory_gb, ...). The
 // prediction's delta is the bytes the engine moved per pass in the run (its streamed layers) over
 // --pcie_gbs (default: the data mover's measured rate in this run); it uses --gpu_tflops
 // (the GEMM rate, e.g. from bench_cuda_backend's task B timing) and --cpu_mem_gbs
@@ -28,8 +28,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
-#include "engine/engine_flags.h"
-#include "engine/perf_model.h"
+#include "engine/tools/engine_flags.h"
+#include "engine/plan/perf_model.h"
 
 ABSL_FLAG(std::string, model, "tests/fixtures/tiny-mixtral", "model directory (config.json)");
 ABSL_FLAG(int64_t, requests, 256, "requests in the job (K)");

@@ -3,11 +3,11 @@
 // nvcc link cuda_backend_none.cc, where every function says so (Unavailable).
 //
 // What the backend is (cuda/cuda_device.cc; MoE-Lens §6.4-6.5):
-//  * one cudaMalloc of the GpuMemoryPlan (engine/gpu_memory_plan.h) for the budget, carved into
+//  * one cudaMalloc of the GpuMemoryPlan (engine/offload/gpu_memory_plan.h) for the budget, carved into
 //    the two-slot weight buffer, the resident lm_head and final norm, the activations of
 //    max_tokens_per_pass tokens and the cuBLAS workspace: nothing else is allocated on the device;
 //  * the weights in page-locked host memory (a WeightStore made with PinnedHostAllocator()),
-//    streamed layer by layer into the slots by the DataMover (engine/data_mover.h) with a copy
+//    streamed layer by layer into the slots by the DataMover (engine/offload/data_mover.h) with a copy
 //    engine on its own CUDA stream, packet by packet; visit i of a layer uses slot i % 2 and the
 //    next layer is prefetched while L computes;
 //  * task A and task B as cuda/kernels.h kernels plus cuBLAS GEMMs (f32 accumulation) on a compute
@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/data_mover.h"
+#include "engine/offload/data_mover.h"
 #include "engine/device.h"
-#include "engine/dtype.h"
-#include "engine/weight_store.h"
+#include "engine/model/dtype.h"
+#include "engine/model/weight_store.h"
 
 namespace moebatch {
 
@@ -57,7 +57,7 @@ absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options);
 // after every pass (Logits, GreedyTokens: the device synchronised first): a kernel or copy that
 // wrote past a buffer's end fails that pass with Internal naming the buffer. The arena's buffers
 // share one cudaMalloc, so neither compute-sanitizer's memcheck nor the CUDA emulator sees such a
-// write otherwise. The GPU tests turn it on (tests/gpu_catch_main.cc).
+// write otherwise. The GPU tests turn it on (tests/cuda/gpu_catch_main.cc).
 //
 // The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).
 // ResourceExhausted when the GpuMemoryPlan exceeds the budget (naming the parts and how many tokens

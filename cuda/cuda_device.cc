@@ -1,5 +1,5 @@
 // The cuda backend's Device (cuda/cuda_backend.h): tasks A and B with cuda/kernels.h and cuBLAS,
-// weights from resident layers or the two weight slots (engine/weight_slots.h) the data mover
+// weights from resident layers or the two weight slots (engine/offload/weight_slots.h) the data mover
 // fills through cuda/cuda_memory.h's copy engine (MoE-Lens §6.4-6.5).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -18,9 +18,9 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_memory.h"
 #include "cuda/kernels.h"
-#include "engine/data_mover.h"
-#include "engine/gpu_memory_plan.h"
-#include "engine/weight_slots.h"
+#include "engine/offload/data_mover.h"
+#include "engine/offload/gpu_memory_plan.h"
+#include "engine/offload/weight_slots.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -59,7 +59,7 @@ cudaDataType_t CudaType(GpuDType t) {
 
 // --- The device ---------------------------------------------------------------------------------
 
-// Layer region layout (engine/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per expert.
+// Layer region layout (engine/model/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per expert.
 enum LayerTensor { kInputNorm = 0, kQ, kK, kV, kO, kPostNorm, kRouter, kFirstExpert };
 
 class CudaDevice final : public Device {

@@ -4,9 +4,9 @@
 //           residual adds;
 // plus the embedding gather and dtype conversions.
 //
-// The math is the cpu backend's (engine/cpu_device.cc, CpuDevice), which follows Hugging Face
+// The math is the cpu backend's (cpu_attention/backend/cpu_device.cc, CpuDevice), which follows Hugging Face
 // transformers' models/mixtral/modeling_mixtral.py; each function names the transformers code it
-// implements. tests/test_cuda_kernels_task_a.cc and _task_b.cc check every kernel against a CPU
+// implements. tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc check every kernel against a CPU
 // loop.
 //
 // Conventions, for every function below:

@@ -1,6 +1,6 @@
 // CUDA kernels of GPU task A (MoE-Lens §6.4) and the embedding: embedding gather, RMSNorm, RoPE,
 // prefill attention. Shapes and semantics: cuda/kernels.h; numerics and launch conventions:
-// cuda/kernels_common.cuh. Checked by tests/test_cuda_kernels_task_a.cc (ctest -L gpu).
+// cuda/kernels_common.cuh. Checked by tests/cuda/test_cuda_kernels_task_a.cc (ctest -L gpu).
 #include "cuda/kernels_common.cuh"
 
 namespace moebatch::gpu {

@@ -6,7 +6,7 @@
 //   task B (device):  h += attn Woᵀ; x = RMSNorm(h); router softmax -> top-k -> experts; h += moe
 // and, around the layers, the embedding gather and the final RMSNorm + lm_head. A Device does the
 // device side of that; engine/model_runner.h drives the layer loop and the CPU task, the same code
-// for every backend (the cpu backend, engine/cpu_device.h, and the cuda backend in cuda/). Nothing
+// for every backend (the cpu backend, cpu_attention/backend/cpu_device.h, and the cuda backend in cuda/). Nothing
 // here names CUDA.
 //
 // Micro-batches: a pass may be split into up to kMaxMicroBatches micro-batches (VSLPipe's alpha and
@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/host_memory.h"
-#include "engine/model_config.h"
+#include "engine/model/host_memory.h"
+#include "engine/model/model_config.h"
 
 namespace moebatch {
 
@@ -104,7 +104,7 @@ class Device {
   // Task A of `layer` for the micro-batch: writes q [tokens, num_heads, head_dim] and
   // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k), and attends the rows of
   // the prefill segments (SetPrefillSegments): causal over the segment, GQA, the model's sliding
-  // window, scale head_dim^-0.5 (the math of cpu_attention/paged_attention.h). The device either
+  // window, scale head_dim^-0.5 (the math of cpu_attention/attention/paged_attention.h). The device either
   // writes their attention output into attn [tokens, num_heads, head_dim] f32, which its TaskB
   // then reads, or keeps and applies it itself (the cuda backend: it never crosses PCIe), in
   // which case TaskB ignores those rows of attn. Either way the caller leaves the segments' rows

@@ -6,12 +6,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cpu_attention/cpu_threads.h"
+#include "cpu_attention/runtime/cpu_threads.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/device_probe.h"
-#include "engine/cpu_device.h"
-#include "engine/gpu_memory_plan.h"
-#include "engine/pipeline_profiler.h"
+#include "cpu_attention/backend/cpu_device.h"
+#include "engine/offload/gpu_memory_plan.h"
+#include "engine/offload/pipeline_profiler.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {

@@ -19,14 +19,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/checkpoint.h"
-#include "engine/kv_cache.h"
+#include "engine/model/checkpoint.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/sparse_utilization.h"
-#include "engine/tokenizer.h"
-#include "engine/weight_store.h"
+#include "engine/text/tokenizer.h"
+#include "engine/model/weight_store.h"
 
 namespace moebatch {
 
@@ -45,7 +45,7 @@ struct EngineOptions {
   // throughput, so use the memory there is).
   int64_t kv_cache_bytes = int64_t{1} << 30;
   // Prefill + decode tokens per pass, the ceiling (MoE-Lens §6.2-6.3). 0 (automatic): on the cuda
-  // backend AutomaticTokensPerPass (engine/gpu_memory_plan.h: what the GPU budget holds
+  // backend AutomaticTokensPerPass (engine/offload/gpu_memory_plan.h: what the GPU budget holds
   // activations for, capped); on the cpu backend kCpuTokensPerPass. The cuda backend lowers the
   // scheduler's budget to the profiler's n_real (profile_token_budget) and sizes the GPU
   // activations for that budget.
@@ -54,18 +54,18 @@ struct EngineOptions {
   // tokens of a pass can fill it (engine/scheduler.h: SchedulerConfigFor).
   int64_t max_num_seqs = 0;
   // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
-  // (engine/matmul.h); beyond it weights are widened on every use.
+  // (cpu_attention/gemm/matmul.h); beyond it weights are widened on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
-  // The cpu backend's matmuls in a fixed order per row (engine/invariant_linear.h), so a greedy
+  // The cpu backend's matmuls in a fixed order per row (cpu_attention/gemm/invariant_linear.h), so a greedy
   // request's tokens do not depend on what else shares its passes (a restart after a crash, another
-  // max_num_seqs). CPU attention is batch-invariant always (cpu_attention/decode_attention.h). The
+  // max_num_seqs). CPU attention is batch-invariant always (cpu_attention/attention/decode_attention.h). The
   // cuda backend's cuBLAS GEMMs are not covered. false: oneDNN matmuls (faster prefill).
   bool batch_invariant = true;
-  // The CPU thread pool (cpu_attention/cpu_threads.h) of the thread that calls Step: threads
+  // The CPU thread pool (cpu_attention/runtime/cpu_threads.h) of the thread that calls Step: threads
   // (0: one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
   int cpu_threads = 0;
   bool pin_cpu_threads = false;
-  // Where the weights live (engine/weight_store.h):
+  // Where the weights live (engine/model/weight_store.h):
   //   kMapped     the checkpoint's safetensors files, read in place (memory-mapped)
   //   kHostCopy   copied into one contiguous host region per layer (what the cuda backend streams)
   //   kSynthetic  generated from model_dir/config.json, no safetensors needed (benchmarks):
@@ -78,7 +78,7 @@ struct EngineOptions {
   // Host memory the weights (kHostCopy, kSynthetic) and the KV cache must fit in, bytes;
   // 0: MemAvailable. Checked before anything large is allocated.
   int64_t host_memory_bytes = 0;
-  // Where tasks A and B run (engine/device.h): kCpu (engine/cpu_device.h) or kCuda
+  // Where tasks A and B run (engine/device.h): kCpu (cpu_attention/backend/cpu_device.h) or kCuda
   // (cuda/cuda_backend.h: the weights go to pinned host memory, kMapped becoming kHostCopy, in
   // the GPU's compute dtype unless weight_dtype says otherwise, and stream to the GPU per layer).
   enum class Backend { kCpu, kCuda };
@@ -94,7 +94,7 @@ struct EngineOptions {
   // a CPU/device pipeline. nullopt: on for the cuda backend, off for the cpu backend, whose device
   // tasks share the CPU with attention (measured slower with it: docs/performance.md).
   std::optional<bool> vslpipe;
-  // cuda: run the pipeline profiler (engine/pipeline_profiler.h, MoE-Lens §6.3) at start-up and cap
+  // cuda: run the pipeline profiler (engine/offload/pipeline_profiler.h, MoE-Lens §6.3) at start-up and cap
   // the scheduler's tokens per pass at its n_real (max_tokens_per_pass stays the ceiling the GPU
   // memory is planned for). Profiles are cached under profile_dir when it is set.
   bool profile_token_budget = true;

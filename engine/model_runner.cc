@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "cpu_attention/decode_attention.h"
+#include "cpu_attention/attention/decode_attention.h"
 
 namespace moebatch {
 

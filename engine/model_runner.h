@@ -1,6 +1,6 @@
 // The forward pass over the paged KV cache, the same for every backend: drives a Device (tasks A
 // and B, engine/device.h) layer by layer and runs the CPU task between them: new K/V rows into the
-// cache (cpu_attention/kv_append.h) and attention over it (cpu_attention/decode_attention.h),
+// cache (cpu_attention/attention/kv_append.h) and attention over it (cpu_attention/attention/decode_attention.h),
 // MoE-Lens §6.4 / §6.6.
 //
 // One pass may hold prefill chunks of many sequences of different lengths (no padding) and decode
@@ -36,11 +36,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cpu_attention/kv_append.h"
-#include "cpu_attention/paged_attention.h"
+#include "cpu_attention/attention/kv_append.h"
+#include "cpu_attention/attention/paged_attention.h"
 #include "engine/device.h"
-#include "engine/host_memory.h"
-#include "engine/kv_cache.h"
+#include "engine/model/host_memory.h"
+#include "engine/kv/kv_cache.h"
 #include "engine/pipeline_trace.h"
 
 namespace moebatch {

@@ -22,7 +22,7 @@
 #include <optional>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/kv/kv_cache.h"
 
 namespace moebatch {
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "engine/device.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
 namespace moebatch {
 

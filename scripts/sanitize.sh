@@ -42,16 +42,16 @@ fi
 
 if [ "$mode" = tsan ] || [ "$mode" = all ]; then
   configure build-tsan thread
-  cmake --build build-tsan -j "$jobs" --target test_engine test_job_store test_metrics
+  cmake --build build-tsan -j "$jobs" --target test_engine test_offload test_model test_server
   export TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:second_deadlock_stack=1"
   # One CPU, so one OpenMP thread (the engine sizes its team to the CPUs it may use): libgomp is
   # not instrumented, so TSan cannot see its barriers and reports every parallel region's stack
   # reads as races. Our own threads are what this run checks; they still interleave on one CPU.
   first_cpu="$(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status | sed 's/[-,].*//')"
   one_cpu=(taskset -c "$first_cpu")
-  "${one_cpu[@]}" build-tsan/tests/test_engine \
-    "[data_mover],[weight_slots],[vslpipe],[device_prefill],[weight_store],scheduler*,engine*"
-  "${one_cpu[@]}" build-tsan/tests/test_job_store
-  "${one_cpu[@]}" build-tsan/tests/test_metrics
+  "${one_cpu[@]}" build-tsan/tests/test_offload "[data_mover],[weight_slots]"
+  "${one_cpu[@]}" build-tsan/tests/test_engine "[vslpipe],[device_prefill],scheduler*,engine*"
+  "${one_cpu[@]}" build-tsan/tests/test_model "[weight_store]"
+  "${one_cpu[@]}" build-tsan/tests/test_server "[job_store],metrics*"
   echo "sanitize: tsan: no reports"
 fi

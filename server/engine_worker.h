@@ -20,7 +20,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
-#include "engine/openai_batch.h"
+#include "engine/batch/openai_batch.h"
 #include "server/job_store.h"
 
 namespace moebatch {

@@ -5,8 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/json_depth.h"
-#include "engine/openai_batch.h"
+#include "engine/batch/json_depth.h"
+#include "engine/batch/openai_batch.h"
 #include "nlohmann/json.hpp"
 
 namespace moebatch {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/openai_batch.h"
-#include "engine/tokenizer.h"
+#include "engine/batch/openai_batch.h"
+#include "engine/text/tokenizer.h"
 #include "moebatch/v1/batch.pb.h"
 #include "server/job_store.h"
 

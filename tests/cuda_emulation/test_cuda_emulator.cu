@@ -2,7 +2,7 @@
 // exchanges, dynamic shared memory, stream and event order, copy rules, cuBLAS's column-major
 // GEMM) and that it reports what a GPU would fault on (divergent __syncthreads, copies in the
 // wrong direction or past an allocation, a GEMM outside device memory). Built only for the
-// emulator (translate_cu.py, like cuda/'s .cu files); Catch2 main: tests/catch_main.cc.
+// emulator (translate_cu.py, like cuda/'s .cu files); Catch2 main: tests/support/catch_main.cc.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

@@ -2,7 +2,7 @@
 // may send them) through the daemon's request validation, PrepareJob (server/job_request.h), with
 // the real Mixtral tokenizer, under the daemon's default limits and under tight ones. Then each
 // line as moebatch-run handles it: ParseBatchLine, and the output or error line it would write
-// (engine/openai_batch.h), which must be one valid JSON object.
+// (engine/batch/openai_batch.h), which must be one valid JSON object.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/openai_batch.h"
+#include "engine/batch/openai_batch.h"
 #include "nlohmann/json.hpp"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/request_checks.h"

@@ -1,4 +1,4 @@
-// libFuzzer target: config.json text through ParseModelConfig (engine/model_config.h). Bad input
+// libFuzzer target: config.json text through ParseModelConfig (engine/model/model_config.h). Bad input
 // must give InvalidArgument; an accepted config must satisfy what the parser promises, and the
 // sizes derived from it (ModelConfig::q_size, kv_size) must be computable.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/openai_batch.h"
+#include "engine/batch/openai_batch.h"
 #include "google/protobuf/stubs/logging.h"
 #include "moebatch/v1/batch.pb.h"
 #include "tests/fuzz/fuzz_check.h"

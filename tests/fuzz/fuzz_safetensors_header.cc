@@ -1,4 +1,4 @@
-// libFuzzer target: safetensors file images through ParseSafetensors (engine/safetensors.h), the
+// libFuzzer target: safetensors file images through ParseSafetensors (engine/model/safetensors.h), the
 // header validation SafetensorsFile::Open applies to the mapped file. Each input is tried twice:
 //   1. as a whole file (8-byte little-endian header length, header, data), so the length field is
 //      fuzzed too;
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // libFuzzer target: model.safetensors.index.json text through ParseSafetensorsIndex
-// (engine/safetensors.h), what TensorStore::Open reads before opening the shards.
+// (engine/model/safetensors.h), what TensorStore::Open reads before opening the shards.
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/openai_batch.h"
-#include "engine/tokenizer.h"
+#include "engine/batch/openai_batch.h"
+#include "engine/text/tokenizer.h"
 #include "moebatch/v1/batch.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/job_request.h"

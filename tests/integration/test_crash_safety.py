@@ -7,8 +7,8 @@ MOEBATCH_CRASH_SEED=<seed> replays the same kill targets (the exact moment still
 
 The two runs batch differently on purpose: the reference with the default --max_num_seqs (no limit
 but the 2048 tokens per pass), the crash run with 61, and every restart regroups the requests still to run. Identical outputs
-then need batch-invariant kernels (--batch_invariant, the default: engine/invariant_linear.h and
-the fixed chunking of cpu_attention/decode_attention.cc); with oneDNN's matmuls, whose kernel
+then need batch-invariant kernels (--batch_invariant, the default: cpu_attention/gemm/invariant_linear.h and
+the fixed chunking of cpu_attention/attention/decode_attention.cc); with oneDNN's matmuls, whose kernel
 changes with the row count, 1 of 1,000 outputs diverged at a near-tie in one run (seed 364740254).
 """
 import json

@@ -1,0 +1,50 @@
+// Attention over the paged KV cache on the CPU: causal prefill chunks and decode tokens of many
+// sequences in one call, GQA, optional sliding window (MoE-Lens §6.6 runs decode attention here).
+//
+// This is the portable reference kernel: fp32 accumulation, online softmax (flash-decoding style:
+// one pass over the keys with a running max and sum). Issue 4 adds the AVX2 / AVX-512 kernels with
+// the same signature and checks them against this one.
+//
+// Math (transformers' eager_attention_forward for Mixtral): for query token at absolute position p
+// of a sequence, head h, and its KV head g = h / (num_heads / num_kv_heads) (repeat_kv):
+//   out[h] = sum_j softmax_j(scale * q[h] . K[g][j]) V[g][j],  over keys j with
+//   max(0, p - window + 1) <= j <= p   (window = sliding_window, or unbounded when unset).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "engine/model/dtype.h"
+
+namespace moebatch {
+
+// One layer's view of the KV cache (see engine/kv/kv_cache.h for the layout).
+struct KvLayerView {
+  std::byte* base = nullptr;  // block 0's keys for this layer (attention reads; AppendKv writes)
+  DType dtype = DType::kF32;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  size_t block_stride_bytes = 0;  // block b's keys at base + b * block_stride_bytes
+  size_t value_offset_bytes = 0;  // values at keys + value_offset_bytes
+};
+
+// The queries of one sequence in this call: rows [query_start, query_start + num_queries) of q/out.
+// They are the last num_queries tokens of the sequence's first `context_len` tokens, whose K/V
+// must already be in the cache: query i sits at position context_len - num_queries + i.
+struct AttentionSequence {
+  const int32_t* block_table = nullptr;  // covers context_len tokens
+  int64_t query_start = 0;
+  int64_t num_queries = 0;
+  int64_t context_len = 0;
+};
+
+// q: [tokens, num_heads, head_dim] f32; out: [tokens, num_heads, head_dim] f32 (rows not named by
+// any sequence are left untouched). scale: usually head_dim^-0.5. Parallel over (query, head) with
+// OpenMP; call from one thread.
+void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
+                             const float* q, int64_t num_heads, float scale,
+                             std::optional<int64_t> sliding_window, float* out);
+
+}  // namespace moebatch

@@ -1,0 +1,83 @@
+// The cpu backend's Device (engine/device.h): tasks A and B of the Mixtral forward pass on the CPU
+// (oneDNN GEMMs, cpu_attention/gemm/matmul.h), for runs without a GPU and as the reference other backends are
+// checked against.
+//
+// Follows transformers' modeling_mixtral.py (MixtralForCausalLM, 4.x) op for op:
+//   h = embed_tokens[ids]
+//   task A:  x = RMSNorm(h)                      (MixtralRMSNorm: fp32 variance, w * x)
+//            q, k, v = x Wqᵀ, x Wkᵀ, x Wvᵀ; RoPE(q, k)   (rotate_half, inv_freq from rope_theta)
+//   task B:  h = h + attn Woᵀ
+//            x = RMSNorm(h); router: softmax(x Wgᵀ) in fp32 -> top-k -> renormalise
+//            h = h + sum_{e in top-k} w_e * W2_e (silu(W1_e x) * W3_e x) (MixtralSparseMoeBlock)
+//   logits = RMSNorm(h) lm_headᵀ
+//
+// Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
+// oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
+// device: it reads them in place.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/checkpoint.h"
+#include "engine/device.h"
+#include "cpu_attention/gemm/matmul.h"
+
+namespace moebatch {
+
+struct CpuDeviceOptions {
+  // f32 (reference) or bf16; f16 is the reference for the cuda backend's T4 path (cpu_attention/gemm/matmul.h)
+  DType compute_dtype = DType::kF32;
+  // f32 mode: bytes of f32 weight copies kept between passes (see cpu_attention/gemm/matmul.h). 0 = convert
+  // on every use.
+  int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+  // Fixed-order matmuls whose per-row results do not depend on the batch (cpu_attention/gemm/matmul.h,
+  // cpu_attention/gemm/invariant_linear.h); false: oneDNN.
+  bool batch_invariant = true;
+};
+
+class CpuDevice final : public Device {
+ public:
+  // `weights` must hold every tensor of `config` (Checkpoint::Load or WeightStore checked them).
+  static absl::StatusOr<std::unique_ptr<CpuDevice>> Create(const ModelConfig& config,
+                                                           const ModelWeights& weights,
+                                                           const CpuDeviceOptions& options);
+  ~CpuDevice() override;
+
+  const char* name() const override { return "cpu"; }
+  const ModelConfig& config() const override { return config_; }
+  absl::Status Embed(int micro_batch, const int32_t* token_ids, const int64_t* positions,
+                     int64_t tokens) override;
+  absl::Status TaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                     float* attn) override;
+  absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
+                     ForwardStats* stats) override;
+  absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+
+ private:
+  struct MicroBatch {
+    int64_t tokens = 0;
+    std::vector<float> h;  // [tokens, hidden]
+    std::vector<int64_t> positions;
+  };
+  CpuDevice(const ModelConfig& config, const ModelWeights& weights, std::unique_ptr<Matmul> matmul);
+  absl::StatusOr<MicroBatch*> Get(int micro_batch, int64_t layer);
+  absl::Status Linear(const float* x, int64_t rows, const TensorInfo& w, float* y);
+  absl::Status Linear(const std::vector<float>& x, int64_t rows, const TensorInfo& w,
+                      std::vector<float>* y);
+
+  ModelConfig config_;
+  const ModelWeights& weights_;
+  std::unique_ptr<Matmul> matmul_;
+  MicroBatch micro_batches_[kMaxMicroBatches];
+  std::vector<std::vector<float>> input_norm_, post_norm_;  // per layer, f32 [hidden]
+  std::vector<float> final_norm_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  // Scratch, shared by the micro-batches and reused across passes.
+  std::vector<float> x_, proj_, router_, moe_out_;
+  std::vector<float> expert_in_, gate_, up_, expert_out_;
+};
+
+}  // namespace moebatch

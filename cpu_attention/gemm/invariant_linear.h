@@ -1,0 +1,38 @@
+// Batch-invariant dense layer on the CPU: y = x · Wᵀ (torch.nn.Linear's math, no bias) where every
+// output element comes from one fixed sequence of floating-point operations, whatever M, the other
+// rows of x, the thread count or the ISA level (AVX-512, AVX2 and portable give the same bits):
+//   1. 16 partial sums; lane j accumulates x[t]·w[t] for t ≡ j (mod 16), t < K16 = K - K % 16, in
+//      increasing t, each step one fused multiply-add (one rounding);
+//   2. a pairwise tree over the lanes: lane i += lane i+8 (i < 8), then i+4, i+2, i+1;
+//   3. the K % 16 remaining products, fused into the sum in increasing t.
+// Why: oneDNN (like cuBLAS) picks its kernel, and with it the reduction order, by M. A greedy
+// request's output then depends in its last bits on what else shares the pass, and at a near-tie
+// the argmax flips: a request re-run after a crash or under another --max_num_seqs can come out
+// different. "Batch invariance" (H. He, Thinking Machines Lab, "Defeating Nondeterminism in LLM
+// Inference", 2025) removes that; issue 7's crash-safety test needs it.
+//
+// Shapes and types: x [m, k] f32 row-major contiguous; w [n, k] row-major (PyTorch's Linear weight
+// layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or
+// k may be 0 (k 0: y is zeros).
+// Threading: parallel over (row tile, weight-row tile) on the calling thread's OpenMP pool; each
+// output element is computed whole by one thread. Reentrant; no state.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_attention/runtime/cpu_isa.h"
+#include "engine/model/dtype.h"
+
+namespace moebatch {
+
+// `isa` must be one SupportedCpuIsas() lists.
+void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
+                     int64_t n, float* y);
+
+// With SelectedCpuIsa() (MOEBATCH_CPU_ISA forces a level, as for attention).
+inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
+                            int64_t n, float* y) {
+  InvariantLinear(SelectedCpuIsa(), x, m, k, w, w_dtype, n, y);
+}
+
+}  // namespace moebatch

@@ -1,0 +1,223 @@
+// The tiles of InvariantLinear (invariant_linear.h), written once over a 16-lane vector type V and
+// compiled per ISA: invariant_linear_{portable,avx2,avx512}.cc each define V and include this file
+// inside their own namespace (MOEBATCH_INVARIANT_ISA), so code built with AVX-512 flags never
+// stands in for the baseline build of the same function (no ODR clash between the copies).
+//
+// V must provide (16 f32 lanes): Zero(), LoadX(const float*), LoadW(const W*) for W = float
+// (f32) and uint16_t (bf16 or f16 through the DType template argument), Fma(a, b, acc) = one
+// rounding of a·b + acc per lane, Store(V, float*), and Reduce(V) = step 2's tree (TreeSum's
+// additions, pair for pair, in registers).
+//
+// Every output element goes through Block's sequence (invariant_linear.h, steps 1-3) whatever the
+// block shape MR x NR it falls in, so edge blocks give the same bits as full ones.
+#pragma once
+
+#ifndef MOEBATCH_INVARIANT_ISA
+#error "define MOEBATCH_INVARIANT_ISA (the per-ISA namespace) before including this file"
+#endif
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "engine/model/dtype.h"
+#include "cpu_attention/gemm/invariant_linear_internal.h"
+
+namespace moebatch {
+namespace invariant_linear_internal {
+namespace MOEBATCH_INVARIANT_ISA {
+
+template <DType WD>
+using WElem = std::conditional_t<WD == DType::kF32, float, uint16_t>;
+
+template <DType WD>
+inline float ScalarW(const WElem<WD>* p) {
+  if constexpr (WD == DType::kF32) {
+    return *p;
+  } else if constexpr (WD == DType::kBF16) {
+    return BF16ToF32(*p);
+  } else {
+    return F16ToF32(*p);
+  }
+}
+
+// Step 2, the lane tree, on 16 lanes in memory (overwrites them): lane i += lane i+8 (i < 8), then
+// lane i += lane i+4 (i < 4), i+2, i+1. The vector Reduce functions add the same pairs.
+inline float TreeSum(float* lanes) {
+  for (int s = 8; s >= 1; s >>= 1) {
+    for (int i = 0; i < s; ++i) lanes[i] += lanes[i + s];
+  }
+  return lanes[0];
+}
+
+#if defined(__AVX__)
+// TreeSum's last three levels on 8 lanes (after lane i += lane i+8): i + (i+4), i + (i+2),
+// i + (i+1), in registers.
+inline float TreeSum8(__m256 s8) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+#endif
+
+// Step 3: the K % 16 tail, fused into the tree's sum in increasing t.
+template <DType WD>
+inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, int64_t k) {
+  for (int64_t t = k16; t < k; ++t) acc = std::fma(x[t], ScalarW<WD>(w + t), acc);
+  return acc;
+}
+
+// Steps [t0, t1) (multiples of 16, t1 <= K16) of y[r, c] for r < MR rows of x (row stride k) and
+// c < NR rows of w (row stride ldw >= k). part == nullptr: the whole of step 1 in registers, then
+// steps 2-3 into y (row stride ldy). Otherwise the accumulators come from part[r * ldp + c] (zero
+// when t0 is 0) and go back there, or, when t1 is K16, on to steps 2-3: storing and reloading them
+// is exact, so a K-blocked element gets the same bits as a whole one.
+template <class V, DType WD, int MR, int NR>
+void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t0, int64_t t1,
+           V* part, int64_t ldp, float* y, int64_t ldy) {
+  const int64_t k16 = k - k % 16;
+  V acc[MR][NR];
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) {
+      acc[r][c] = part == nullptr || t0 == 0 ? V::Zero() : part[r * ldp + c];
+    }
+  }
+  for (int64_t t = t0; t < t1; t += 16) {
+    V wv[NR];
+    for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
+    for (int r = 0; r < MR; ++r) {
+      const V xv = V::LoadX(x + r * k + t);
+      for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
+    }
+  }
+  if (part != nullptr && t1 < k16) {
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) part[r * ldp + c] = acc[r][c];
+    }
+    return;
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) {
+      y[r * ldy + c] = Finish<WD>(V::Reduce(acc[r][c]), x + r * k, w + c * ldw, k16, k);
+    }
+  }
+}
+
+template <class V, DType WD, int MR, int NR_MAX, class... Args>
+inline void BlockNr(int nr, Args... args) {
+  if (nr >= NR_MAX) return Block<V, WD, MR, NR_MAX>(args...);
+  if constexpr (NR_MAX > 1) {
+    if (nr == 1) return Block<V, WD, MR, 1>(args...);
+  }
+  if constexpr (NR_MAX > 2) {
+    if (nr == 2) return Block<V, WD, MR, 2>(args...);
+  }
+  if constexpr (NR_MAX > 3) {
+    if (nr == 3) return Block<V, WD, MR, 3>(args...);
+  }
+}
+
+// Block<mr, nr> for 1 <= mr <= MR_MAX, 1 <= nr <= NR_MAX.
+template <class V, DType WD, int MR_MAX, int NR_MAX, class... Args>
+inline void BlockMrNr(int mr, int nr, Args... args) {
+  if (mr >= MR_MAX) return BlockNr<V, WD, MR_MAX, NR_MAX>(nr, args...);
+  if constexpr (MR_MAX > 1) {
+    if (mr == 1) return BlockNr<V, WD, 1, NR_MAX>(nr, args...);
+  }
+  if constexpr (MR_MAX > 2) {
+    if (mr == 2) return BlockNr<V, WD, 2, NR_MAX>(nr, args...);
+  }
+  if constexpr (MR_MAX > 3) {
+    if (mr == 3) return BlockNr<V, WD, 3, NR_MAX>(nr, args...);
+  }
+}
+
+// Steps [t0, t1) of a rows x cols tile: x at its first row, w at its first weight row (row stride
+// ldw), y at its corner, part [rows, cols] accumulators or nullptr (see Block).
+template <class V, DType WD, int MR_MAX, int NR_MAX>
+void Blocks(const float* x, int64_t rows, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t cols,
+            int64_t t0, int64_t t1, V* part, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < rows; i += MR_MAX) {
+    const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, rows - i));
+    for (int64_t j = 0; j < cols; j += NR_MAX) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, cols - j));
+      V* p = part == nullptr ? nullptr : part + i * cols + j;
+      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * ldw, ldw, t0, t1, p, cols,
+                                       y + i * ldy + j, ldy);
+    }
+  }
+}
+
+// Tiles of at least this many rows widen bf16/f16 weights into an f32 buffer first and block K.
+constexpr int64_t kManyRows = 16;
+// K slice (multiple of 16) and column group of the K-blocked path (see Tile).
+constexpr int64_t kKBlock = 512;
+constexpr int64_t kSubCols = 16;
+
+// y[m0:m1, n0:n1] of y [*, ldy]: x rows m0.. (stride k), w rows n0.. (stride k). MR_MAX, NR_MAX
+// <= 4.
+template <class V, DType WD, int MR_MAX, int NR_MAX>
+void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
+          int64_t n1, float* y, int64_t ldy) {
+  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
+  x += m0 * k;
+  y += m0 * ldy + n0;
+  const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16;
+  if (rows < kManyRows) {  // few rows: the weights stream through once, whole K per block
+    return Blocks<V, WD, MR_MAX, NR_MAX>(x, rows, k, w, k, cols, 0, k16, nullptr, y, ldy);
+  }
+  // Many rows: copy the tile's weights, widened to f32 (exact), once, rather than convert them in
+  // every block's inner loop, where the conversions would compete with the FMAs for ports; then
+  // block K so that the slices the inner loop reads stay in L1. Same bits either way.
+  // The copy's rows are 16 floats longer than K: with K a multiple of 1024, rows exactly 4 KiB
+  // multiples apart would all map to the same L1 sets and evict each other.
+  const int64_t ldw = k + 16;
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<size_t>(cols * ldw));
+  for (int64_t j = 0; j < cols; ++j) {
+    const WElem<WD>* src = w + j * k;
+    float* dst = wide.data() + j * ldw;
+    for (int64_t t = 0; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
+    for (int64_t t = k16; t < k; ++t) dst[t] = ScalarW<WD>(src + t);
+  }
+  const float* wf = wide.data();
+  if (k16 <= kKBlock) {
+    return Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf, ldw, cols, 0, k16, nullptr, y,
+                                                  ldy);
+  }
+  // Columns kSubCols at a time, K in kKBlock slices: one slice of those columns' weights
+  // (kSubCols x kKBlock f32, 32 KiB) stays in L1 while every block of rows passes over it.
+  thread_local std::vector<V> part;
+  part.resize(static_cast<size_t>(rows * kSubCols));
+  for (int64_t c0 = 0; c0 < cols; c0 += kSubCols) {
+    const int64_t sub = std::min(kSubCols, cols - c0);
+    for (int64_t t0 = 0; t0 < k16; t0 += kKBlock) {
+      Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf + c0 * ldw, ldw, sub, t0,
+                                             std::min(k16, t0 + kKBlock), part.data(), y + c0, ldy);
+    }
+  }
+}
+
+// The tile function of weight type w_dtype with MR_MAX x NR_MAX blocks.
+template <class V, int MR_MAX, int NR_MAX>
+TileFn TileFor(DType w_dtype) {
+  switch (w_dtype) {
+    case DType::kF32:
+      return Tile<V, DType::kF32, MR_MAX, NR_MAX>;
+    case DType::kBF16:
+      return Tile<V, DType::kBF16, MR_MAX, NR_MAX>;
+    case DType::kF16:
+      return Tile<V, DType::kF16, MR_MAX, NR_MAX>;
+  }
+  return nullptr;
+}
+
+}  // namespace MOEBATCH_INVARIANT_ISA
+}  // namespace invariant_linear_internal
+}  // namespace moebatch

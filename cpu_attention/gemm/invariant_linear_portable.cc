@@ -1,0 +1,45 @@
+// InvariantLinear's tiles in plain C++ (16 scalar lanes, std::fma): the reference the vector
+// versions must equal bit for bit, and the level for CPUs without AVX2.
+#define MOEBATCH_INVARIANT_ISA portable
+#include <cmath>
+
+#include "cpu_attention/gemm/invariant_linear_internal.h"
+#include "cpu_attention/gemm/invariant_linear_kernel.h"
+
+namespace moebatch {
+namespace invariant_linear_internal {
+namespace portable {
+namespace {
+
+struct V {
+  float v[16];
+  static V Zero() { return V{}; }
+  static V LoadX(const float* p) {
+    V r;
+    for (int i = 0; i < 16; ++i) r.v[i] = p[i];
+    return r;
+  }
+  template <DType WD>
+  static V LoadW(const WElem<WD>* p) {
+    V r;
+    for (int i = 0; i < 16; ++i) r.v[i] = ScalarW<WD>(p + i);
+    return r;
+  }
+  static V Fma(const V& a, const V& b, const V& acc) {
+    V r;
+    for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
+    return r;
+  }
+  static void Store(const V& a, float* p) {
+    for (int i = 0; i < 16; ++i) p[i] = a.v[i];
+  }
+  static float Reduce(V a) { return TreeSum(a.v); }
+};
+
+}  // namespace
+}  // namespace portable
+
+TileFn PortableTile(DType w_dtype) { return portable::TileFor<portable::V, 2, 2>(w_dtype); }
+
+}  // namespace invariant_linear_internal
+}  // namespace moebatch

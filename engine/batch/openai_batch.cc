@@ -1,0 +1,515 @@
+// OpenAI Batch API JSONL lines, read and written with nlohmann-json only. Every parse and dump is
+// inside a try block: nlohmann's exceptions never leave this file. Output is dumped with
+// error_handler_t::replace, so invalid UTF-8 in generated text becomes U+FFFD instead of throwing.
+#include "engine/batch/openai_batch.h"
+
+#include <exception>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace moebatch {
+namespace {
+
+using json = nlohmann::json;
+// Output objects keep insertion order, so lines read id, custom_id, response, error as OpenAI's do.
+using ordered_json = nlohmann::ordered_json;
+
+constexpr std::string_view kChatUrl = "/v1/chat/completions";
+constexpr std::string_view kCompletionsUrl = "/v1/completions";
+constexpr std::string_view kRequestIdPrefix = "batch_req_";
+constexpr size_t kMaxStopStrings = 4;      // OpenAI's limit
+constexpr size_t kMaxDescribedBytes = 80;  // of an offending value quoted in an error message
+constexpr size_t kMaxParseErrorBytes = 200;
+
+// Debian's Abseil is built with its own absl::string_view, which std::string_view does not convert
+// to; StrCat and StartsWith get their arguments through this.
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+template <typename Json>
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
+
+// `s` with ill-formed UTF-8 replaced by U+FFFD (a round trip through nlohmann's replacing dump).
+std::string ValidUtf8(const std::string& s) {
+  return json::parse(Dump(json(s))).get<std::string>();
+}
+
+// The offending value for "got" clauses in error messages: a scalar as JSON text, cut short; an
+// array or object by its type only (dumping recurses, and a hostile line may nest deeply).
+std::string Describe(const json& j) {
+  if (j.is_structured()) return j.is_array() ? "an array" : "an object";
+  std::string s = Dump(j);
+  if (s.size() > kMaxDescribedBytes) {
+    s.resize(kMaxDescribedBytes);
+    s += "...";
+  }
+  return s;
+}
+
+absl::Status Invalid(std::string_view path, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(Sv(path), ": ", Sv(what)));
+}
+
+absl::Status Invalid(std::string_view path, std::string_view what, const json& got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Sv(path), ": ", Sv(what), ", got ", Describe(got)));
+}
+
+// `*it`, or null when `it` is `obj.end()`: by reference, since copying a hostile value recurses
+// once per nesting level (a 100,000-deep array as `url` would overflow the stack).
+const json& Found(const json& obj, json::const_iterator it) {
+  static const json kNull;
+  return it == obj.end() ? kNull : *it;
+}
+
+// `obj[key]`, or nullptr when the key is absent or null (OpenAI treats an explicit null as unset).
+const json* FindOptional(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// An integral JSON number that fits int64 (floats such as 1.0 are not integers here).
+bool AsInt64(const json& v, int64_t* out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    *out = v.get<int64_t>();
+    return true;
+  }
+  return false;
+}
+
+bool AsInt32(const json& v, int32_t* out) {
+  int64_t i = 0;
+  if (!AsInt64(v, &i) || i < std::numeric_limits<int32_t>::min() ||
+      i > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+  *out = static_cast<int32_t>(i);
+  return true;
+}
+
+absl::Status ParseContent(const json& content, const std::string& path, std::string* out) {
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!content.is_array()) {
+    return Invalid(path, "must be a string or an array of text parts", content);
+  }
+  // Text parts are joined with "\n", as vLLM does.
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string part_path = absl::StrCat(path, "[", i, "]");
+    if (!part.is_object()) return Invalid(part_path, "must be an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string() || type->get<std::string>() != "text") {
+      return Invalid(absl::StrCat(part_path, ".type"), "only \"text\" parts are supported",
+                     Found(part, type));
+    }
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) {
+      return Invalid(absl::StrCat(part_path, ".text"), "must be a string", Found(part, text));
+    }
+    texts.push_back(text->get<std::string>());
+  }
+  *out = absl::StrJoin(texts, "\n");
+  return absl::OkStatus();
+}
+
+absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* messages) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    return Invalid("body.messages", "must be a non-empty array", Found(body, it));
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string path = absl::StrCat("body.messages[", i, "]");
+    if (!m.is_object()) return Invalid(path, "must be an object", m);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return Invalid(absl::StrCat(path, ".role"), "must be one of system, user, assistant",
+                     Found(m, role));
+    }
+    ChatMessage message;
+    message.role = role->get<std::string>();
+    if (message.role != "system" && message.role != "user" && message.role != "assistant") {
+      return Invalid(absl::StrCat(path, ".role"), "must be one of system, user, assistant", *role);
+    }
+    auto content = m.find("content");
+    if (content == m.end()) {
+      return Invalid(absl::StrCat(path, ".content"), "required");
+    }
+    absl::Status s = ParseContent(*content, absl::StrCat(path, ".content"), &message.content);
+    if (!s.ok()) return s;
+    messages->push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTokenIds(const json& ids, const std::string& path, std::vector<int32_t>* out) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int32_t id = 0;
+    if (!AsInt32(ids[i], &id) || id < 0) {
+      return Invalid(absl::StrCat(path, "[", i, "]"), "must be a non-negative integer token id",
+                     ids[i]);
+    }
+    out->push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+// `prompt`: "text", [id, ...], ["text"] or [[id, ...]]: exactly one prompt per request.
+absl::Status ParsePrompt(const json& body, BatchRequest* request) {
+  constexpr std::string_view kForms =
+      "must be a string, an array of token ids, or a 1-element array of either";
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return Invalid("body.prompt", "required");
+  const json& prompt = *it;
+  if (prompt.is_string()) {
+    request->prompt = prompt.get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!prompt.is_array()) return Invalid("body.prompt", kForms, prompt);
+  if (prompt.empty()) return Invalid("body.prompt", "must not be an empty array");
+  if (prompt[0].is_string() || prompt[0].is_array()) {
+    if (prompt.size() != 1) {
+      return Invalid("body.prompt",
+                     absl::StrCat("only one prompt per request is supported, got ", prompt.size()));
+    }
+    if (prompt[0].is_string()) {
+      request->prompt = prompt[0].get<std::string>();
+      return absl::OkStatus();
+    }
+    if (prompt[0].empty()) return Invalid("body.prompt[0]", "must not be an empty array");
+    std::vector<int32_t> ids;
+    absl::Status s = ParseTokenIds(prompt[0], "body.prompt[0]", &ids);
+    if (!s.ok()) return s;
+    request->prompt_token_ids = std::move(ids);
+    return absl::OkStatus();
+  }
+  std::vector<int32_t> ids;
+  absl::Status s = ParseTokenIds(prompt, "body.prompt", &ids);
+  if (!s.ok()) return s;
+  request->prompt_token_ids = std::move(ids);
+  return absl::OkStatus();
+}
+
+// Reads an optional int32 key; `*present` tells whether it was given.
+absl::Status OptionalInt32(const json& body, const char* key, int32_t* out, bool* present) {
+  *present = false;
+  const json* v = FindOptional(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!AsInt32(*v, out)) {
+    return Invalid(absl::StrCat("body.", key), "must be a 32-bit integer", *v);
+  }
+  *present = true;
+  return absl::OkStatus();
+}
+
+absl::Status OptionalFloat(const json& body, const char* key, float* out) {
+  const json* v = FindOptional(body, key);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return Invalid(absl::StrCat("body.", key), "must be a number", *v);
+  *out = static_cast<float>(v->get<double>());
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, SamplingParams* p) {
+  *p = SamplingParams();
+  p->max_tokens = defaults.max_tokens;
+
+  int32_t max_tokens = 0;
+  int32_t max_completion_tokens = 0;
+  bool has_max_tokens = false;
+  bool has_max_completion_tokens = false;
+  absl::Status s = OptionalInt32(body, "max_tokens", &max_tokens, &has_max_tokens);
+  if (!s.ok()) return s;
+  s = OptionalInt32(body, "max_completion_tokens", &max_completion_tokens,
+                    &has_max_completion_tokens);
+  if (!s.ok()) return s;
+  if (has_max_tokens && has_max_completion_tokens && max_tokens != max_completion_tokens) {
+    return Invalid("body.max_completion_tokens",
+                   absl::StrCat("must equal body.max_tokens when both are given, got ",
+                                max_completion_tokens, " and ", max_tokens));
+  }
+  if (has_max_tokens) {
+    p->max_tokens = max_tokens;
+  } else if (has_max_completion_tokens) {
+    p->max_tokens = max_completion_tokens;
+  }
+
+  s = OptionalFloat(body, "temperature", &p->temperature);
+  if (!s.ok()) return s;
+  s = OptionalFloat(body, "top_p", &p->top_p);
+  if (!s.ok()) return s;
+  bool has_top_k = false;
+  s = OptionalInt32(body, "top_k", &p->top_k, &has_top_k);
+  if (!s.ok()) return s;
+
+  if (const json* seed = FindOptional(body, "seed")) {
+    if (!seed->is_number_unsigned()) {
+      return Invalid("body.seed", "must be a non-negative integer", *seed);
+    }
+    p->seed = seed->get<uint64_t>();
+  }
+
+  if (const json* stop = FindOptional(body, "stop")) {
+    if (stop->is_string()) {
+      if (stop->get_ref<const std::string&>().empty()) {
+        return Invalid("body.stop", "must not be an empty string");
+      }
+      p->stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStopStrings) {
+        return Invalid("body.stop", absl::StrCat("at most ", kMaxStopStrings,
+                                                 " stop strings are allowed, got ", stop->size()));
+      }
+      for (size_t i = 0; i < stop->size(); ++i) {
+        const json& item = (*stop)[i];
+        if (!item.is_string() || item.get_ref<const std::string&>().empty()) {
+          return Invalid(absl::StrCat("body.stop[", i, "]"), "must be a non-empty string", item);
+        }
+        p->stop.push_back(item.get<std::string>());
+      }
+    } else {
+      return Invalid("body.stop", "must be a string or an array of up to 4 strings", *stop);
+    }
+  }
+
+  if (const json* n = FindOptional(body, "n")) {
+    int64_t value = 0;
+    if (!AsInt64(*n, &value) || value != 1) return Invalid("body.n", "only 1 is supported", *n);
+  }
+
+  if (const json* ignore_eos = FindOptional(body, "ignore_eos")) {
+    if (!ignore_eos->is_boolean()) {
+      return Invalid("body.ignore_eos", "must be a boolean", *ignore_eos);
+    }
+    p->ignore_eos = ignore_eos->get<bool>();
+  }
+
+  // Ranges: the sampler's own rules, its field names put under "body.".
+  s = p->Validate();
+  if (!s.ok()) {
+    std::string message(s.message());
+    if (!has_max_tokens && has_max_completion_tokens && absl::StartsWith(message, "max_tokens:")) {
+      message = absl::StrCat("max_completion_tokens", message.substr(sizeof("max_tokens") - 1));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("body.", message));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults& defaults) {
+  BatchRequest request;
+
+  auto custom_id = root.find("custom_id");
+  if (custom_id == root.end() || !custom_id->is_string() ||
+      custom_id->get_ref<const std::string&>().empty()) {
+    return Invalid("custom_id", "must be a non-empty string", Found(root, custom_id));
+  }
+  request.custom_id = custom_id->get<std::string>();
+
+  auto method = root.find("method");
+  if (method == root.end() || !method->is_string() || method->get<std::string>() != "POST") {
+    return Invalid("method", "must be POST", Found(root, method));
+  }
+
+  auto url = root.find("url");
+  if (url != root.end() && url->is_string() && url->get<std::string>() == kChatUrl) {
+    request.endpoint = Endpoint::kChatCompletions;
+  } else if (url != root.end() && url->is_string() && url->get<std::string>() == kCompletionsUrl) {
+    request.endpoint = Endpoint::kCompletions;
+  } else {
+    return Invalid("url", absl::StrCat("must be ", Sv(kChatUrl), " or ", Sv(kCompletionsUrl)),
+                   Found(root, url));
+  }
+
+  auto body_it = root.find("body");
+  if (body_it == root.end() || !body_it->is_object()) {
+    return Invalid("body", "must be an object", Found(root, body_it));
+  }
+  const json& body = *body_it;
+
+  if (const json* model = FindOptional(body, "model")) {
+    if (!model->is_string()) return Invalid("body.model", "must be a string", *model);
+    request.model = model->get<std::string>();
+  }
+
+  absl::Status s = request.endpoint == Endpoint::kChatCompletions
+                       ? ParseMessages(body, &request.messages)
+                       : ParsePrompt(body, &request);
+  if (!s.ok()) return s;
+  s = ParseSampling(body, defaults, &request.sampling);
+  if (!s.ok()) return s;
+  return request;
+}
+
+// "batch_req_X" -> "X": the suffix shared by the line's request id and the body's id.
+std::string_view RequestSuffix(std::string_view request_id) {
+  if (absl::StartsWith(Sv(request_id), Sv(kRequestIdPrefix))) {
+    request_id.remove_prefix(kRequestIdPrefix.size());
+  }
+  return request_id;
+}
+
+ordered_json CustomIdOrNull(const std::string& custom_id) {
+  return custom_id.empty() ? ordered_json() : ordered_json(custom_id);
+}
+
+// The field path that starts a message ("body.messages[1].role: ..."), or null when it has none.
+ordered_json ParamOf(std::string_view message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string_view::npos || colon == 0) return ordered_json();
+  for (char c : message.substr(0, colon)) {
+    const bool path_char = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '[' || c == ']';
+    if (!path_char) return ordered_json();
+  }
+  return ordered_json(std::string(message.substr(0, colon)));
+}
+
+std::string LowerCodeName(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);
+  for (char& c : name) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c == ' ') c = '_';
+  }
+  return name;
+}
+
+// Last resort when building a line failed (out of memory): a minimal error line, or "" if even
+// that cannot be made.
+std::string FallbackLine(std::string_view request_id, std::string_view what) {
+  try {
+    ordered_json line;
+    line["id"] = std::string(request_id);
+    line["custom_id"] = nullptr;
+    line["response"] = nullptr;
+    line["error"] = {{"code", "internal"}, {"message", std::string(what)}};
+    return Dump(line);
+  } catch (...) {
+    return std::string();
+  }
+}
+
+}  // namespace
+
+ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defaults) {
+  ParsedBatchLine parsed;
+  try {
+    json root;
+    try {
+      root = json::parse(line.begin(), line.end());
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e400 (no double)
+      // e.what() is "[json.exception.parse_error.101] parse error at ...": keep the part after
+      // the tag.
+      std::string_view what = e.what();
+      const size_t tag_end = what.find("] ");
+      if (tag_end != std::string_view::npos) what.remove_prefix(tag_end + 2);
+      if (what.size() > kMaxParseErrorBytes) what = what.substr(0, kMaxParseErrorBytes);
+      // The "last read" part quotes the input, which may be ill-formed UTF-8.
+      parsed.request =
+          absl::InvalidArgumentError(absl::StrCat("invalid JSON: ", ValidUtf8(std::string(what))));
+      return parsed;
+    }
+    if (!root.is_object()) {
+      parsed.request = absl::InvalidArgumentError(
+          absl::StrCat("invalid JSON: a line must be a JSON object, got ", root.type_name()));
+      return parsed;
+    }
+    parsed.json_ok = true;
+    auto custom_id = root.find("custom_id");
+    if (custom_id != root.end() && custom_id->is_string()) {
+      parsed.custom_id = custom_id->get<std::string>();
+    }
+    parsed.request = ParseRequest(root, defaults);
+  } catch (const std::exception& e) {
+    parsed.request = absl::InternalError(absl::StrCat("parsing the line failed: ", e.what()));
+  }
+  return parsed;
+}
+
+std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
+                              const Completion& completion, int64_t created) {
+  try {
+    const std::string_view suffix = RequestSuffix(request_id);
+    const bool chat = request.endpoint == Endpoint::kChatCompletions;
+
+    ordered_json choice;
+    choice["index"] = 0;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", completion.text}};
+    } else {
+      choice["text"] = completion.text;
+    }
+    choice["finish_reason"] = completion.finish_reason;
+    choice["logprobs"] = nullptr;
+    choice["token_ids"] = completion.token_ids;
+
+    ordered_json body;
+    body["id"] = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", Sv(suffix));
+    body["object"] = chat ? "chat.completion" : "text_completion";
+    body["created"] = created;
+    body["model"] = request.model;
+    body["choices"] = ordered_json::array({std::move(choice)});
+    body["usage"] = {{"prompt_tokens", completion.prompt_tokens},
+                     {"completion_tokens", completion.completion_tokens},
+                     {"total_tokens", completion.prompt_tokens + completion.completion_tokens}};
+
+    ordered_json line;
+    line["id"] = std::string(request_id);
+    line["custom_id"] = request.custom_id;
+    line["response"] = {{"status_code", 200},
+                        {"request_id", absl::StrCat("req_", Sv(suffix))},
+                        {"body", std::move(body)}};
+    line["error"] = nullptr;
+    return Dump(line);
+  } catch (const std::exception& e) {
+    return FallbackLine(request_id, absl::StrCat("formatting the output failed: ", e.what()));
+  }
+}
+
+std::string FormatBatchError(const ParsedBatchLine& line, std::string_view request_id,
+                             const absl::Status& status) {
+  try {
+    const std::string message(status.message());
+    ordered_json out;
+    out["id"] = std::string(request_id);
+    out["custom_id"] = CustomIdOrNull(line.custom_id);
+    if (!line.json_ok) {
+      out["response"] = nullptr;
+      out["error"] = {{"code", "invalid_json"}, {"message", message}};
+      return Dump(out);
+    }
+    const bool client_error = status.code() == absl::StatusCode::kInvalidArgument ||
+                              status.code() == absl::StatusCode::kOutOfRange;
+    ordered_json error;
+    error["message"] = message;
+    error["type"] = client_error ? "invalid_request_error" : "server_error";
+    error["param"] = ParamOf(message);
+    error["code"] = LowerCodeName(status.code());
+    out["response"] = {{"status_code", client_error ? 400 : 500},
+                       {"request_id", absl::StrCat("req_", Sv(RequestSuffix(request_id)))},
+                       {"body", {{"error", std::move(error)}}}};
+    out["error"] = nullptr;
+    return Dump(out);
+  } catch (const std::exception& e) {
+    return FallbackLine(request_id, absl::StrCat("formatting the error failed: ", e.what()));
+  }
+}
+
+}  // namespace moebatch

@@ -1,0 +1,74 @@
+// The OpenAI Batch API's JSONL format: input lines (one request each) and output lines.
+//
+// Input line: {"custom_id": str, "method": "POST", "url": "/v1/chat/completions" |
+// "/v1/completions", "body": {"model"?, "messages" | "prompt", "max_tokens" |
+// "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n" (1 only),
+// "ignore_eos" (extension)}}. `prompt` may be a string or an array of token ids (as OpenAI allows).
+//
+// Output line: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
+// "body": {chat.completion or text_completion object with "choices" and "usage"}}, "error": null}.
+// Extension: every choice also carries "token_ids", the generated token ids (stop-string and EOS
+// tokens included when they were generated; see docs/api.md).
+// A request that fails validation gets "response": {"status_code": 400, "body": {"error": {...}}};
+// a line that is not JSON at all gets "response": null, "error": {"code", "message"}.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/sampler.h"
+#include "engine/text/tokenizer.h"
+
+namespace moebatch {
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+struct BatchRequest {
+  std::string custom_id;
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;                                     // body.model, echoed back; may be empty
+  std::vector<ChatMessage> messages;                     // chat
+  std::string prompt;                                    // completions, text prompt
+  std::optional<std::vector<int32_t>> prompt_token_ids;  // completions, prompt given as ids
+  SamplingParams sampling;
+};
+
+struct ParsedBatchLine {
+  std::string custom_id;  // as far as it could be read (empty when the line is not JSON)
+  bool json_ok = false;   // false: not a JSON object at all
+  absl::StatusOr<BatchRequest> request;  // InvalidArgument naming the field, e.g.
+                                         // "body.temperature: must be in [0, 100], got 7000"
+};
+
+struct BatchDefaults {
+  int32_t max_tokens = 256;  // when the body gives neither max_tokens nor max_completion_tokens
+};
+
+// Parses one input line. Never throws; every problem is in `request`'s status.
+ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defaults = {});
+
+struct Completion {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::string finish_reason;  // "stop" (EOS or stop string) or "length"
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// Formats a successful output line (no trailing newline). `request_id` is unique per request
+// ("batch_req_<...>"); `created` is Unix seconds.
+std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
+                              const Completion& completion, int64_t created);
+
+// Formats a failed request's line: status_code 400 for InvalidArgument/OutOfRange, else 500, with
+// body.error {message, type, param, code}; or, when !json_ok, "response": null and
+// "error": {"code": "invalid_json", "message"}.
+std::string FormatBatchError(const ParsedBatchLine& line, std::string_view request_id,
+                             const absl::Status& status);
+
+}  // namespace moebatch

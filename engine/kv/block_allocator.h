@@ -1,0 +1,41 @@
+// The KV block allocator of the paged KV cache (kv_cache.h): which of the cache's num_blocks block
+// ids are free. A sequence's block table lists the ids it holds, in position order; the scheduler
+// (engine/scheduler.h) allocates a block when a sequence's last one is full and frees its table
+// when it finishes or is preempted (MoE-Lens §6.2).
+//
+// Threading: used by one thread (the scheduler's); not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace moebatch {
+
+// A LIFO free list of block ids [0, num_blocks).
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int64_t num_blocks);
+  // nullopt when no block is free.
+  std::optional<int32_t> Allocate();
+  // Returns a block; freeing a block twice or an id out of range is a programming error (checked in
+  // debug builds).
+  void Free(int32_t block);
+  void FreeAll(std::vector<int32_t>* block_table);  // frees every block of the table and clears it
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_blocks() const { return num_blocks_; }
+
+ private:
+  int64_t num_blocks_;
+  std::vector<int32_t> free_;
+#ifndef NDEBUG
+  std::vector<bool> is_free_;
+#endif
+};
+
+// Blocks needed to hold `tokens` token slots.
+inline int64_t BlocksForTokens(int64_t tokens, int64_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
+}  // namespace moebatch

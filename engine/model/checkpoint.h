@@ -1,0 +1,77 @@
+// A Mixtral checkpoint directory, validated: config.json plus every tensor MixtralForCausalLM
+// (transformers 4.x, hub per-expert layout) expects, with its shape and dtype, checked before the
+// first forward. Tensor names and shapes ([out_features, in_features], as torch.nn.Linear stores):
+//   model.embed_tokens.weight                                   [vocab, hidden]
+//   model.layers.{l}.input_layernorm.weight                     [hidden]
+//   model.layers.{l}.self_attn.{q,k,v,o}_proj.weight            q [heads*head_dim, hidden],
+//                                                               k/v [kv_heads*head_dim, hidden],
+//                                                               o [hidden, heads*head_dim]
+//   model.layers.{l}.post_attention_layernorm.weight            [hidden]
+//   model.layers.{l}.block_sparse_moe.gate.weight               [experts, hidden]   (the router)
+//   model.layers.{l}.block_sparse_moe.experts.{e}.w1.weight     [intermediate, hidden] (gate proj)
+//   model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight     [hidden, intermediate] (down proj)
+//   model.layers.{l}.block_sparse_moe.experts.{e}.w3.weight     [intermediate, hidden] (up proj)
+//   model.norm.weight                                           [hidden]
+//   lm_head.weight                                              [vocab, hidden] (absent when tied)
+// Every tensor must have the config's torch_dtype (bf16, fp16 or fp32).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+
+namespace moebatch {
+
+struct ExpertWeights {
+  const TensorInfo* w1 = nullptr;
+  const TensorInfo* w2 = nullptr;
+  const TensorInfo* w3 = nullptr;
+};
+
+struct LayerWeights {
+  const TensorInfo* input_layernorm = nullptr;
+  const TensorInfo* q_proj = nullptr;
+  const TensorInfo* k_proj = nullptr;
+  const TensorInfo* v_proj = nullptr;
+  const TensorInfo* o_proj = nullptr;
+  const TensorInfo* post_attention_layernorm = nullptr;
+  const TensorInfo* router = nullptr;  // block_sparse_moe.gate
+  std::vector<ExpertWeights> experts;  // num_local_experts
+};
+
+struct ModelWeights {
+  const TensorInfo* embed_tokens = nullptr;
+  const TensorInfo* norm = nullptr;
+  const TensorInfo* lm_head = nullptr;  // == embed_tokens when tie_word_embeddings
+  std::vector<LayerWeights> layers;
+};
+
+class Checkpoint {
+ public:
+  // Loads config.json, opens the tensors (TensorStore::Open) and validates every expected tensor.
+  // Errors name the tensor and file at fault:
+  //   NotFound         missing config.json, missing weights file or shard, missing tensor
+  //   InvalidArgument  bad config, wrong shape ("expected [64, 32000], found [64, 31999]"), wrong
+  //                    dtype ("expected BF16 (config torch_dtype), found F32"), unknown
+  //                    architecture
+  //   DataLoss         truncated file
+  // Unexpected extra tensors are ignored (logged at debug level).
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Load(const std::string& model_dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const TensorStore& store() const { return *store_; }
+
+ private:
+  std::string dir_;
+  ModelConfig config_;
+  std::unique_ptr<TensorStore> store_;
+  ModelWeights weights_;
+};
+
+}  // namespace moebatch

@@ -1,0 +1,357 @@
+#include "engine/model/weight_store.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+namespace moebatch {
+namespace {
+
+class Pageable final : public HostAllocator {
+ public:
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot map ", bytes, " bytes of host memory for weights"));
+    }
+    return static_cast<std::byte*>(p);
+  }
+  void Free(std::byte* data, size_t bytes) override { ::munmap(data, bytes); }
+  const char* name() const override { return "pageable"; }
+};
+
+size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+std::string GiB(int64_t bytes) {
+  if (bytes < (int64_t{1} << 30)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+  return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
+}
+
+// One tensor of the layout and the ModelWeights field that will point at it.
+struct PlannedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const TensorInfo** target;
+};
+
+// The tensors of the globals region (index 0) and of each layer region, in layout order, with the
+// ModelWeights fields they fill (weights->layers is sized here).
+std::vector<std::vector<PlannedTensor>> PlanLayout(const ModelConfig& c, int64_t num_layers,
+                                                   ModelWeights* w) {
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  std::vector<std::vector<PlannedTensor>> regions(1 + num_layers);
+  regions[0].push_back({"model.embed_tokens.weight", {c.vocab_size, hidden}, &w->embed_tokens});
+  regions[0].push_back({"model.norm.weight", {hidden}, &w->norm});
+  if (!c.tie_word_embeddings) {
+    regions[0].push_back({"lm_head.weight", {c.vocab_size, hidden}, &w->lm_head});
+  }
+  w->layers.assign(num_layers, LayerWeights{});
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerWeights& lw = w->layers[l];
+    lw.experts.resize(c.num_local_experts);
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    auto& r = regions[1 + l];
+    r.push_back({p + "input_layernorm.weight", {hidden}, &lw.input_layernorm});
+    r.push_back({p + "self_attn.q_proj.weight", {c.q_size(), hidden}, &lw.q_proj});
+    r.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, &lw.k_proj});
+    r.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), hidden}, &lw.v_proj});
+    r.push_back({p + "self_attn.o_proj.weight", {hidden, c.q_size()}, &lw.o_proj});
+    r.push_back({p + "post_attention_layernorm.weight", {hidden}, &lw.post_attention_layernorm});
+    r.push_back({p + "block_sparse_moe.gate.weight", {c.num_local_experts, hidden}, &lw.router});
+    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
+      ExpertWeights& ew = lw.experts[e];
+      r.push_back({ep + "w1.weight", {inter, hidden}, &ew.w1});
+      r.push_back({ep + "w3.weight", {inter, hidden}, &ew.w3});
+      r.push_back({ep + "w2.weight", {hidden, inter}, &ew.w2});
+    }
+  }
+  return regions;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// dst[0, n) (dst_type) = src[0, n) (src_type), through f32 when the types differ (exact widening,
+// round-to-nearest-even narrowing: engine/model/dtype.h). Parallel over chunks.
+void CopyConverted(const std::byte* src, DType src_type, std::byte* dst, DType dst_type,
+                   int64_t n) {
+  if (src_type == dst_type) {
+    const size_t bytes = static_cast<size_t>(n) * DTypeSize(src_type);
+    constexpr size_t kChunk = size_t{1} << 22;
+#pragma omp parallel for schedule(static) if (bytes > kChunk)
+    for (size_t off = 0; off < bytes; off += kChunk) {
+      std::memcpy(dst + off, src + off, std::min(kChunk, bytes - off));
+    }
+    return;
+  }
+  constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel if (n > kChunk)
+  {
+    std::vector<float> buf(kChunk);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      ConvertToF32(src_type, src + i * DTypeSize(src_type), buf.data(), m);
+      ConvertFromF32(dst_type, buf.data(), dst + i * DTypeSize(dst_type), m);
+    }
+  }
+}
+
+uint64_t HashName(const std::string& s) {  // FNV-1a, 64 bit
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+bool IsNormName(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+}  // namespace
+
+HostAllocator& PageableHostAllocator() {
+  static Pageable* allocator = new Pageable();
+  return *allocator;
+}
+
+int64_t AvailableHostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+int64_t WeightStore::RequiredBytes(const ModelConfig& config, int64_t num_layers, DType dtype,
+                                   size_t alignment) {
+  ModelWeights scratch;
+  int64_t total = 0;
+  for (const auto& region : PlanLayout(config, num_layers, &scratch)) {
+    size_t bytes = 0;
+    for (const PlannedTensor& t : region) {
+      bytes = AlignUp(bytes, alignment) + Numel(t.shape) * DTypeSize(dtype);
+    }
+    total += static_cast<int64_t>(bytes);
+  }
+  return total;
+}
+
+WeightStore::~WeightStore() {
+  if (!owns_memory_) return;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (layers_[i].data != nullptr) allocator_->Free(layers_[i].data, allocated_[i]);
+  }
+  if (globals_.data != nullptr) allocator_->Free(globals_.data, allocated_.back());
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::View(const WeightStore& base,
+                                                               int64_t num_layers) {
+  if (num_layers < 1 || num_layers > base.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight store view: ", num_layers, " layers of ", base.num_layers()));
+  }
+  std::unique_ptr<WeightStore> view(new WeightStore());
+  view->config_ = base.config_;
+  view->config_.num_hidden_layers = num_layers;
+  view->dtype_ = base.dtype_;
+  view->allocator_ = base.allocator_;
+  view->owns_memory_ = false;
+  view->globals_ = base.globals_;
+  view->layers_.assign(base.layers_.begin(), base.layers_.begin() + num_layers);
+  view->weights_ = base.weights_;  // points at base's TensorInfos
+  view->weights_.layers.resize(num_layers);
+  return view;
+}
+
+size_t WeightStore::max_layer_bytes() const {
+  size_t m = 0;
+  for (const WeightRegion& r : layers_) m = std::max(m, r.bytes);
+  return m;
+}
+
+size_t WeightStore::total_bytes() const {
+  size_t total = globals_.bytes;
+  for (const WeightRegion& r : layers_) total += r.bytes;
+  return total;
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
+    const ModelConfig& config, int64_t num_layers, DType dtype, const WeightStoreOptions& options,
+    const std::function<void(const WeightTensor&, std::byte*)>& fill) {
+  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0 ||
+      options.alignment > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight alignment: must be a power of two <= 4096 bytes, got ", options.alignment));
+  }
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    return absl::InvalidArgumentError("weight dtype: must be bf16, f16 or f32");
+  }
+  const int64_t need = RequiredBytes(config, num_layers, dtype, options.alignment);
+  const int64_t budget =
+      options.host_budget_bytes > 0 ? options.host_budget_bytes : AvailableHostMemoryBytes();
+  if (budget > 0 && need + options.reserved_bytes > budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "weights need ", GiB(need), " of host memory (", num_layers, " layers, ",
+        std::string(DTypeName(dtype)), ")", options.reserved_bytes > 0 ? " plus " : "",
+        options.reserved_bytes > 0 ? GiB(options.reserved_bytes) + " reserved (KV cache)" : "",
+        ", but the host memory budget is ", GiB(budget),
+        options.host_budget_bytes > 0 ? "" : " (MemAvailable)"));
+  }
+
+  std::unique_ptr<WeightStore> store(new WeightStore());
+  store->config_ = config;
+  store->config_.num_hidden_layers = num_layers;
+  store->dtype_ = dtype;
+  store->allocator_ = options.allocator != nullptr ? options.allocator : &PageableHostAllocator();
+  auto plan = PlanLayout(store->config_, num_layers, &store->weights_);
+  store->layers_.resize(num_layers);
+  store->allocated_.assign(num_layers + 1, 0);
+
+  const int64_t regions = static_cast<int64_t>(plan.size());
+  int64_t done_bytes = 0;
+  int last_decile = 0;
+  // Globals first in the plan; stored last in allocated_ (layers keep their index).
+  for (int64_t r = 0; r < regions; ++r) {
+    WeightRegion& region = r == 0 ? store->globals_ : store->layers_[r - 1];
+    size_t bytes = 0;
+    for (const PlannedTensor& t : plan[r]) {
+      WeightTensor wt;
+      wt.name = t.name;
+      wt.dtype = dtype;
+      wt.shape = t.shape;
+      wt.offset = AlignUp(bytes, options.alignment);
+      wt.nbytes = static_cast<size_t>(Numel(t.shape)) * DTypeSize(dtype);
+      bytes = wt.offset + wt.nbytes;
+      region.tensors.push_back(std::move(wt));
+    }
+    region.bytes = bytes;
+    const size_t allocation = AlignUp(std::max<size_t>(bytes, 1), 4096);
+    auto data = store->allocator_->Allocate(allocation);
+    if (!data.ok()) return data.status();
+    region.data = *data;
+    store->allocated_[r == 0 ? num_layers : r - 1] = allocation;
+    for (size_t i = 0; i < plan[r].size(); ++i) {
+      const WeightTensor& wt = region.tensors[i];
+      std::byte* dst = region.data + wt.offset;
+      fill(wt, dst);
+      TensorInfo& info = store->infos_.emplace_back();
+      info.name = wt.name;
+      info.dtype_name = std::string(DTypeName(dtype));
+      info.dtype = dtype;
+      info.shape = wt.shape;
+      info.data = dst;
+      info.nbytes = wt.nbytes;
+      info.file =
+          absl::StrCat("(host weight region ", r == 0 ? "globals" : std::to_string(r - 1), ")");
+      *plan[r][i].target = &info;
+    }
+    done_bytes += static_cast<int64_t>(bytes);
+    if (options.progress) {
+      options.progress(r + 1, regions, done_bytes, need);
+    } else if (const int decile = static_cast<int>(10 * done_bytes / std::max<int64_t>(need, 1));
+               decile > last_decile || r + 1 == regions) {
+      last_decile = decile;
+      spdlog::info("weights: {}/{} regions, {} of {} in {} host memory", r + 1, regions,
+                   GiB(done_bytes), GiB(need), store->allocator_->name());
+    }
+  }
+  if (config.tie_word_embeddings) store->weights_.lm_head = store->weights_.embed_tokens;
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Load(const Checkpoint& checkpoint,
+                                                               const WeightStoreOptions& options) {
+  const ModelConfig& c = checkpoint.config();
+  const DType dtype = options.dtype.value_or(c.torch_dtype);
+  const TensorStore& tensors = checkpoint.store();
+  // Every tensor was checked by Checkpoint::Load; look each up by name.
+  ModelWeights scratch;
+  for (const auto& region : PlanLayout(c, c.num_hidden_layers, &scratch)) {
+    for (const PlannedTensor& t : region) {
+      const TensorInfo* info = tensors.Find(t.name);
+      if (info == nullptr || !info->dtype || info->shape != t.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint tensor \"", t.name, "\" is missing or malformed"));
+      }
+    }
+  }
+  auto store =
+      Build(c, c.num_hidden_layers, dtype, options, [&](const WeightTensor& wt, std::byte* dst) {
+        const TensorInfo* src = tensors.Find(wt.name);
+        CopyConverted(src->data, *src->dtype, dst, wt.dtype, Numel(wt.shape));
+      });
+  if (store.ok()) {
+    spdlog::info("weights: {} copied into {} {} regions ({}, max layer {})", checkpoint.dir(),
+                 (*store)->num_layers() + 1, (*store)->allocator_name(),
+                 GiB(static_cast<int64_t>((*store)->total_bytes())),
+                 GiB(static_cast<int64_t>((*store)->max_layer_bytes())));
+  }
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Synthetic(
+    const ModelConfig& config, int64_t num_layers, uint64_t seed,
+    const WeightStoreOptions& options) {
+  if (num_layers < 0 || num_layers > config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic layers: must be in [0, ", config.num_hidden_layers, "], got ", num_layers));
+  }
+  if (num_layers == 0) num_layers = config.num_hidden_layers;
+  const DType dtype = options.dtype.value_or(config.torch_dtype);
+  // Uniform on [-a, a) with a = 0.02 * sqrt(3): standard deviation 0.02.
+  const float a = 0.02f * std::sqrt(3.0f);
+  auto store =
+      Build(config, num_layers, dtype, options, [&](const WeightTensor& wt, std::byte* dst) {
+        const int64_t n = Numel(wt.shape);
+        const bool norm = IsNormName(wt.name);
+        const uint64_t key = SplitMix64(seed ^ HashName(wt.name));
+        constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel if (n > kChunk)
+        {
+          std::vector<float> buf(kChunk);
+#pragma omp for schedule(static)
+          for (int64_t i = 0; i < n; i += kChunk) {
+            const int64_t m = std::min(kChunk, n - i);
+            for (int64_t j = 0; j < m; ++j) {
+              if (norm) {
+                buf[j] = 1.0f;
+              } else {
+                const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i + j));
+                buf[j] = (static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f) * a;
+              }
+            }
+            ConvertFromF32(wt.dtype, buf.data(), dst + i * DTypeSize(wt.dtype), m);
+          }
+        }
+      });
+  if (store.ok()) {
+    spdlog::info("weights: synthetic {} ({} of {} layers, seed {}): {} in {} memory",
+                 config.architecture, num_layers, config.num_hidden_layers, seed,
+                 GiB(static_cast<int64_t>((*store)->total_bytes())), (*store)->allocator_name());
+  }
+  return store;
+}
+
+}  // namespace moebatch

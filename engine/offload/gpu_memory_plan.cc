@@ -1,0 +1,120 @@
+#include "engine/offload/gpu_memory_plan.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace moebatch {
+namespace {
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
+
+int64_t AlignedLayerBytes(int64_t max_layer_bytes) { return (max_layer_bytes + 255) / 256 * 256; }
+
+int64_t FixedBytes(const ModelConfig& c, DType dtype, int64_t max_layer_bytes) {
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t resident = (c.vocab_size + 1) * c.hidden_size * elem;
+  return 2 * max_layer_bytes + resident + GpuMemoryPlan::kWorkspaceBytes;
+}
+
+}  // namespace
+
+std::string GpuMemoryPlan::ToString() const {
+  return absl::StrCat(
+      "2 x ", GiB(weight_slot_bytes), " weight slots + ", GiB(resident_bytes), " lm_head + ",
+      resident_layers > 0
+          ? absl::StrCat(resident_layers, " resident layers (", GiB(resident_layer_bytes), ") + ")
+          : std::string(),
+      GiB(activation_bytes), " activations (", tokens_per_pass, " tokens/pass) + ",
+      GiB(workspace_bytes), " workspace = ", GiB(total_bytes));
+}
+
+int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
+  const int64_t e = static_cast<int64_t>(DTypeSize(dtype)), f = 4;
+  const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
+  const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size;
+  int64_t bytes = 0;
+  bytes += 2 * (hidden * f + 8 + 4);  // h, position, prefill segment offset, each micro-batch
+  bytes += hidden * e;               // x = RMSNorm(h), GEMM input
+  bytes += (q + 2 * kv) * f;         // q, k, v
+  bytes += q * f + q * e;            // attention output, and as GEMM input
+  bytes += hidden * f;               // o-proj output
+  bytes += c.num_local_experts * f;  // router logits
+  bytes += k * 16;                   // top-k ids, weights, slots; tokens sorted by expert
+  bytes += k * hidden * e;           // expert inputs (rows sorted by expert)
+  bytes += k * 2 * ffn * f;          // gate and up
+  bytes += k * ffn * e;              // silu(gate) * up, GEMM input
+  bytes += k * hidden * f;           // expert outputs
+  bytes += c.vocab_size * f + 4;     // logits and their row index
+  return bytes;
+}
+
+absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& c, DType dtype,
+                                            int64_t max_layer_bytes, int64_t tokens_per_pass,
+                                            int64_t budget_bytes, int64_t resident_layers) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    return absl::InvalidArgumentError("GPU compute dtype: must be bf16, f16 or f32");
+  }
+  if (resident_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU memory plan: resident layers must be >= 0, got ", resident_layers));
+  }
+  if (max_layer_bytes <= 0 || tokens_per_pass <= 0 || budget_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU memory plan: layer bytes (", max_layer_bytes, "), tokens per pass (",
+                     tokens_per_pass, ") and budget (", budget_bytes, ") must be positive"));
+  }
+  GpuMemoryPlan plan;
+  plan.tokens_per_pass = tokens_per_pass;
+  plan.weight_slot_bytes = max_layer_bytes;
+  plan.resident_bytes = (c.vocab_size + 1) * c.hidden_size * static_cast<int64_t>(DTypeSize(dtype));
+  plan.resident_layers = resident_layers;
+  plan.resident_layer_bytes = resident_layers * AlignedLayerBytes(max_layer_bytes);
+  plan.activation_bytes = tokens_per_pass * GpuActivationBytesPerToken(c, dtype);
+  plan.workspace_bytes = GpuMemoryPlan::kWorkspaceBytes;
+  plan.total_bytes = 2 * plan.weight_slot_bytes + plan.resident_bytes + plan.resident_layer_bytes +
+                     plan.activation_bytes + plan.workspace_bytes;
+  if (plan.total_bytes > budget_bytes) {
+    const int64_t fit =
+        MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes, resident_layers);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU memory: ", plan.ToString(), " exceeds the budget of ", GiB(budget_bytes),
+        fit > 0 ? absl::StrCat("; at most ", fit, " tokens per pass fit",
+                               resident_layers > 0
+                                   ? absl::StrCat(" beside ", resident_layers, " resident layers")
+                                   : std::string())
+        : resident_layers > 0
+            ? std::string("; the weight slots, lm_head and resident layers alone do "
+                          "not fit")
+            : std::string("; the two weight slots and lm_head alone do not fit")));
+  }
+  return plan;
+}
+
+int64_t AutomaticTokensPerPass(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                               int64_t budget_bytes, int64_t num_layers, int64_t resident_layers) {
+  const int64_t resident =
+      std::clamp<int64_t>(resident_layers, 0, std::max<int64_t>(0, num_layers - 2));
+  return std::min(kMaxAutomaticTokensPerPass,
+                  MaxTokensPerPassForBudget(c, dtype, max_layer_bytes, budget_bytes, resident));
+}
+
+int64_t MaxResidentLayers(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                          int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers) {
+  auto plan = PlanGpuMemory(c, dtype, max_layer_bytes, tokens_per_pass, budget_bytes);
+  if (!plan.ok() || num_layers <= 2) return 0;
+  const int64_t room = (budget_bytes - plan->total_bytes) / AlignedLayerBytes(max_layer_bytes);
+  return std::min(room, num_layers - 2);
+}
+
+int64_t MaxTokensPerPassForBudget(const ModelConfig& c, DType dtype, int64_t max_layer_bytes,
+                                  int64_t budget_bytes, int64_t resident_layers) {
+  const int64_t left = budget_bytes - FixedBytes(c, dtype, max_layer_bytes) -
+                       std::max<int64_t>(0, resident_layers) * AlignedLayerBytes(max_layer_bytes);
+  if (left <= 0) return 0;
+  return left / GpuActivationBytesPerToken(c, dtype);
+}
+
+}  // namespace moebatch

@@ -1,0 +1,336 @@
+// Tokenizer: Mixtral's sentencepiece tokenizer.model behind moebatch's API, the Mistral instruct
+// chat layouts (mistral-common v1 and v3), and streaming detokenization.
+//
+// Streaming detokenization. sentencepiece's Decode concatenates piece surfaces left to right with
+// two kinds of context: (1) the leading "▁" of the first non-control piece is dropped; (2) a run of
+// byte-fallback pieces (<0xE3><0x81><0x82>) is joined and split greedily into UTF-8 characters,
+// each byte that forms none becoming U+FFFD. So the text of ids[0, m) is final -- a prefix of the
+// text of every longer sequence -- once m is a character boundary: ids[m-1] is not a byte piece, or
+// the byte run before m ends with a complete character or with bytes that can never become one.
+// StreamingDetokenizer keeps read_offset_ at such a boundary. Add() finds the last boundary m (it
+// holds back at most the 3 bytes of an unfinished character), decodes only ids[read_offset_, m) and
+// releases that text. Decoded out of context, that window would lose the space of its first piece
+// whenever the released ids already hold a non-control piece. vLLM and HF's TextStreamer keep some
+// released ids in front of the window for this (prefix_offset); we put one fixed piece there
+// instead, <unk>: its surface (" ⁇ ") does not depend on context, it is neither control nor byte
+// (so it ends the "first piece" state and starts no byte run), and it is cut off again. Work per
+// Add(): one decode of at most 5 ids, independent of the sequence length.
+
+#include "engine/text/tokenizer.h"
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <system_error>
+#include <utility>
+
+#include "absl/base/config.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/text/sentencepiece_model.h"
+
+namespace moebatch {
+namespace {
+
+constexpr char kSystem[] = "system";
+constexpr char kUser[] = "user";
+constexpr char kAssistant[] = "assistant";
+
+// Returns the offset of the first byte that is not part of well-formed UTF-8, or npos.
+size_t FindInvalidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + len > s.size()) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char t = static_cast<unsigned char>(s[i + k]);
+      if (k == 1 ? (t < lo || t > hi) : (t & 0xC0) != 0x80) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+absl::Status CheckContent(const std::vector<ChatMessage>& messages, size_t i) {
+  const size_t bad = FindInvalidUtf8(messages[i].content);
+  if (bad == std::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("messages[", i, "].content: not valid UTF-8 (byte ", bad, ")"));
+}
+
+// The byte of a byte-fallback piece ("<0xE3>" -> 0xE3), or -1 for any other id.
+int ByteOf(const SentencePieceModel& sp, int id) {
+  if (!sp.IsByte(id)) return -1;
+  const std::string& piece = sp.IdToPiece(id);
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
+  int value = 0;
+  for (size_t k = 3; k < 5; ++k) {
+    const char h = piece[k];
+    const int digit = h >= '0' && h <= '9'   ? h - '0'
+                      : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                      : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                             : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+// Decodes ids[begin, end) as they decode inside the whole sequence, given that `begin` is a
+// character boundary and `*started` says whether ids[0, begin) holds a non-control piece (then
+// <unk> stands in front for that released text and its surface is cut off again). Ids outside the
+// vocabulary decode as <unk>, as in Tokenizer::Decode. Updates *started.
+std::string DecodeWindow(const SentencePieceModel& sp, const std::string& unk_surface,
+                         const std::vector<int32_t>& ids, size_t begin, size_t end, bool* started) {
+  const int32_t vocab = sp.GetPieceSize();
+  const bool anchored = *started;
+  std::vector<int32_t> window;
+  window.reserve(end - begin + 1);
+  if (anchored) window.push_back(sp.unk_id());
+  for (size_t i = begin; i < end; ++i) {
+    const int piece = ids[i] >= 0 && ids[i] < vocab ? ids[i] : sp.unk_id();
+    window.push_back(piece);
+    if (!sp.IsControl(piece)) *started = true;
+  }
+  std::string text = sp.DecodeIds(window);
+  if (anchored) text.erase(0, std::min(unk_surface.size(), text.size()));
+  return text;
+}
+
+}  // namespace
+
+const char* ChatFormatName(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::kMistralV1:
+      return "mistral-v1";
+    case ChatFormat::kMistralV3:
+      return "mistral-v3";
+  }
+  return "?";
+}
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_path,
+                                                           int32_t bos_id, int32_t eos_id) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(model_path, ec);
+  if (!std::filesystem::exists(st)) {
+    return absl::NotFoundError(absl::StrCat("missing tokenizer: ", model_path));
+  }
+  if (!std::filesystem::is_regular_file(st)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a sentencepiece model: ", model_path, " is not a regular file"));
+  }
+  std::ifstream in(model_path, std::ios::binary);
+  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open tokenizer: ", model_path));
+  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  std::string error;
+  tok->sp_ = SentencePieceModel::FromSerialized(bytes, &error);
+  if (tok->sp_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a sentencepiece model: ", model_path, ": ", error));
+  }
+  const int32_t n = tok->sp_->GetPieceSize();
+  if (n <= 0 || tok->sp_->unk_id() < 0 || tok->sp_->unk_id() >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a usable sentencepiece model: ", model_path, " (", n, " pieces)"));
+  }
+  for (const auto& [name, id] : {std::pair<const char*, int32_t>{"bos_id", bos_id},
+                                 std::pair<const char*, int32_t>{"eos_id", eos_id}}) {
+    if (id < 0 || id >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " ", id, " is outside the vocabulary [0, ", n, ") of ", model_path));
+    }
+  }
+  tok->bos_id_ = bos_id;
+  tok->eos_id_ = eos_id;
+  tok->unk_surface_ = tok->sp_->DecodeIds({tok->sp_->unk_id()});
+  // The instruct layout: [INST]/[/INST] as control pieces mean mistral-common v2+ (tokens, not
+  // text); without them, v1.
+  const SentencePieceModel& sp = *tok->sp_;
+  auto control = [&](const char* piece) {
+    const int32_t id = sp.PieceToId(piece);
+    return id >= 0 && sp.IsControl(id) ? id : -1;
+  };
+  tok->inst_id_ = control("[INST]");
+  tok->end_inst_id_ = control("[/INST]");
+  if (tok->inst_id_ >= 0 && tok->end_inst_id_ >= 0) {
+    tok->chat_format_ = ChatFormat::kMistralV3;
+    tok->system_prompt_tokens_ = control("[SYSTEM_PROMPT]") >= 0;
+  }
+  return tok;
+}
+
+int32_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) const {
+  const std::vector<int32_t> pieces = sp_->Encode(text);
+  std::vector<int32_t> ids;
+  ids.reserve(pieces.size() + (add_bos ? 1 : 0));
+  if (add_bos) ids.push_back(bos_id_);
+  ids.insert(ids.end(), pieces.begin(), pieces.end());
+  return ids;
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
+    const std::vector<ChatMessage>& messages) const {
+  // Validate everything before encoding anything.
+  size_t first = 0;  // index of the first user message
+  if (!messages.empty() && messages[0].role == kSystem) {
+    if (absl::Status s = CheckContent(messages, 0); !s.ok()) return s;
+    first = 1;
+  }
+  if (messages.size() == first) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages[", first, "]: missing; expected a 'user' message",
+                     first == 0 ? " (the conversation is empty)" : " after the system message"));
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    const char* expected = (i - first) % 2 == 0 ? kUser : kAssistant;
+    if (role != kUser && role != kAssistant && role != kSystem) {
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "].role: unknown role '", role,
+                                                     "'; expected '", expected, "'"));
+    }
+    if (role != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role: expected '", expected, "', found '", role, "'",
+                       role == kSystem ? " (a system message may only be messages[0])" : ""));
+    }
+    if (role == kAssistant && messages[i].content.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].content: an assistant message must not be empty"));
+    }
+    if (absl::Status s = CheckContent(messages, i); !s.ok()) return s;
+  }
+  if (messages.back().role != kUser) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages[", messages.size() - 1, "].role: the conversation must end with a ",
+                     "'user' message, found '", messages.back().role, "'"));
+  }
+
+  const std::string no_system;
+  const std::string& system = first == 1 ? messages[0].content : no_system;
+  if (first == 1 && system_prompt_tokens_) {
+    return absl::InvalidArgumentError(
+        "messages[0].role: this model's tokenizer encodes system prompts as [SYSTEM_PROMPT] "
+        "tokens (mistral-common v7), which moebatch does not implement; put the instructions in "
+        "the user message");
+  }
+  // kMistralV1 prepends the system prompt to the first user message, kMistralV3 to the last.
+  const size_t system_at = chat_format_ == ChatFormat::kMistralV1 ? first : messages.size() - 1;
+  std::vector<int32_t> ids = {bos_id_};
+  for (size_t i = first; i < messages.size(); ++i) {
+    std::vector<int32_t> part;
+    if (messages[i].role == kUser) {
+      std::string content;
+      if (i == system_at && !system.empty()) absl::StrAppend(&content, system, "\n\n");
+      absl::StrAppend(&content, messages[i].content);
+      if (chat_format_ == ChatFormat::kMistralV1) {
+        part = Encode(absl::StrCat("[INST] ", content, " [/INST]"), /*add_bos=*/false);
+      } else {
+        part.push_back(inst_id_);
+        const std::vector<int32_t> text = Encode(content, /*add_bos=*/false);
+        part.insert(part.end(), text.begin(), text.end());
+        part.push_back(end_inst_id_);
+      }
+    } else {
+      part = Encode(messages[i].content, /*add_bos=*/false);
+      part.push_back(eos_id_);
+    }
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  const int32_t n = sp_->GetPieceSize();
+  const int unk = sp_->unk_id();
+  std::vector<int32_t> pieces;
+  pieces.reserve(ids.size());
+  for (int32_t id : ids) pieces.push_back(id >= 0 && id < n ? id : unk);
+  return sp_->DecodeIds(pieces);
+}
+
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+
+std::string StreamingDetokenizer::Add(int32_t id) {
+  ids_.push_back(id);
+  const SentencePieceModel& sp = *tokenizer_.sp_;
+  const size_t n = ids_.size();
+  const int32_t vocab = sp.GetPieceSize();
+  auto byte_at = [&](size_t i) {
+    return ids_[i] >= 0 && ids_[i] < vocab ? ByteOf(sp, ids_[i]) : -1;
+  };
+
+  // The last character boundary m <= n. Only a trailing run of byte pieces can end unfinished; it
+  // starts at a boundary (read_offset_, or just after a non-byte piece).
+  size_t m = n;
+  if (byte_at(n - 1) >= 0) {
+    size_t o = n - 1;
+    while (o > read_offset_ && byte_at(o - 1) >= 0) --o;
+    // Split the run the way sentencepiece does: a lead byte and the continuation bytes it asks for
+    // form one unit, whether or not they turn out to be a valid character; any other byte is a
+    // unit of its own. A lead byte whose continuation bytes have not all arrived yet (and none
+    // of those present rules them out) starts an unfinished unit: hold back from there.
+    while (o < n) {
+      const int b = byte_at(o);
+      const size_t len = (b & 0xE0) == 0xC0   ? 2
+                         : (b & 0xF0) == 0xE0 ? 3
+                         : (b & 0xF8) == 0xF0 ? 4
+                                              : 1;
+      size_t k = 1;
+      while (k < len && o + k < n && (byte_at(o + k) & 0xC0) == 0x80) ++k;
+      if (k == len) {
+        o += len;
+      } else if (o + k == n) {
+        m = o;
+        break;
+      } else {
+        ++o;  // a non-continuation byte arrived early: the lead byte alone is invalid
+      }
+    }
+  }
+  if (m == read_offset_) return std::string();
+
+  std::string delta = DecodeWindow(sp, tokenizer_.unk_surface_, ids_, read_offset_, m, &started_);
+  read_offset_ = m;
+  text_ += delta;
+  return delta;
+}
+
+std::string StreamingDetokenizer::Finish() {
+  // An unfinished character at the end decodes as sentencepiece decodes it there (U+FFFD per byte).
+  if (read_offset_ == ids_.size()) return std::string();
+  std::string delta = DecodeWindow(*tokenizer_.sp_, tokenizer_.unk_surface_, ids_, read_offset_,
+                                   ids_.size(), &started_);
+  read_offset_ = ids_.size();
+  text_ += delta;
+  return delta;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,204 @@
+#include "engine/tools/engine_flags.h"
+
+#include <cmath>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/device_probe.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, backend, "auto",
+          "auto, cpu or cuda. auto runs the cpu backend: the cuda backend is compiled but not yet "
+          "validated on a GPU (docs/performance.md), so it runs only when asked for");
+ABSL_FLAG(int32_t, gpu_device, 0, "CUDA device ordinal for --backend=cuda");
+ABSL_FLAG(double, gpu_memory_gb, 0.0,
+          "--backend=cuda: GPU memory the engine may use, GiB, a hard budget (16 emulates a T4, "
+          "24 an L4); 0: the device's free memory");
+ABSL_FLAG(int64_t, weight_packet_mb, 64, "--backend=cuda: the data mover's packet size, MiB");
+ABSL_FLAG(int64_t, gpu_resident_layers, -1,
+          "--backend=cuda: layers kept on the GPU for good, the rest streamed (-1: as many as the "
+          "GPU budget leaves room for after the pass's buffers; 0: stream every layer)");
+ABSL_FLAG(bool, profile_token_budget, true,
+          "--backend=cuda: profile the pipeline at start-up (MoE-Lens §6.3) and cap the tokens per "
+          "pass at n_real");
+ABSL_FLAG(std::string, profile_dir, "",
+          "where pipeline profiles are cached (moebatchd: its --data_dir when unset)");
+ABSL_FLAG(
+    double, peak_memory_gbs, 0.0,
+    "peak bandwidth of the memory weights and KV are read from, GB/s, for S-MBU (0: unknown)");
+ABSL_FLAG(double, peak_tflops, 0.0, "peak GEMM compute, TFLOP/s, for S-MFU (0: unknown)");
+ABSL_FLAG(std::string, trace_file, "",
+          "write a Chrome trace (chrome://tracing, Perfetto) of every pass's device calls and CPU "
+          "tasks to this file when the engine stops");
+ABSL_FLAG(
+    std::string, vslpipe, "auto",
+    "on, off or auto: run passes of two or more sequences as two micro-batches in the VSLPipe "
+    "CPU/device pipeline (MoE-Lens §6.4); auto: on for the cuda backend, off for the cpu "
+    "backend");
+ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
+ABSL_FLAG(bool, batch_invariant, true,
+          "cpu backend: matmuls in a fixed order per row, so a greedy request's output does not "
+          "depend on what else shares its passes (identical after a crash restart); false: oneDNN "
+          "matmuls (faster prefill, outputs may differ in the last bits with the batch)");
+ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
+ABSL_FLAG(double, kv_cache_gb, 1.0,
+          "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
+          "available, leaves after the weights, less 1 GiB and the pass's host buffers)");
+ABSL_FLAG(int64_t, kv_block_size, 16, "token slots per KV block");
+ABSL_FLAG(int64_t, max_num_seqs, 0,
+          "sequences holding KV cache at once (0: no limit but the tokens per pass, so decode "
+          "can fill a pass)");
+ABSL_FLAG(int64_t, max_tokens_per_pass, 0,
+          "prefill + decode tokens per forward pass, the ceiling (0: the cuda backend's GPU budget "
+          "holds the activations of, lowered to the profiled n_real; the cpu backend's 2048)");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "CPU threads for attention and the cpu backend (0: one per CPU this process may use)");
+ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
+ABSL_FLAG(std::string, weights, "mapped",
+          "where the weights live: mapped (the safetensors files, read in place), host (copied "
+          "into one host region per layer, as the cuda backend streams them) or synthetic "
+          "(generated from config.json, for benchmarks without the checkpoint)");
+ABSL_FLAG(std::string, weight_dtype, "",
+          "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
+ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
+ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
+ABSL_FLAG(double, host_memory_gb, 0.0,
+          "host memory the weights (host|synthetic) and the KV cache must fit in, GiB (0: what "
+          "the kernel reports available)");
+
+namespace moebatch {
+
+void ShowEngineFlagsInHelp() {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "_main.cc") || absl::EndsWith(file, "engine_flags.cc");
+  };
+  absl::SetFlagsUsageConfig(config);
+}
+
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_dir) {
+  EngineOptions options;
+  options.model_dir = model_dir;
+  auto compute = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute || (*compute != DType::kF32 && *compute != DType::kBF16)) {
+    return absl::InvalidArgumentError(absl::StrCat("--compute_dtype: must be f32 or bf16, got '",
+                                                   absl::GetFlag(FLAGS_compute_dtype), "'"));
+  }
+  options.compute_dtype = *compute;
+  options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
+    options.kv_dtype = DTypeFromString(kv);
+    if (!options.kv_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_dtype: must be f32, bf16 or f16, got '", kv, "'"));
+    }
+  }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "auto" && backend != "cpu" && backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: must be auto, cpu or cuda, got '", backend, "'"));
+  }
+  if (backend == "cuda") {
+    options.backend = EngineOptions::Backend::kCuda;
+  } else if (backend == "auto") {
+    auto gpus = ProbeGpus();
+    if (gpus.ok() && !gpus->empty()) {
+      spdlog::info(
+          "found {} GPU(s) ({}); --backend=auto runs the cpu backend until the cuda "
+          "backend is validated (--backend=cuda to use it)",
+          gpus->size(), (*gpus)[0].name);
+    } else {
+      spdlog::info("no GPU in use: cpu backend");
+    }
+  }
+  options.gpu_device = absl::GetFlag(FLAGS_gpu_device);
+  const double gpu_gb = absl::GetFlag(FLAGS_gpu_memory_gb);
+  if (gpu_gb < 0 || !std::isfinite(gpu_gb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu_memory_gb: must be >= 0, got ", gpu_gb));
+  }
+  options.gpu_memory_bytes = static_cast<int64_t>(gpu_gb * (int64_t{1} << 30));
+  const int64_t packet_mb = absl::GetFlag(FLAGS_weight_packet_mb);
+  if (packet_mb <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_packet_mb: must be positive, got ", packet_mb));
+  }
+  options.weight_packet_bytes = packet_mb << 20;
+  options.gpu_resident_layers = absl::GetFlag(FLAGS_gpu_resident_layers);
+  if (options.gpu_resident_layers < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_resident_layers: must be >= -1 (-1: automatic), got ", options.gpu_resident_layers));
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_vslpipe); v == "on") {
+    options.vslpipe = true;
+  } else if (v == "off") {
+    options.vslpipe = false;
+  } else if (v != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vslpipe: must be on, off or auto, got '", v, "'"));
+  }
+  options.trace_file = absl::GetFlag(FLAGS_trace_file);
+  options.profile_token_budget = absl::GetFlag(FLAGS_profile_token_budget);
+  options.profile_dir = absl::GetFlag(FLAGS_profile_dir);
+  const double peak_gbs = absl::GetFlag(FLAGS_peak_memory_gbs);
+  const double peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  if (peak_gbs < 0 || peak_tflops < 0 || !std::isfinite(peak_gbs) || !std::isfinite(peak_tflops)) {
+    return absl::InvalidArgumentError("--peak_memory_gbs and --peak_tflops: must be >= 0");
+  }
+  options.peak_memory_bytes_per_second = peak_gbs * 1e9;
+  options.peak_flops = peak_tflops * 1e12;
+  const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
+  if (!(kv_gb >= 0) || !std::isfinite(kv_gb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_cache_gb: must be >= 0 (0: automatic), got ", kv_gb));
+  }
+  options.kv_cache_bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
+  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
+  if (options.max_num_seqs < 0 || options.max_tokens_per_pass < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.max_num_seqs < 0 ? "--max_num_seqs" : "--max_tokens_per_pass",
+        ": must be >= 0 (0: automatic), got ",
+        options.max_num_seqs < 0 ? options.max_num_seqs : options.max_tokens_per_pass));
+  }
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
+
+  const std::string weights = absl::GetFlag(FLAGS_weights);
+  auto source = WeightSourceFromString(weights);
+  if (!source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weights: must be mapped, host or synthetic, got '", weights, "'"));
+  }
+  options.weights = *source;
+  if (const std::string wd = absl::GetFlag(FLAGS_weight_dtype); !wd.empty()) {
+    options.weight_dtype = DTypeFromString(wd);
+    if (!options.weight_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--weight_dtype: must be bf16, f16 or f32, got '", wd, "'"));
+    }
+    if (options.weights == EngineOptions::WeightSource::kMapped) {
+      return absl::InvalidArgumentError(
+          "--weight_dtype: needs --weights=host or --weights=synthetic (mapped weights are read "
+          "as stored)");
+    }
+  }
+  options.synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
+  if (options.synthetic_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--synthetic_layers: must be >= 0, got ", options.synthetic_layers));
+  }
+  options.synthetic_seed = absl::GetFlag(FLAGS_synthetic_seed);
+  const double host_gb = absl::GetFlag(FLAGS_host_memory_gb);
+  if (host_gb < 0 || !std::isfinite(host_gb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_memory_gb: must be >= 0, got ", host_gb));
+  }
+  options.host_memory_bytes = static_cast<int64_t>(host_gb * (int64_t{1} << 30));
+  return options;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,319 @@
+// moebatch-plan: the MoE-Lens performance model (§5, engine/plan/perf_model.h) for a model, a host and
+// a batch workload. Prints the Stage 1 bound and the Stage 2 prediction (tokens/s), the bound that
+// limits each (PCIe, GPU compute, KV capacity, CPU attention) and the KV budgets at which it
+// changes.
+//
+//   moebatch-plan --preset mixtral-8x7b --gpu a40 [--pcie_gbs 19.5] [--kv_gb 70]
+//       [--prompt_tokens 98 --gen_tokens 128 --batch 20000 --block_size 16]
+//   moebatch-plan --model DIR --pcie_gbs 12.3 --gpu_tflops 50 --cpu_mem_gbs 80 --kv_gb 100
+//
+// Hardware figures: --gpu gives datasheet figures (below); measured ones are better and override
+// them: --pcie_gbs from bench_cuda_backend's pinned H2D bandwidth (the paper measured 19.5 GB/s on
+// its A40 host, §8, against the link's 32), --gpu_tflops from its GEMM timings, --cpu_mem_gbs from
+// bench_attention_bandwidth (what CPU attention reaches, not the DIMMs' peak). GB = 1e9 bytes.
+// Exit status: 0 on success, 2 on bad flag values (including a --model directory without a
+// readable, valid config.json), with a message on stderr; Abseil's own parser exits 1 on an unknown
+// or malformed flag (and on --help).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model/model_config.h"
+#include "engine/plan/perf_model.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory (its config.json is read)");
+ABSL_FLAG(std::string, preset, "", "model preset instead of --model: mixtral-8x7b | mixtral-8x22b");
+ABSL_FLAG(std::string, gpu, "",
+          "GPU preset for --pcie_gbs and --gpu_tflops: t4 | l4 | a40 | l40 | a100 (datasheet "
+          "figures; explicit flags override them)");
+ABSL_FLAG(double, pcie_gbs, 0, "B_IO, CPU->GPU bandwidth, GB/s (0: the --gpu preset's)");
+ABSL_FLAG(double, gpu_tflops, 0,
+          "C_GPU, dense GEMM rate in the weights' dtype, TFLOP/s (0: the --gpu preset's)");
+ABSL_FLAG(double, cpu_mem_gbs, 150,
+          "CPU memory bandwidth available to CPU attention and the weight transfer, GB/s (150: "
+          "the paper's Xeon 8380 socket, §7)");
+ABSL_FLAG(double, kv_gb, 70, "CPU memory for the KV cache, GB (70: the paper's smallest, §7)");
+ABSL_FLAG(int64_t, prompt_tokens, 98, "p, average prompt length, tokens (98: MTBench, Table 3)");
+ABSL_FLAG(int64_t, gen_tokens, 128, "g, generated tokens per sequence");
+ABSL_FLAG(int64_t, batch, 20000, "K, sequences in the batch (20000: the paper's MTBench runs)");
+ABSL_FLAG(int64_t, block_size, 16, "b, token slots per KV block (the engine's --kv_block_size)");
+ABSL_FLAG(int64_t, resident_layers, -1,
+          "-1: delta moves Model Size, every parameter, as §5.2 has it; N >= 0: what moebatch "
+          "moves, the decoder layers but N (the embedding stays on the host, lm_head and N layers "
+          "on the GPU: the engine's --gpu_resident_layers)");
+
+namespace moebatch {
+namespace {
+
+constexpr double kGB = 1e9;
+
+struct GpuPreset {
+  const char* name;
+  const char* description;
+  double pcie_gbs;    // one direction of the host link, GB/s
+  double gpu_tflops;  // dense tensor-core rate in the dtype the engine uses there, TFLOP/s
+};
+
+// Sources. PCIe: the link's nominal rate per direction, as the paper's eq. 2 example uses it for
+// the A40 (B = 32 GB/s for Gen4 x16; NVIDIA's datasheets give 64 GB/s for both directions
+// together); Gen3 x16 (T4) is 16 GB/s. GEMM rates: dense (not "with sparsity") tensor-core figures.
+//   T4: NVIDIA T4 datasheet, 65 TFLOPS mixed precision FP16/FP32 (no bf16 on Turing: the engine
+//       stores f16 weights there, same 2 bytes); PCIe Gen3 x16.
+//   L4: NVIDIA L4 datasheet, BF16 tensor core 242 TFLOPS with sparsity = 121 dense; PCIe Gen4 x16.
+//   A40, L40, A100: the paper's Table 2 (150, 181, 312 TFLOPS BF16; NVIDIA's datasheets give
+//       149.7, 181.05 and 312 dense); PCIe Gen4 x16 (the A100 PCIe card; an SXM board's host link
+//       is Gen4 x16 too).
+constexpr GpuPreset kGpuPresets[] = {
+    {"t4", "NVIDIA T4 (datasheet)", 16, 65},
+    {"l4", "NVIDIA L4 (datasheet)", 32, 121},
+    {"a40", "NVIDIA A40 (paper Table 2)", 32, 150},
+    {"l40", "NVIDIA L40 (paper Table 2)", 32, 181},
+    {"a100", "NVIDIA A100 (paper Table 2)", 32, 312},
+};
+
+std::string Bytes(double bytes) {
+  if (std::isinf(bytes)) return "never";
+  if (bytes >= 1e12) return absl::StrFormat("%.2f TB", bytes / 1e12);
+  if (bytes >= kGB) return absl::StrFormat("%.1f GB", bytes / kGB);
+  if (bytes >= 1e6) return absl::StrFormat("%.1f MB", bytes / 1e6);
+  return absl::StrFormat("%.0f B", bytes);
+}
+
+void PrintTransitions(const absl::StatusOr<std::vector<BoundTransition>>& transitions,
+                      double budget, double lo, double hi) {
+  if (!transitions.ok()) {
+    std::printf("  bound changes       (search failed: %s)\n",
+                std::string(transitions.status().message()).c_str());
+    return;
+  }
+  if (transitions->empty()) {
+    std::printf("  bound changes       none for KV budgets from %s to %s\n", Bytes(lo).c_str(),
+                Bytes(hi).c_str());
+    return;
+  }
+  bool first = true;
+  for (const BoundTransition& t : *transitions) {
+    std::printf(
+        "  %-19s at %s: %s -> %s%s\n", first ? "bound changes" : "",
+        Bytes(t.kv_budget_bytes).c_str(), std::string(LimitingBoundName(t.below)).c_str(),
+        std::string(LimitingBoundName(t.above)).c_str(),
+        t.kv_budget_bytes > budget
+            ? (t.within_kv_memory ? " (a larger budget)" : " (more than this host's KV memory)")
+            : " (a smaller budget)");
+    first = false;
+  }
+}
+
+int Run(int argc, char** argv) {
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  auto usage = [](const std::string& message) {
+    std::cerr << "moebatch-plan: " << message << " (see --help)\n";
+    return 2;
+  };
+  if (argc > 1) return usage(absl::StrCat("unexpected argument \"", argv[1], "\""));
+  if (model_dir.empty() == preset.empty()) {
+    return usage("give exactly one of --model DIR or --preset mixtral-8x7b|mixtral-8x22b");
+  }
+
+  // The model.
+  ModelConfig config;
+  std::string model_name;
+  if (!preset.empty()) {
+    if (auto known = KnownModelConfig(preset)) {
+      config = *known;
+    } else {
+      return usage(
+          absl::StrCat("unknown --preset \"", preset, "\" (mixtral-8x7b or mixtral-8x22b)"));
+    }
+    model_name = absl::StrCat(preset, " (preset)");
+  } else {
+    auto loaded = LoadModelConfig(model_dir);
+    if (!loaded.ok()) {
+      return usage(
+          absl::StrCat("cannot read --model ", model_dir, ": ", loaded.status().message()));
+    }
+    config = *std::move(loaded);
+    model_name = model_dir;
+  }
+  auto shape = ModelShapeFromConfig(config, config.torch_dtype, DType::kBF16);
+  if (!shape.ok()) {
+    return usage(absl::StrCat("--model ", model_dir, ": ", shape.status().message()));
+  }
+  if (const int64_t r = absl::GetFlag(FLAGS_resident_layers); r >= 0) {
+    if (r > std::max<int64_t>(0, shape->num_layers - 2)) {
+      return usage(absl::StrCat("--resident_layers: at most ",
+                                std::max<int64_t>(0, shape->num_layers - 2),
+                                " (two layers always stream), got ", r));
+    }
+    shape->transferred_weight_bytes =
+        static_cast<double>(shape->num_layers - r) * LayerWeightBytes(*shape);
+  } else if (r < -1) {
+    return usage(absl::StrCat("--resident_layers: must be >= -1, got ", r));
+  }
+
+  // The host.
+  const std::string gpu = absl::GetFlag(FLAGS_gpu);
+  const GpuPreset* gpu_preset = nullptr;
+  if (!gpu.empty()) {
+    for (const GpuPreset& g : kGpuPresets) {
+      if (gpu == g.name) gpu_preset = &g;
+    }
+    if (gpu_preset == nullptr) {
+      return usage(absl::StrCat("unknown --gpu \"", gpu, "\" (t4, l4, a40, l40 or a100)"));
+    }
+  }
+  double pcie_gbs = absl::GetFlag(FLAGS_pcie_gbs);
+  double gpu_tflops = absl::GetFlag(FLAGS_gpu_tflops);
+  const double cpu_mem_gbs = absl::GetFlag(FLAGS_cpu_mem_gbs);
+  const double kv_gb = absl::GetFlag(FLAGS_kv_gb);
+  for (const auto& [flag, value] :
+       {std::pair<const char*, double>{"pcie_gbs", pcie_gbs}, {"gpu_tflops", gpu_tflops}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return usage(absl::StrCat("--", flag, " must be positive, got ", value));
+    }
+  }
+  if (pcie_gbs == 0) {
+    if (gpu_preset == nullptr) return usage("give --pcie_gbs or a --gpu preset");
+    pcie_gbs = gpu_preset->pcie_gbs;
+  }
+  if (gpu_tflops == 0) {
+    if (gpu_preset == nullptr) return usage("give --gpu_tflops or a --gpu preset");
+    gpu_tflops = gpu_preset->gpu_tflops;
+  }
+  HardwareSpec hw;
+  hw.pcie_bytes_per_s = pcie_gbs * kGB;
+  hw.gpu_flops = gpu_tflops * 1e12;
+  hw.cpu_mem_bytes_per_s = cpu_mem_gbs * kGB;
+  hw.kv_memory_bytes = kv_gb * kGB;
+
+  Workload w;
+  w.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  w.gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
+  w.batch_size = absl::GetFlag(FLAGS_batch);
+  w.block_size = absl::GetFlag(FLAGS_block_size);
+  w.kv_budget_bytes = hw.kv_memory_bytes;
+
+  // Validation errors name the struct field; say which flag that is.
+  if (absl::Status s = ValidatePerfInputs(*shape, hw, w); !s.ok()) {
+    std::string message(s.message());
+    const std::pair<const char*, const char*> flag_of[] = {
+        {"hardware.pcie_bytes_per_s", "--pcie_gbs"},
+        {"hardware.gpu_flops", "--gpu_tflops"},
+        {"hardware.cpu_mem_bytes_per_s", "--cpu_mem_gbs"},
+        {"hardware.kv_memory_bytes", "--kv_gb"},
+        {"workload.kv_budget_bytes", "--kv_gb"},
+        {"workload.prompt_tokens", "--prompt_tokens"},
+        {"workload.gen_tokens", "--gen_tokens"},
+        {"workload.batch_size", "--batch"},
+        {"workload.block_size", "--block_size"}};
+    for (const auto& [field, flag] : flag_of) {
+      if (message.rfind(field, 0) == 0) message = absl::StrCat(flag, " (", message, ")");
+    }
+    return usage(message);
+  }
+  auto s1 = PredictStage1(*shape, hw, w);
+  auto s2 = PredictStage2(*shape, hw, w);
+  if (!s1.ok() || !s2.ok()) {
+    return usage(std::string((s1.ok() ? s2.status() : s1.status()).message()));
+  }
+  const double lo = w.kv_budget_bytes / 4096, hi = w.kv_budget_bytes * 4096;
+  const auto t1 = FindBoundTransitions(*shape, hw, w, PerfStage::kStage1, lo, hi);
+  const auto t2 = FindBoundTransitions(*shape, hw, w, PerfStage::kStage2, lo, hi);
+
+  const ModelShape& m = *shape;
+  std::printf("MoE-Lens performance model (§5); GB = 1e9 bytes, tokens/s\n");
+  std::printf(
+      "model     %s: %lld layers, h %lld, h_i %lld, %lld experts top-%lld, %lld/%lld heads "
+      "x %lld\n",
+      model_name.c_str(), static_cast<long long>(m.num_layers),
+      static_cast<long long>(m.hidden_size), static_cast<long long>(m.ffn_size),
+      static_cast<long long>(m.num_experts), static_cast<long long>(m.top_k),
+      static_cast<long long>(m.num_heads), static_cast<long long>(m.num_kv_heads),
+      static_cast<long long>(m.head_dim));
+  std::printf("          weights %s (%s), KV %.0f bytes/token (bf16), %.4g GFLOP/token\n",
+              Bytes(ModelWeightBytes(m)).c_str(),
+              std::string(DTypeName(config.torch_dtype)).c_str(), KvBytesPerToken(m),
+              s1->flops_per_token / 1e9);
+  if (m.transferred_weight_bytes > 0) {
+    std::printf("          moved per iteration %s (%lld streamed layers of %s)\n",
+                Bytes(s1->model_bytes).c_str(),
+                static_cast<long long>(m.num_layers - absl::GetFlag(FLAGS_resident_layers)),
+                Bytes(LayerWeightBytes(m)).c_str());
+  }
+  std::printf(
+      "hardware  %sB_IO %.1f GB/s, C_GPU %.1f TFLOP/s, CPU memory %.1f GB/s, KV memory %s\n",
+      gpu_preset ? absl::StrCat(gpu_preset->description, ": ").c_str() : "", pcie_gbs, gpu_tflops,
+      cpu_mem_gbs, Bytes(hw.kv_memory_bytes).c_str());
+  std::printf("workload  p %lld, g %lld, K %lld sequences, b %lld tokens/block, KV budget %s\n\n",
+              static_cast<long long>(w.prompt_tokens), static_cast<long long>(w.gen_tokens),
+              static_cast<long long>(w.batch_size), static_cast<long long>(w.block_size),
+              Bytes(w.kv_budget_bytes).c_str());
+
+  std::printf("Stage 1: upper bound (§5.2, K -> inf, b = 1)\n");
+  std::printf("  delta               %.3f s per weight transfer\n", s1->delta_s);
+  std::printf("  T_GPU               %.1f tokens/s\n", s1->gpu_tokens_per_s);
+  std::printf("  n to saturate GPU   %.0f tokens/iteration (eq. 2 as printed: %.0f)\n",
+              s1->tokens_to_saturate, s1->tokens_to_saturate_eq2);
+  std::printf("  PME (eq. 3)         %.6f; M = %.0f tokens (eq. 7 effective %.0f)\n", s1->pme,
+              s1->kv_tokens, s1->effective_kv_tokens);
+  std::printf("  CPU memory (eq. 5)  %.1f GB/s needed, %.1f given\n",
+              s1->required_cpu_mem_bytes_per_s / kGB, cpu_mem_gbs);
+  std::printf(
+      "  T_max (eq. 4)       %.1f tokens/s processed = %.1f generated tokens/s "
+      "(GPU %.1f%%)\n",
+      s1->max_tokens_per_s, s1->max_generated_tokens_per_s, 100 * s1->gpu_utilization);
+  std::printf("  limiting bound      %s\n", std::string(LimitingBoundName(s1->bound)).c_str());
+  PrintTransitions(t1, w.kv_budget_bytes, lo, hi);
+
+  std::printf("\nStage 2: prediction (§5.5, K = %lld, b = %lld)\n",
+              static_cast<long long>(w.batch_size), static_cast<long long>(w.block_size));
+  std::printf("  KV blocks N         %lld\n", static_cast<long long>(s2->kv_blocks));
+  std::printf("  q (eq. 8)           %.2f sequences prefilled per iteration\n", s2->q);
+  std::printf("  decoding (eq. 9)    g q = %.0f sequences (separate prefill/decode: %.0f)\n",
+              s2->decode_sequences, s2->separate_decode_sequences);
+  std::printf("  T1 (eq. 10)         %.1f generated tokens/s (memory side)\n", s2->t1_tokens_per_s);
+  std::printf(
+      "  T2 (eq. 13)         %.1f generated tokens/s (compute side, It = %.1f "
+      "iterations%s)\n",
+      s2->t2_tokens_per_s, s2->iterations,
+      s2->pipeline_filled ? "" : ", batch too small to fill the pipeline");
+  std::printf("  T (eq. 14)          %.1f generated tokens/s (GPU %.1f%%)\n", s2->tokens_per_s,
+              100 * s2->gpu_utilization);
+  std::printf("  limiting bound      %s\n", std::string(LimitingBoundName(s2->bound)).c_str());
+  PrintTransitions(t2, w.kv_budget_bytes, lo, hi);
+  return 0;
+}
+
+}  // namespace
+}  // namespace moebatch
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "the MoE-Lens performance model: predicted throughput, its limiting bound, and the KV "
+      "budget at which the bound changes.\n  moebatch-plan --preset mixtral-8x7b --gpu a40 "
+      "[--pcie_gbs 19.5 --kv_gb 70 --prompt_tokens 98 --gen_tokens 128 --batch 20000]");
+  // --help lists the flags of this file (Abseil's default looks for a file named after the
+  // program).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "moebatch_plan_main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  return moebatch::Run(static_cast<int>(args.size()), args.data());
+}

@@ -1,0 +1,488 @@
+// OpenAI batch JSONL lines: parsing and validation of input lines, formatting of output and error
+// lines (each output line is parsed back with nlohmann-json and checked field by field).
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "engine/batch/openai_batch.h"
+
+namespace moebatch {
+namespace {
+
+using json = nlohmann::json;
+
+// An input line: the given body under a valid envelope.
+std::string Line(const json& body, const std::string& url = "/v1/chat/completions") {
+  json line = {{"custom_id", "req-1"}, {"method", "POST"}, {"url", url}, {"body", body}};
+  return line.dump();
+}
+
+std::string ChatLine(json body_extra) {
+  json body = {{"model", "mixtral"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  if (!body_extra.is_null()) body.update(body_extra);
+  return Line(body);
+}
+
+std::string CompletionLine(json body_extra) {
+  json body = {{"model", "mixtral"}, {"prompt", "Once upon a time"}};
+  if (!body_extra.is_null()) body.update(body_extra);
+  return Line(body, "/v1/completions");
+}
+
+BatchRequest ParseOk(const std::string& line, const BatchDefaults& defaults = {}) {
+  ParsedBatchLine parsed = ParseBatchLine(line, defaults);
+  INFO(line);
+  REQUIRE(parsed.json_ok);
+  INFO(parsed.request.status().ToString());
+  REQUIRE(parsed.request.ok());
+  return *parsed.request;
+}
+
+TEST_CASE("A chat line with every field parses to the request") {
+  const std::string line = R"({"custom_id": "job-7", "method": "POST",
+      "url": "/v1/chat/completions",
+      "body": {"model": "mixtral-8x7b", "messages": [
+                 {"role": "system", "content": "Be brief."},
+                 {"role": "user", "content": "Hello"},
+                 {"role": "assistant", "content": "Hi."},
+                 {"role": "user", "content": "Bye"}],
+               "max_tokens": 32, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+               "seed": 1234, "stop": ["\n\n", "END"], "n": 1, "ignore_eos": true,
+               "presence_penalty": 0.1, "response_format": {"type": "text"}}})";
+  const BatchRequest r = ParseOk(line);
+  CHECK(r.custom_id == "job-7");
+  CHECK(r.endpoint == Endpoint::kChatCompletions);
+  CHECK(r.model == "mixtral-8x7b");
+  REQUIRE(r.messages.size() == 4);
+  CHECK(r.messages[0].role == "system");
+  CHECK(r.messages[0].content == "Be brief.");
+  CHECK(r.messages[2].role == "assistant");
+  CHECK(r.messages[3].content == "Bye");
+  CHECK(r.prompt.empty());
+  CHECK_FALSE(r.prompt_token_ids.has_value());
+  CHECK(r.sampling.max_tokens == 32);
+  CHECK(r.sampling.temperature == 0.5f);
+  CHECK(r.sampling.top_p == 0.9f);
+  CHECK(r.sampling.top_k == 40);
+  REQUIRE(r.sampling.seed.has_value());
+  CHECK(*r.sampling.seed == 1234u);
+  CHECK(r.sampling.stop == std::vector<std::string>{"\n\n", "END"});
+  CHECK(r.sampling.ignore_eos);
+}
+
+TEST_CASE("Defaults apply when the body gives no sampling fields") {
+  const std::string line =
+      R"({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+          "body": {"messages": [{"role": "user", "content": "Hi"}]}})";
+  const BatchRequest r = ParseOk(line);
+  CHECK(r.model.empty());
+  CHECK(r.sampling.max_tokens == 256);
+  CHECK(r.sampling.temperature == 1.0f);
+  CHECK(r.sampling.top_p == 1.0f);
+  CHECK(r.sampling.top_k == 0);
+  CHECK_FALSE(r.sampling.seed.has_value());
+  CHECK(r.sampling.stop.empty());
+  CHECK_FALSE(r.sampling.ignore_eos);
+
+  BatchDefaults defaults;
+  defaults.max_tokens = 17;
+  CHECK(ParseOk(line, defaults).sampling.max_tokens == 17);
+}
+
+TEST_CASE("Explicit nulls count as unset") {
+  const BatchRequest r = ParseOk(ChatLine({{"max_tokens", nullptr},
+                                           {"temperature", nullptr},
+                                           {"seed", nullptr},
+                                           {"stop", nullptr},
+                                           {"n", nullptr},
+                                           {"model", nullptr}}));
+  CHECK(r.sampling.max_tokens == 256);
+  CHECK(r.sampling.temperature == 1.0f);
+  CHECK_FALSE(r.sampling.seed.has_value());
+  CHECK(r.sampling.stop.empty());
+  CHECK(r.model.empty());
+}
+
+TEST_CASE("Chat content may be an array of text parts") {
+  const BatchRequest r = ParseOk(ChatLine(
+      {{"messages",
+        {{{"role", "user"},
+          {"content",
+           {{{"type", "text"}, {"text", "first"}}, {{"type", "text"}, {"text", "second"}}}}}}}}));
+  REQUIRE(r.messages.size() == 1);
+  CHECK(r.messages[0].content == "first\nsecond");
+}
+
+TEST_CASE("max_completion_tokens is an alias of max_tokens") {
+  CHECK(ParseOk(ChatLine({{"max_completion_tokens", 12}})).sampling.max_tokens == 12);
+  CHECK(
+      ParseOk(ChatLine({{"max_tokens", 12}, {"max_completion_tokens", 12}})).sampling.max_tokens ==
+      12);
+  ParsedBatchLine both =
+      ParseBatchLine(ChatLine({{"max_tokens", 12}, {"max_completion_tokens", 13}}));
+  REQUIRE_FALSE(both.request.ok());
+  CHECK(both.request.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StartsWith(both.request.status().message(), "body.max_completion_tokens: "));
+  ParsedBatchLine zero = ParseBatchLine(ChatLine({{"max_completion_tokens", 0}}));
+  REQUIRE_FALSE(zero.request.ok());
+  CHECK(absl::StartsWith(zero.request.status().message(), "body.max_completion_tokens: "));
+}
+
+TEST_CASE("Completion prompts: string, token ids, one-element arrays") {
+  SECTION("string") {
+    const BatchRequest r = ParseOk(CompletionLine({{"max_tokens", 5}, {"temperature", 0}}));
+    CHECK(r.endpoint == Endpoint::kCompletions);
+    CHECK(r.model == "mixtral");
+    CHECK(r.prompt == "Once upon a time");
+    CHECK_FALSE(r.prompt_token_ids.has_value());
+    CHECK(r.messages.empty());
+    CHECK(r.sampling.max_tokens == 5);
+    CHECK(r.sampling.temperature == 0.0f);
+  }
+  SECTION("token ids") {
+    const BatchRequest r = ParseOk(CompletionLine({{"prompt", {1, 415, 2936, 0}}}));
+    REQUIRE(r.prompt_token_ids.has_value());
+    CHECK(*r.prompt_token_ids == std::vector<int32_t>{1, 415, 2936, 0});
+    CHECK(r.prompt.empty());
+  }
+  SECTION("one-element array of string") {
+    const BatchRequest r = ParseOk(CompletionLine({{"prompt", {"Hello"}}}));
+    CHECK(r.prompt == "Hello");
+    CHECK_FALSE(r.prompt_token_ids.has_value());
+  }
+  SECTION("one-element array of token ids") {
+    const BatchRequest r =
+        ParseOk(CompletionLine({{"prompt", json::array({json::array({1, 2})})}}));
+    REQUIRE(r.prompt_token_ids.has_value());
+    CHECK(*r.prompt_token_ids == std::vector<int32_t>{1, 2});
+  }
+}
+
+struct BadLine {
+  std::string line;
+  std::string path;  // the message must start with "<path>: "
+};
+
+TEST_CASE("Every validation error is InvalidArgument naming its field") {
+  const json user = {{"role", "user"}, {"content", "Hi"}};
+  const std::vector<BadLine> cases = {
+      // Envelope.
+      {R"({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})", "custom_id"},
+      {R"({"custom_id": "", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})",
+       "custom_id"},
+      {R"({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})",
+       "custom_id"},
+      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}})",
+       "method"},
+      {R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}})", "method"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"prompt": "x"}})",
+       "url"},
+      {R"({"custom_id": "a", "method": "POST", "body": {"prompt": "x"}})", "url"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions"})", "body"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": [1]})", "body"},
+      // Chat messages.
+      {Line({{"model", "m"}}), "body.messages"},
+      {Line({{"messages", json::array()}}), "body.messages"},
+      {Line({{"messages", "Hi"}}), "body.messages"},
+      {Line({{"messages", {user, "oops"}}}), "body.messages[1]"},
+      {Line({{"messages", {user, {{"role", "tool"}, {"content", "x"}}}}}), "body.messages[1].role"},
+      {Line({{"messages", {user, {{"content", "x"}}}}}), "body.messages[1].role"},
+      {Line({{"messages", {{{"role", "user"}}}}}), "body.messages[0].content"},
+      {Line({{"messages", {{{"role", "user"}, {"content", 5}}}}}), "body.messages[0].content"},
+      {Line({{"messages",
+              {{{"role", "user"},
+                {"content",
+                 {{{"type", "text"}, {"text", "a"}},
+                  {{"type", "image_url"}, {"image_url", {{"url", "x"}}}}}}}}}}),
+       "body.messages[0].content[1].type"},
+      {Line({{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", 3}}}}}}}}),
+       "body.messages[0].content[0].text"},
+      // Completion prompts.
+      {Line({{"model", "m"}}, "/v1/completions"), "body.prompt"},
+      {CompletionLine({{"prompt", 42}}), "body.prompt"},
+      {CompletionLine({{"prompt", json::array()}}), "body.prompt"},
+      {CompletionLine({{"prompt", {"one", "two"}}}), "body.prompt"},
+      {CompletionLine({{"prompt", {1, -2}}}), "body.prompt[1]"},
+      {CompletionLine({{"prompt", {1, 2.5}}}), "body.prompt[1]"},
+      {CompletionLine({{"prompt", {1, "x"}}}), "body.prompt[1]"},
+      {CompletionLine({{"prompt", {1, 4294967296LL}}}), "body.prompt[1]"},
+      // Sampling.
+      {ChatLine({{"model", 3}}), "body.model"},
+      {ChatLine({{"max_tokens", "10"}}), "body.max_tokens"},
+      {ChatLine({{"max_tokens", 0}}), "body.max_tokens"},
+      {ChatLine({{"max_tokens", 1.5}}), "body.max_tokens"},
+      {ChatLine({{"max_tokens", 4294967296LL}}), "body.max_tokens"},
+      {ChatLine({{"max_completion_tokens", true}}), "body.max_completion_tokens"},
+      {ChatLine({{"temperature", -0.5}}), "body.temperature"},
+      {ChatLine({{"temperature", 7e3}}), "body.temperature"},
+      {ChatLine({{"temperature", "hot"}}), "body.temperature"},
+      {ChatLine({{"top_p", 0}}), "body.top_p"},
+      {ChatLine({{"top_p", 1.5}}), "body.top_p"},
+      {ChatLine({{"top_p", false}}), "body.top_p"},
+      {ChatLine({{"top_k", -1}}), "body.top_k"},
+      {ChatLine({{"top_k", 2.5}}), "body.top_k"},
+      {ChatLine({{"seed", -1}}), "body.seed"},
+      {ChatLine({{"seed", 1.5}}), "body.seed"},
+      {ChatLine({{"seed", "42"}}), "body.seed"},
+      {ChatLine({{"stop", 3}}), "body.stop"},
+      {ChatLine({{"stop", ""}}), "body.stop"},
+      {ChatLine({{"stop", {"a", "b", "c", "d", "e"}}}), "body.stop"},
+      {ChatLine({{"stop", {"a", ""}}}), "body.stop[1]"},
+      {ChatLine({{"stop", {"a", 2}}}), "body.stop[1]"},
+      {ChatLine({{"n", 2}}), "body.n"},
+      {ChatLine({{"n", "1"}}), "body.n"},
+      {ChatLine({{"ignore_eos", 1}}), "body.ignore_eos"},
+      {CompletionLine({{"temperature", 101}}), "body.temperature"},
+  };
+  for (const BadLine& c : cases) {
+    INFO(c.line);
+    ParsedBatchLine parsed = ParseBatchLine(c.line);
+    CHECK(parsed.json_ok);
+    REQUIRE_FALSE(parsed.request.ok());
+    INFO(parsed.request.status().message());
+    CHECK(parsed.request.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(parsed.request.status().message(), c.path + ": "));
+  }
+}
+
+TEST_CASE("The url and method errors say what is allowed") {
+  ParsedBatchLine url = ParseBatchLine(
+      R"({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}})");
+  CHECK(url.request.status().message() ==
+        "url: must be /v1/chat/completions or /v1/completions, got \"/v1/embeddings\"");
+  ParsedBatchLine n = ParseBatchLine(ChatLine({{"n", 3}}));
+  CHECK(n.request.status().message() == "body.n: only 1 is supported, got 3");
+}
+
+TEST_CASE("A line that is not a JSON object gives json_ok=false and an invalid_json error") {
+  const std::vector<std::string> lines = {"not json", "",         "{\"custom_id\": \"a\",",
+                                          "[1, 2]",   "\"text\"", "{\"custom_id\": \"\xff\"}"};
+  for (const std::string& text : lines) {
+    INFO(text);
+    ParsedBatchLine parsed = ParseBatchLine(text);
+    CHECK_FALSE(parsed.json_ok);
+    CHECK(parsed.custom_id.empty());
+    REQUIRE_FALSE(parsed.request.ok());
+    CHECK(parsed.request.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(parsed.request.status().message(), "invalid JSON: "));
+
+    const std::string out = FormatBatchError(parsed, "batch_req_9", parsed.request.status());
+    CHECK(out.find('\n') == std::string::npos);
+    const json j = json::parse(out);
+    CHECK(j["id"] == "batch_req_9");
+    CHECK(j["custom_id"].is_null());
+    CHECK(j["response"].is_null());
+    CHECK(j["error"]["code"] == "invalid_json");
+    CHECK(j["error"]["message"] == std::string(parsed.request.status().message()));
+  }
+  // The parser's message quotes the bad byte; the status carries it as U+FFFD.
+  ParsedBatchLine bad_utf8 = ParseBatchLine("{\"custom_id\": \"\xff\"}");
+  CHECK(absl::StrContains(bad_utf8.request.status().message(), "\xEF\xBF\xBD"));
+  CHECK_FALSE(absl::StrContains(bad_utf8.request.status().message(), "\xff"));
+}
+
+TEST_CASE("Deeply nested input does not crash the parser") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  ParsedBatchLine parsed = ParseBatchLine(deep);
+  CHECK_FALSE(parsed.json_ok);
+  const std::string nested_body =
+      R"({"custom_id": "deep", "method": "POST", "url": "/v1/completions", "body": {"x": )" + deep +
+      "}}";
+  ParsedBatchLine in_body = ParseBatchLine(nested_body);
+  CHECK(in_body.json_ok);
+  CHECK(in_body.custom_id == "deep");
+  CHECK_FALSE(in_body.request.ok());
+  // A deeply nested value in a known key is named by its type, not dumped.
+  ParsedBatchLine as_value = ParseBatchLine(
+      R"({"custom_id": "deep", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x",
+          "temperature": )" +
+      deep + "}}");
+  REQUIRE_FALSE(as_value.request.ok());
+  CHECK(as_value.request.status().message() == "body.temperature: must be a number, got an array");
+}
+
+TEST_CASE("fuzz regression: a number beyond double's range is invalid JSON, not a server error") {
+  // nlohmann's parser throws out_of_range (not parse_error) for 1e400: it escaped to the catch-all
+  // and became INTERNAL ("parsing the line failed"), a 500 line, and a job-level INTERNAL error.
+  for (const std::string number : {"1e400", "-1e400"}) {
+    ParsedBatchLine parsed = ParseBatchLine(
+        R"({"custom_id": "big", "method": "POST", "url": "/v1/completions",
+            "body": {"prompt": "x", "temperature": )" +
+        number + "}}");
+    INFO(parsed.request.status().ToString());
+    CHECK_FALSE(parsed.json_ok);
+    CHECK(parsed.request.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(parsed.request.status().message() ==
+          "invalid JSON: number overflow parsing '" + number + "'");
+  }
+}
+
+TEST_CASE("fuzz regression: a deeply nested value where a string is expected is not copied") {
+  // The error for a missing or mistyped custom_id, method, url, body, role or content part copied
+  // the offending value (a conditional expression with json()), and copying recurses once per
+  // level: a stack overflow for this line, found by fuzzing (tests/fuzz).
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  std::string deep_object;
+  for (int i = 0; i < 500000; ++i) deep_object += R"({"a":)";
+  deep_object += "1" + std::string(500000, '}');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"custom_id": )" + deep + "}", "custom_id: must be a non-empty string, got an array"},
+      {R"({"custom_id": "d", "method": )" + deep + "}", "method: must be POST, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": )" + deep + "}",
+       "url: must be /v1/chat/completions or /v1/completions, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": )" + deep + "}",
+       "body: must be an object, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": )" +
+           deep_object + "}}",
+       "body.messages: must be a non-empty array, got an object"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": )" +
+           deep + "}]}}",
+       "body.messages[0].role: must be one of system, user, assistant, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": "user", "content": [{"type": )" +
+           deep + "}]}]}}",
+       "body.messages[0].content[0].type: only \"text\" parts are supported, got an array"},
+      {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
+          {"messages": [{"role": "user", "content": [{"type": "text", "text": )" +
+           deep + "}]}]}}",
+       "body.messages[0].content[0].text: must be a string, got an array"},
+  };
+  for (const auto& [line, message] : cases) {
+    INFO(message);
+    ParsedBatchLine parsed = ParseBatchLine(line);
+    CHECK(parsed.json_ok);
+    REQUIRE_FALSE(parsed.request.ok());
+    CHECK(parsed.request.status().message() == message);
+  }
+}
+
+TEST_CASE("custom_id is recovered when the body is invalid, and the error line is a 400") {
+  ParsedBatchLine parsed = ParseBatchLine(
+      R"({"custom_id": "job-42", "method": "POST", "url": "/v1/chat/completions",
+          "body": {"messages": [{"role": "user", "content": "Hi"}], "temperature": -1}})");
+  CHECK(parsed.json_ok);
+  CHECK(parsed.custom_id == "job-42");
+  REQUIRE_FALSE(parsed.request.ok());
+
+  const json j = json::parse(FormatBatchError(parsed, "batch_req_abc", parsed.request.status()));
+  CHECK(j["id"] == "batch_req_abc");
+  CHECK(j["custom_id"] == "job-42");
+  CHECK(j["error"].is_null());
+  CHECK(j["response"]["status_code"] == 400);
+  CHECK(j["response"]["request_id"] == "req_abc");
+  const json& error = j["response"]["body"]["error"];
+  CHECK(error["message"] == std::string(parsed.request.status().message()));
+  CHECK(absl::StartsWith(error["message"].get<std::string>(), "body.temperature: "));
+  CHECK(error["type"] == "invalid_request_error");
+  CHECK(error["param"] == "body.temperature");
+  CHECK(error["code"] == "invalid_argument");
+}
+
+TEST_CASE("A server-side failure gives a 500 error line") {
+  ParsedBatchLine parsed = ParseBatchLine(ChatLine({}));
+  REQUIRE(parsed.request.ok());
+  const json j =
+      json::parse(FormatBatchError(parsed, "batch_req_1", absl::InternalError("engine stopped")));
+  CHECK(j["custom_id"] == "req-1");
+  CHECK(j["response"]["status_code"] == 500);
+  CHECK(j["response"]["body"]["error"]["type"] == "server_error");
+  CHECK(j["response"]["body"]["error"]["param"].is_null());
+  CHECK(j["response"]["body"]["error"]["message"] == "engine stopped");
+
+  const json oor = json::parse(
+      FormatBatchError(parsed, "batch_req_2", absl::OutOfRangeError("prompt: too long")));
+  CHECK(oor["response"]["status_code"] == 400);
+  CHECK(oor["response"]["body"]["error"]["param"] == "prompt");
+  CHECK(oor["response"]["body"]["error"]["code"] == "out_of_range");
+}
+
+TEST_CASE("A chat completion output line parses back with the exact fields") {
+  const BatchRequest request = ParseOk(ChatLine({{"max_tokens", 8}}));
+  Completion c;
+  c.text = "Hello \"there\"\nfriend \xE2\x9C\x93";
+  c.token_ids = {22557, 736, 2};
+  c.finish_reason = "stop";
+  c.prompt_tokens = 11;
+  c.completion_tokens = 3;
+  const std::string out = FormatBatchOutput(request, "batch_req_0001", c, 1700000000);
+  CHECK(out.find('\n') == std::string::npos);
+
+  const json j = json::parse(out);
+  CHECK(j["id"] == "batch_req_0001");
+  CHECK(j["custom_id"] == "req-1");
+  CHECK(j["error"].is_null());
+  CHECK(j["response"]["status_code"] == 200);
+  CHECK(j["response"]["request_id"] == "req_0001");
+  const json& body = j["response"]["body"];
+  CHECK(body["id"] == "chatcmpl-0001");
+  CHECK(body["object"] == "chat.completion");
+  CHECK(body["created"] == 1700000000);
+  CHECK(body["model"] == "mixtral");
+  REQUIRE(body["choices"].size() == 1);
+  const json& choice = body["choices"][0];
+  CHECK(choice["index"] == 0);
+  CHECK(choice["message"]["role"] == "assistant");
+  CHECK(choice["message"]["content"] == c.text);
+  CHECK_FALSE(choice.contains("text"));
+  CHECK(choice["finish_reason"] == "stop");
+  CHECK(choice["logprobs"].is_null());
+  CHECK(choice["token_ids"].get<std::vector<int32_t>>() == c.token_ids);
+  CHECK(body["usage"]["prompt_tokens"] == 11);
+  CHECK(body["usage"]["completion_tokens"] == 3);
+  CHECK(body["usage"]["total_tokens"] == 14);
+}
+
+TEST_CASE("A text completion output line parses back with the exact fields") {
+  const BatchRequest request = ParseOk(CompletionLine({}));
+  Completion c;
+  c.text = " there was a";
+  c.token_ids = {736, 403, 264};
+  c.finish_reason = "length";
+  c.prompt_tokens = 5;
+  c.completion_tokens = 3;
+  const json j = json::parse(FormatBatchOutput(request, "batch_req_x", c, 42));
+  CHECK(j["custom_id"] == "req-1");
+  CHECK(j["response"]["status_code"] == 200);
+  const json& body = j["response"]["body"];
+  CHECK(body["id"] == "cmpl-x");
+  CHECK(body["object"] == "text_completion");
+  CHECK(body["created"] == 42);
+  const json& choice = body["choices"][0];
+  CHECK(choice["text"] == " there was a");
+  CHECK_FALSE(choice.contains("message"));
+  CHECK(choice["finish_reason"] == "length");
+  CHECK(choice["logprobs"].is_null());
+  CHECK(choice["token_ids"].get<std::vector<int32_t>>() == c.token_ids);
+  CHECK(body["usage"]["total_tokens"] == 8);
+}
+
+TEST_CASE("Invalid UTF-8 in generated text does not throw and still gives valid JSON") {
+  const BatchRequest request = ParseOk(ChatLine({}));
+  Completion c;
+  c.text = "ok \xE2\x9C then \xff\xfe end \xC3";  // truncated, stray and dangling bytes
+  c.token_ids = {1};
+  c.finish_reason = "length";
+  std::string out;
+  REQUIRE_NOTHROW(out = FormatBatchOutput(request, "batch_req_u", c, 0));
+  json j;
+  REQUIRE_NOTHROW(j = json::parse(out));
+  const std::string content = j["response"]["body"]["choices"][0]["message"]["content"];
+  CHECK(absl::StartsWith(content, "ok "));
+  CHECK(content.find("\xEF\xBF\xBD") != std::string::npos);  // U+FFFD
+  CHECK(absl::StrContains(content, " end "));
+
+  ParsedBatchLine bad;
+  bad.json_ok = true;
+  bad.custom_id = "id-\xff";
+  REQUIRE_NOTHROW(
+      j = json::parse(FormatBatchError(bad, "batch_req_v", absl::InvalidArgumentError("x\xff"))));
+  CHECK(j["custom_id"] == "id-\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace moebatch

@@ -1,0 +1,327 @@
+// The paged attention kernels (decode_attention.h), every ISA level this CPU has (the portable
+// reference of paged_attention.h included, as kPortable),
+// against a float64 reference written the plain way (dense keys, two-pass softmax) and against the
+// portable kernel, on fresh random inputs with blocks scattered in memory and poisoned outputs.
+#include <omp.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "cpu_attention/attention/decode_attention.h"
+#include "cpu_attention/attention/decode_attention_internal.h"
+#include "engine/kv/kv_cache.h"
+
+using namespace moebatch;
+
+namespace {
+
+struct Case {
+  int64_t heads, kv_heads, head_dim, block_size;
+  std::vector<int64_t> context_lens, num_queries;
+  std::optional<int64_t> window;
+  DType dtype;
+};
+
+// A filled cache and the float64 answer for one Case.
+struct Fixture {
+  std::unique_ptr<PagedKvCache> cache;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<AttentionSequence> seqs;
+  std::vector<float> q;
+  std::vector<double> expected;  // [rows, heads, head_dim]; rows past the last query are spare
+  int64_t rows = 0, spare_rows = 1;
+  KvLayerView view;
+  float scale = 0;
+};
+
+Fixture Build(const Case& tc, uint64_t seed) {
+  Fixture f;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t d = tc.head_dim;
+  const int64_t n_seqs = static_cast<int64_t>(tc.context_lens.size());
+  int64_t total_blocks = 0;
+  for (int64_t len : tc.context_lens) total_blocks += BlocksForTokens(len, tc.block_size);
+  KvCacheConfig kc{1, tc.kv_heads, d, tc.block_size, total_blocks + 3, tc.dtype};
+  auto cache_or = PagedKvCache::Create(kc);
+  REQUIRE(cache_or.ok());
+  f.cache = std::move(*cache_or);
+  PagedKvCache& cache = *f.cache;
+  std::vector<int32_t> ids(kc.num_blocks);  // scattered: a shuffled permutation of block ids
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  f.tables.resize(n_seqs);
+  std::vector<std::vector<float>> keys(n_seqs), values(n_seqs);  // rounded to the cache dtype
+  size_t next = 0;
+  std::vector<uint16_t> tmp(tc.kv_heads * d);
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const int64_t len = tc.context_lens[s];
+    for (int64_t b = 0; b < BlocksForTokens(len, tc.block_size); ++b)
+      f.tables[s].push_back(ids[next++]);
+    keys[s].resize(len * tc.kv_heads * d);
+    values[s].resize(len * tc.kv_heads * d);
+    for (int64_t p = 0; p < len; ++p) {
+      float* k = keys[s].data() + p * tc.kv_heads * d;
+      float* v = values[s].data() + p * tc.kv_heads * d;
+      for (int64_t i = 0; i < tc.kv_heads * d; ++i) {
+        k[i] = normal(rng);
+        v[i] = normal(rng);
+      }
+      cache.Write(0, f.tables[s], p, k, v);
+      if (tc.dtype != DType::kF32) {  // the reference sees what the cache holds
+        ConvertFromF32(tc.dtype, k, tmp.data(), tmp.size());
+        ConvertToF32(tc.dtype, tmp.data(), k, tmp.size());
+        ConvertFromF32(tc.dtype, v, tmp.data(), tmp.size());
+        ConvertToF32(tc.dtype, tmp.data(), v, tmp.size());
+      }
+    }
+  }
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    f.seqs.push_back({f.tables[s].data(), f.rows, tc.num_queries[s], tc.context_lens[s]});
+    f.rows += tc.num_queries[s];
+  }
+  const int64_t total_rows = f.rows + f.spare_rows;  // a spare row no sequence names
+  f.q.resize(total_rows * tc.heads * d);
+  for (float& x : f.q) x = normal(rng);
+  f.view = KvLayerView{cache.LayerBase(0),
+                       tc.dtype,
+                       tc.kv_heads,
+                       d,
+                       tc.block_size,
+                       cache.block_stride_bytes(),
+                       cache.value_offset_bytes()};
+  f.scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  f.expected.assign(f.q.size(), 0.0);
+  const int64_t group = tc.heads / tc.kv_heads;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    for (int64_t i = 0; i < tc.num_queries[s]; ++i) {
+      const int64_t pos = tc.context_lens[s] - tc.num_queries[s] + i;
+      const int64_t first = tc.window ? std::max<int64_t>(0, pos - *tc.window + 1) : 0;
+      const int64_t row = f.seqs[s].query_start + i;
+      std::vector<double> w(pos + 1);
+      for (int64_t h = 0; h < tc.heads; ++h) {
+        const int64_t g = h / group;
+        const float* qv = f.q.data() + (row * tc.heads + h) * d;
+        double mx = -INFINITY;
+        for (int64_t j = first; j <= pos; ++j) {
+          const float* k = keys[s].data() + (j * tc.kv_heads + g) * d;
+          double dot = 0;
+          for (int64_t x = 0; x < d; ++x) dot += double(qv[x]) * k[x];
+          w[j] = dot * f.scale;
+          mx = std::max(mx, w[j]);
+        }
+        double sum = 0;
+        for (int64_t j = first; j <= pos; ++j) sum += (w[j] = std::exp(w[j] - mx));
+        double* o = f.expected.data() + (row * tc.heads + h) * d;
+        for (int64_t j = first; j <= pos; ++j) {
+          const float* v = values[s].data() + (j * tc.kv_heads + g) * d;
+          const double p = w[j] / sum;
+          for (int64_t x = 0; x < d; ++x) o[x] += p * v[x];
+        }
+      }
+    }
+  }
+  return f;
+}
+
+// Runs `isa` on a poisoned output; returns it.
+std::vector<float> Run(const Fixture& f, const Case& tc, std::optional<CpuIsa> isa) {
+  std::vector<float> out(f.q.size(), std::nanf(""));
+  if (isa) {
+    PagedAttention(*isa, f.view, f.seqs.data(), static_cast<int64_t>(f.seqs.size()), f.q.data(),
+                   tc.heads, f.scale, tc.window, out.data());
+  } else {
+    PagedAttentionReference(f.view, f.seqs.data(), static_cast<int64_t>(f.seqs.size()), f.q.data(),
+                            tc.heads, f.scale, tc.window, out.data());
+  }
+  return out;
+}
+
+// Every ISA against float64 (max abs error / max abs value < tol) and against the portable kernel.
+void Check(const Case& tc, uint64_t seed, double tol = -1) {
+  if (tol < 0) tol = tc.dtype == DType::kBF16 ? 1e-3 : 1e-4;
+  const Fixture f = Build(tc, seed);
+  const int64_t live = f.rows * tc.heads * tc.head_dim;
+  const std::vector<float> portable = Run(f, tc, std::nullopt);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    INFO("isa " << CpuIsaName(isa) << ", head_dim " << tc.head_dim << ", heads " << tc.heads << "/"
+                << tc.kv_heads << ", dtype " << DTypeName(tc.dtype));
+    const std::vector<float> out = Run(f, tc, isa);
+    double max_err = 0, max_ref = 0, max_diff = 0;
+    for (int64_t x = 0; x < live; ++x) {
+      REQUIRE(std::isfinite(out[x]));
+      max_err = std::max(max_err, std::abs(out[x] - f.expected[x]));
+      max_ref = std::max(max_ref, std::abs(f.expected[x]));
+      max_diff = std::max(max_diff, double(std::abs(out[x] - portable[x])));
+    }
+    for (size_t x = live; x < out.size(); ++x) REQUIRE(std::isnan(out[x]));  // spare row untouched
+    INFO("max abs error " << max_err << " over max abs value " << max_ref
+                          << "; max abs diff from portable " << max_diff);
+    REQUIRE(max_err / max_ref < tol);
+    REQUIRE(max_diff / max_ref < 2 * tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("decode attention, every ISA: head dims, GQA ratios, dtypes, short lengths",
+          "[decode_attention]") {
+  const int64_t bs = 16;
+  uint64_t seed = 1;
+  for (int64_t d : {64, 128}) {
+    for (int64_t kv_heads : {32, 8, 4}) {  // GQA ratios 1, 4, 8
+      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+        Check({32,
+               kv_heads,
+               d,
+               bs,
+               {1, bs - 1, bs, bs + 1, 100},
+               {1, 1, 1, 1, 1},
+               std::nullopt,
+               dtype},
+              seed++);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode attention, every ISA: long contexts (4097, 32768), chunked and merged",
+          "[decode_attention]") {
+  // One KV head: a single work unit, so it is always split into chunks.
+  Check({8, 1, 64, 16, {4097}, {1}, std::nullopt, DType::kF16}, 41);
+  Check({32, 8, 128, 16, {4097, 17}, {1, 1}, std::nullopt, DType::kBF16}, 42);
+  Check({32, 32, 64, 16, {4097}, {1}, std::nullopt, DType::kF32}, 43);
+  Check({32, 4, 128, 16, {32768}, {1}, std::nullopt, DType::kBF16}, 44);
+}
+
+TEST_CASE("decode attention, every ISA: sliding window", "[decode_attention]") {
+  for (int64_t window : {1, 5, 32, 700}) {
+    Check({8, 2, 64, 16, {100, 33, 7, 2000}, {100, 3, 1, 1}, window, DType::kBF16}, 50 + window);
+  }
+}
+
+TEST_CASE("decode attention, every ISA: prefill chunks beside decode tokens",
+          "[decode_attention]") {
+  // 0: a whole prompt of 37; 1: a chunk of 20 after 50 cached; 2, 3: decode at 129 and 1000.
+  Check({32, 8, 128, 16, {37, 70, 130, 1001}, {37, 20, 1, 1}, std::nullopt, DType::kBF16}, 60);
+  Check({16, 4, 64, 32, {5, 600}, {5, 1}, std::nullopt, DType::kF32}, 61);
+}
+
+TEST_CASE("decode attention, every ISA: other shapes (group > 8, odd head dims, block sizes)",
+          "[decode_attention]") {
+  Check({16, 1, 64, 16, {300, 1}, {2, 1}, std::nullopt, DType::kBF16}, 70);  // group 16
+  Check({6, 2, 64, 16, {77}, {3}, std::nullopt, DType::kF16}, 71);           // group 3
+  Check({4, 2, 80, 16, {50}, {1}, std::nullopt, DType::kF32}, 72);           // AVX-512 falls back
+  Check({4, 1, 36, 16, {50}, {1}, std::nullopt, DType::kF32}, 73);           // all fall back
+  Check({8, 2, 128, 1, {40}, {2}, std::nullopt, DType::kBF16}, 74);
+  Check({8, 2, 64, 128, {300}, {1}, std::nullopt, DType::kBF16}, 75);
+  Check({8, 2, 64, 7, {60}, {1}, std::nullopt, DType::kF16}, 76);
+}
+
+// Batch invariance: each sequence's rows come out bit for bit the same whether it is attended alone
+// or beside 11 others, and with one thread or all. (Splitting long rows into chunks only when there
+// were few work units made a lone sequence's softmax sum in another order than a batched one's.)
+TEST_CASE("decode attention, every ISA: a row's bits do not depend on the batch or threads",
+          "[decode_attention]") {
+  const Case tc{8,
+                2,
+                64,
+                16,
+                {1500, 600, 40, 513, 2000, 1, 700, 33, 1100, 90, 512, 1025},
+                {1, 1, 40, 1, 3, 1, 1, 1, 1, 1, 1, 2},
+                std::nullopt,
+                DType::kBF16};
+  const Fixture f = Build(tc, 90);
+  const int64_t row_floats = tc.heads * tc.head_dim;
+  const int max_threads = omp_get_max_threads();
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const std::vector<float> batched = Run(f, tc, isa);
+    for (size_t s = 0; s < f.seqs.size(); ++s) {
+      for (int threads : {1, max_threads}) {
+        omp_set_num_threads(threads);
+        std::vector<float> alone(f.q.size(), std::nanf(""));
+        PagedAttention(isa, f.view, &f.seqs[s], 1, f.q.data(), tc.heads, f.scale, tc.window,
+                       alone.data());
+        omp_set_num_threads(max_threads);
+        const int64_t begin = f.seqs[s].query_start * row_floats;
+        const int64_t count = f.seqs[s].num_queries * row_floats;
+        INFO("isa " << CpuIsaName(isa) << ", sequence " << s << " (context "
+                    << f.seqs[s].context_len << "), threads " << threads);
+        CHECK(std::memcmp(alone.data() + begin, batched.data() + begin, count * sizeof(float)) ==
+              0);
+      }
+    }
+  }
+}
+
+// The kernels' multi-head work items (decode_attention_internal.h): attending KV heads [h, h + n)
+// in one call (the AVX-512 kernel takes them heads inner, tile by tile) gives every head's
+// accumulators, max and sum bit for bit as n one-head calls do, on a chunk that starts mid-block.
+TEST_CASE("decode attention kernels: a multi-head call equals one-head calls bit for bit",
+          "[decode_attention]") {
+  namespace dai = decode_attention_internal;
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const Case tc{32, 8, 128, 16, {700}, {1}, std::nullopt, dtype};
+    const Fixture f = Build(tc, 95);
+    const int group = 4;
+    const int64_t d = tc.head_dim, q_heads = tc.heads;
+    std::vector<float> qs(f.q.begin(), f.q.begin() + q_heads * d);
+    for (float& x : qs) x *= f.scale;
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      if (isa == CpuIsa::kPortable) continue;
+      const dai::AttendGroupFn kernel =
+          isa == CpuIsa::kAvx512 ? dai::AttendGroupAvx512 : dai::AttendGroupAvx2;
+      for (auto [first, last] : {std::pair<int64_t, int64_t>{0, 699}, {21, 530}, {640, 645}}) {
+        std::vector<float> acc(q_heads * d, std::nanf("")), m(q_heads, std::nanf("")),
+            l(q_heads, std::nanf(""));
+        kernel(f.view, f.tables[0].data(), 0, 8, first, last, qs.data(), group, acc.data(),
+               m.data(), l.data());
+        std::vector<float> acc1(acc.size(), std::nanf("")), m1(m.size(), std::nanf("")),
+            l1(l.size(), std::nanf(""));
+        for (int h = 0; h < 8; ++h) {
+          kernel(f.view, f.tables[0].data(), h, 1, first, last, qs.data() + h * group * d, group,
+                 acc1.data() + h * group * d, m1.data() + h * group, l1.data() + h * group);
+        }
+        INFO("isa " << CpuIsaName(isa) << ", dtype " << DTypeName(dtype) << ", keys " << first
+                    << ".." << last);
+        for (float x : acc) REQUIRE(std::isfinite(x));
+        CHECK(std::memcmp(acc.data(), acc1.data(), acc.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(m.data(), m1.data(), m.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(l.data(), l1.data(), l.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode attention: ISA selection and MOEBATCH_CPU_ISA clamping", "[decode_attention]") {
+  const std::vector<CpuIsa> supported = SupportedCpuIsas();
+  REQUIRE(supported.front() == CpuIsa::kPortable);
+  const CpuIsa selected = SelectedCpuIsa();
+  REQUIRE(std::find(supported.begin(), supported.end(), selected) != supported.end());
+  REQUIRE(std::string(CpuIsaName(CpuIsa::kAvx512)) == "avx512");
+
+  const std::vector<CpuIsa> all{CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
+  const std::vector<CpuIsa> avx2{CpuIsa::kPortable, CpuIsa::kAvx2};
+  const std::vector<CpuIsa> none{CpuIsa::kPortable};
+  std::string warning;
+  CHECK(ResolveCpuIsa(nullptr, all, &warning) == CpuIsa::kAvx512);
+  CHECK(warning.empty());
+  CHECK(ResolveCpuIsa("", avx2, &warning) == CpuIsa::kAvx2);
+  CHECK(warning.empty());
+  CHECK(ResolveCpuIsa("portable", all, &warning) == CpuIsa::kPortable);
+  CHECK(warning.empty());
+  CHECK(ResolveCpuIsa("avx2", all, &warning) == CpuIsa::kAvx2);
+  CHECK(warning.empty());
+  CHECK(ResolveCpuIsa("avx512", avx2, &warning) == CpuIsa::kAvx2);
+  CHECK(!warning.empty());
+  CHECK(ResolveCpuIsa("avx512", none, &warning) == CpuIsa::kPortable);
+  CHECK(!warning.empty());
+  CHECK(ResolveCpuIsa("sse9", avx2, &warning) == CpuIsa::kAvx2);
+  CHECK(!warning.empty());
+}

@@ -1,0 +1,191 @@
+// cpu_attention/gemm/matmul.h: y = x Wᵀ through oneDNN against a float64 loop, for every weight dtype and every
+// compute mode, M from 1 to 300 (the run-time dimension), with the widened-weight cache on and
+// off.
+#include <omp.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "cpu_attention/gemm/invariant_linear.h"
+#include "cpu_attention/gemm/matmul.h"
+
+using namespace moebatch;
+
+namespace {
+
+double MaxRelError(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    ref = std::max(ref, std::abs(want[i]));
+  }
+  return err / ref;
+}
+
+}  // namespace
+
+TEST_CASE("Matmul::Linear matches a float64 reference") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const int64_t k = 96, n = 40;
+  for (DType compute : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t budget : {int64_t{0}, int64_t{1} << 20, int64_t{-1}}) {
+      const bool invariant = budget < 0;  // -1: the batch-invariant kernels (no widening)
+      for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        // A fresh Matmul per weight: its widened copies are keyed by the weight's address.
+        auto mm = Matmul::Create(compute, std::max<int64_t>(budget, 0), invariant);
+        if (compute == DType::kBF16 &&
+            mm.status().code() == absl::StatusCode::kFailedPrecondition) {
+          WARN("bf16 matmul unavailable on this CPU: " << mm.status());
+          continue;
+        }
+        REQUIRE(mm.ok());
+        std::vector<float> w32(n * k);
+        for (float& v : w32) v = normal(rng);
+        std::vector<uint16_t> w16(n * k);
+        const void* w = w32.data();
+        if (wtype != DType::kF32) {
+          ConvertFromF32(wtype, w32.data(), w16.data(), w16.size());
+          ConvertToF32(wtype, w16.data(), w32.data(), w32.size());  // the exact stored values
+          w = w16.data();
+        }
+        for (int64_t m : {1, 7, 64, 300}) {
+          std::vector<float> x(m * k), y(m * n, std::nanf(""));
+          for (float& v : x) v = normal(rng);
+          for (int rep = 0; rep < 2; ++rep) {  // the second call may use the cached copy
+            REQUIRE((*mm)->Linear(x.data(), m, k, w, wtype, n, y.data()).ok());
+            // f16 compute with f16 weights rounds x to f16 first: the reference does too, so
+            // the 1e-5 tolerance holds only if the rounding is f16's (without it the error is
+            // ~2^-12 per product).
+            const bool f16_rounds = compute == DType::kF16 && wtype == DType::kF16;
+            std::vector<double> want(m * n);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double acc = 0;
+                for (int64_t t = 0; t < k; ++t) {
+                  const float xv = f16_rounds ? F16ToF32(F32ToF16(x[i * k + t])) : x[i * k + t];
+                  acc += double(xv) * w32[j * k + t];
+                }
+                want[i * n + j] = acc;
+              }
+            }
+            // bf16 compute rounds x to 8 mantissa bits: ~2^-9 relative per product.
+            const double tol = compute != DType::kBF16 || wtype != DType::kBF16 ? 1e-5 : 2e-2;
+            INFO("compute " << DTypeName(compute) << " weights " << DTypeName(wtype) << " m " << m
+                            << " batch-invariant " << invariant);
+            REQUIRE(MaxRelError(y, want) < tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Matmul::Create refuses a compute dtype it does not have") {
+  auto mm = Matmul::Create(static_cast<DType>(7));
+  REQUIRE(mm.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// invariant_linear.h: the fixed-order kernel at every ISA level this CPU has, against float64 and
+// against each other bit for bit; K not a multiple of 16 (the scalar tail), edge blocks in M and N,
+// tiles of 16+ rows with K > 512 (K sliced, partial sums parked between slices).
+TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA level") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{1, 1, 1},      {3, 15, 5},    {5, 17, 7},   {4, 64, 4},
+                          {9, 100, 13},   {70, 64, 300}, {2, 4096, 9}, {130, 33, 67},
+                          {40, 1040, 37}, {17, 1300, 21}};  // the last two: K in slices
+  for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape& s : shapes) {
+      std::vector<float> x(s.m * s.k), w32(s.n * s.k);
+      for (float& v : x) v = normal(rng);
+      for (float& v : w32) v = normal(rng);
+      std::vector<uint16_t> w16(s.n * s.k);
+      const void* w = w32.data();
+      if (wtype != DType::kF32) {
+        ConvertFromF32(wtype, w32.data(), w16.data(), w16.size());
+        ConvertToF32(wtype, w16.data(), w32.data(), w32.size());
+        w = w16.data();
+      }
+      std::vector<double> want(s.m * s.n);
+      double scale = 0;
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < s.n; ++j) {
+          double acc = 0, mag = 0;
+          for (int64_t t = 0; t < s.k; ++t) {
+            acc += double(x[i * s.k + t]) * w32[j * s.k + t];
+            mag += std::abs(double(x[i * s.k + t]) * w32[j * s.k + t]);
+          }
+          want[i * s.n + j] = acc;
+          scale = std::max(scale, mag);
+        }
+      }
+      std::vector<float> first;
+      for (CpuIsa isa : SupportedCpuIsas()) {
+        std::vector<float> y(s.m * s.n, std::nanf(""));
+        InvariantLinear(isa, x.data(), s.m, s.k, w, wtype, s.n, y.data());
+        INFO("isa " << CpuIsaName(isa) << " weights " << DTypeName(wtype) << " m " << s.m << " k "
+                    << s.k << " n " << s.n);
+        double err = 0;
+        for (size_t i = 0; i < y.size(); ++i) err = std::max(err, std::abs(y[i] - want[i]));
+        CHECK(err <= 1e-6 * scale);  // ~K roundings of 2^-24 each, relative to sum |x·w|
+        if (first.empty()) {
+          first = y;
+        } else {
+          CHECK(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+// A row's result must not depend on how many rows share the call, where the row sits among them,
+// what the others hold, or the thread count, bit for bit. Otherwise a greedy request's output
+// depends on what else was batched with it (a restart after a crash changes the batch: issue 7's
+// crash-safety test). oneDNN's matmul fails this (its kernel changes with M; M 1 vs 2 and M 13
+// vs 16 differ), which is why the engine runs batch-invariant by default.
+TEST_CASE("batch-invariant Matmul: a row's bits do not depend on M, the other rows or threads") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t k, n;
+  };
+  // The tiny test model's shapes (q/o, k/v, router, w1/w3, w2, lm_head) and larger ones.
+  const Shape shapes[] = {{64, 64},    {64, 32},   {64, 8},     {64, 128},  {128, 64},
+                          {64, 32000}, {512, 512}, {1024, 256}, {4096, 128}};
+  const int max_threads = omp_get_max_threads();
+  for (DType compute : {DType::kF32, DType::kBF16, DType::kF16}) {
+    auto mm = Matmul::Create(compute, 0, /*batch_invariant=*/true);
+    REQUIRE(mm.ok());
+    for (const Shape& s : shapes) {
+      for (DType wtype : {DType::kF32, DType::kBF16}) {
+        std::vector<float> w32(s.n * s.k);
+        for (float& v : w32) v = normal(rng);
+        std::vector<uint16_t> w16(s.n * s.k);
+        ConvertFromF32(DType::kBF16, w32.data(), w16.data(), w16.size());
+        const void* w = wtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data();
+        std::vector<float> probe(s.k);
+        for (float& v : probe) v = normal(rng);
+        std::vector<float> alone(s.n);
+        omp_set_num_threads(1);
+        REQUIRE((*mm)->Linear(probe.data(), 1, s.k, w, wtype, s.n, alone.data()).ok());
+        omp_set_num_threads(max_threads);
+        for (int64_t m : {2, 3, 5, 8, 13, 16, 31, 64, 65, 100, 257}) {
+          std::vector<float> x(m * s.k), y(m * s.n);
+          for (float& v : x) v = normal(rng);
+          const int64_t at = std::uniform_int_distribution<int64_t>(0, m - 1)(rng);
+          std::copy(probe.begin(), probe.end(), x.begin() + at * s.k);
+          REQUIRE((*mm)->Linear(x.data(), m, s.k, w, wtype, s.n, y.data()).ok());
+          INFO("compute " << DTypeName(compute) << " weights " << DTypeName(wtype) << " k " << s.k
+                          << " n " << s.n << " m " << m << " row " << at);
+          CHECK(std::memcmp(y.data() + at * s.n, alone.data(), s.n * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}

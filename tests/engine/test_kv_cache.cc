@@ -1,0 +1,124 @@
+// The block allocator and the paged KV cache layout.
+#include <catch2/catch.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "engine/kv/kv_cache.h"
+
+using namespace moebatch;
+
+TEST_CASE("BlockAllocator hands out every block once and takes them back") {
+  BlockAllocator alloc(5);
+  std::set<int32_t> got;
+  for (int i = 0; i < 5; ++i) {
+    auto b = alloc.Allocate();
+    REQUIRE(b.has_value());
+    REQUIRE(got.insert(*b).second);
+    REQUIRE(*b >= 0);
+    REQUIRE(*b < 5);
+  }
+  REQUIRE(alloc.num_free() == 0);
+  REQUIRE_FALSE(alloc.Allocate().has_value());
+  std::vector<int32_t> table(got.begin(), got.end());
+  alloc.FreeAll(&table);
+  REQUIRE(table.empty());
+  REQUIRE(alloc.num_free() == 5);
+}
+
+TEST_CASE("BlocksForTokens rounds up") {
+  REQUIRE(BlocksForTokens(0, 16) == 0);
+  REQUIRE(BlocksForTokens(1, 16) == 1);
+  REQUIRE(BlocksForTokens(16, 16) == 1);
+  REQUIRE(BlocksForTokens(17, 16) == 2);
+}
+
+TEST_CASE("PagedKvCache rejects bad sizes") {
+  KvCacheConfig c{2, 2, 8, 4, 0, DType::kF32};
+  auto cache = PagedKvCache::Create(c);
+  REQUIRE_FALSE(cache.ok());
+  REQUIRE(cache.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("PagedKvCache writes each token to [layer][block][K|V][head][slot][dim]") {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    KvCacheConfig c{3, 2, 8, 4, 6, dtype};
+    auto cache_or = PagedKvCache::Create(c);
+    REQUIRE(cache_or.ok());
+    PagedKvCache& cache = **cache_or;
+    REQUIRE(cache.total_bytes() == static_cast<size_t>(c.bytes_per_block() * c.num_blocks));
+    const std::vector<int32_t> table = {4, 1, 3};  // scattered blocks
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      for (int64_t pos = 0; pos < 10; ++pos) {
+        std::vector<float> k(16), v(16);
+        for (int i = 0; i < 16; ++i) {
+          k[i] = static_cast<float>(layer * 1000 + pos * 16 + i);
+          v[i] = -k[i] / 8.0f;
+        }
+        cache.Write(layer, table, pos, k.data(), v.data());
+      }
+    }
+    const size_t elem = DTypeSize(dtype);
+    auto read = [&](const std::byte* p) {
+      float f;
+      ConvertToF32(dtype, p, &f, 1);
+      return f;
+    };
+    for (int64_t layer = 0; layer < 3; ++layer) {
+      for (int64_t pos = 0; pos < 10; ++pos) {
+        const std::byte* kb = cache.KeyBlock(layer, table[pos / 4]);
+        for (int64_t h = 0; h < 2; ++h) {
+          for (int64_t i = 0; i < 8; ++i) {
+            const std::byte* kp = kb + ((h * 4 + pos % 4) * 8 + i) * elem;
+            const float want_k = static_cast<float>(layer * 1000 + pos * 16 + h * 8 + i);
+            float want_v = -want_k / 8.0f;
+            float rounded_k = want_k;
+            // Expected values go through the same rounding as the cache.
+            std::vector<std::byte> tmp(4);
+            ConvertFromF32(dtype, &want_k, tmp.data(), 1);
+            ConvertToF32(dtype, tmp.data(), &rounded_k, 1);
+            ConvertFromF32(dtype, &want_v, tmp.data(), 1);
+            ConvertToF32(dtype, tmp.data(), &want_v, 1);
+            REQUIRE(read(kp) == rounded_k);
+            REQUIRE(read(kp + cache.value_offset_bytes()) == want_v);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The cache's mapping asks for transparent huge pages (MADV_HUGEPAGE): /proc/self/smaps marks it
+// THP-eligible wherever the kernel's THP mode is not "never".
+TEST_CASE("PagedKvCache asks for transparent huge pages") {
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(mode_file, mode);
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    WARN("transparent huge pages are off on this host (" << mode << "): nothing to check");
+    return;
+  }
+  // 8 blocks of 2 KV heads x 16 slots x 128 dims x 2 (K, V) x 4 bytes = 256 KiB per layer; 32
+  // layers: 8 MiB, several 2 MiB pages.
+  auto cache = PagedKvCache::Create({32, 2, 128, 16, 8, DType::kF32});
+  REQUIRE(cache.ok());
+  const auto at = reinterpret_cast<uintptr_t>((*cache)->LayerBase(0));
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false, found = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2) {  // a mapping's header
+      in_mapping = lo <= at && at < hi;
+      continue;
+    }
+    if (in_mapping && line.rfind("THPeligible:", 0) == 0) {
+      found = true;
+      INFO(line << " (THP mode: " << mode << ")");
+      CHECK(line.find('1') != std::string::npos);
+    }
+  }
+  CHECK(found);
+}

@@ -1,0 +1,146 @@
+// config.json parsing (engine/model/model_config.h): transformers' MixtralConfig defaults, explicit
+// values, and each invalid value refused with the key named.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/model/model_config.h"
+#include "tests/support/checkpoint_test_util.h"
+
+namespace moebatch {
+namespace {
+
+using testing::TinyConfig;
+using Json = nlohmann::json;
+
+TEST_CASE("config.json: optional keys take transformers' MixtralConfig defaults", "[config]") {
+  Json j = TinyConfig();
+  for (const char* key : {"rope_theta", "rms_norm_eps", "tie_word_embeddings",
+                          "max_position_embeddings", "num_experts_per_tok", "num_local_experts",
+                          "sliding_window", "bos_token_id", "eos_token_id", "torch_dtype"}) {
+    j.erase(key);
+  }
+  auto c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->rope_theta == 1e6);
+  CHECK(c->rms_norm_eps == 1e-5);
+  CHECK(!c->tie_word_embeddings);
+  CHECK(c->max_position_embeddings == 4096 * 32);
+  CHECK(c->num_experts_per_tok == 2);
+  CHECK(c->num_local_experts == 8);
+  CHECK(!c->sliding_window.has_value());
+  CHECK(c->bos_token_id == 1);
+  CHECK(c->eos_token_id == 2);
+  CHECK(c->torch_dtype == DType::kBF16);
+  CHECK(c->head_dim == 2);
+}
+
+TEST_CASE("config.json: explicit values, lists and nulls", "[config]") {
+  Json j = TinyConfig();
+  j["sliding_window"] = 4096;
+  j["head_dim"] = 16;
+  j["eos_token_id"] = {7, 2};
+  j["bos_token_id"] = 0;
+  j["rope_theta"] = 10000;  // an integer is a number too
+  j["torch_dtype"] = "float16";
+  j["num_key_value_heads"] = nullptr;  // MixtralConfig: None -> num_attention_heads
+  auto c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->sliding_window == 4096);
+  CHECK(c->head_dim == 16);
+  CHECK(c->q_size() == 64);
+  CHECK(c->eos_token_id == 7);
+  CHECK(c->bos_token_id == 0);
+  CHECK(c->rope_theta == 10000.0);
+  CHECK(c->torch_dtype == DType::kF16);
+  CHECK(c->num_key_value_heads == 4);
+
+  j["head_dim"] = nullptr;
+  j["dtype"] = "float32";
+  j.erase("torch_dtype");
+  c = ParseModelConfig(j.dump());
+  REQUIRE(c.ok());
+  CHECK(c->head_dim == 2);
+  CHECK(c->torch_dtype == DType::kF32);
+}
+
+TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]") {
+  const auto check = [](Json j, const std::string& expected) {
+    CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
+                "config.json: ", expected);
+  };
+  Json j = TinyConfig();
+  SECTION("not JSON") {
+    CHECK_ERROR(ParseModelConfig("{\"vocab_size\": ").status(), absl::StatusCode::kInvalidArgument,
+                "config.json: invalid JSON");
+  }
+  SECTION("no architectures") {
+    j.erase("architectures");
+    check(j, "key \"architectures\" is required but missing");
+  }
+  SECTION("mistyped size") {
+    j["hidden_size"] = "8";
+    check(j, "key \"hidden_size\" must be an integer, got \"8\"");
+  }
+  SECTION("non-integral size") {
+    j["vocab_size"] = 32.5;
+    check(j, "key \"vocab_size\" must be an integer");
+  }
+  SECTION("non-positive size") {
+    j["intermediate_size"] = 0;
+    check(j, "key \"intermediate_size\" must be positive, got 0");
+  }
+  SECTION("top-k larger than the number of experts") {
+    j["num_experts_per_tok"] = 5;
+    check(j, "key \"num_experts_per_tok\" (5) exceeds num_local_experts (4)");
+  }
+  SECTION("hidden size not divisible by heads without head_dim") {
+    j["hidden_size"] = 10;
+    check(j, "key \"hidden_size\" (10) is not divisible by num_attention_heads (4)");
+  }
+  SECTION("unknown torch_dtype") {
+    j["torch_dtype"] = "int8";
+    check(j, "key \"torch_dtype\" must be \"bfloat16\", \"float16\" or \"float32\", got \"int8\"");
+  }
+  SECTION("empty eos list") {
+    j["eos_token_id"] = Json::array();
+    check(j, "key \"eos_token_id\" is an empty list");
+  }
+  SECTION("bad sliding window") {
+    j["sliding_window"] = -1;
+    check(j, "key \"sliding_window\" must be positive, got -1");
+  }
+  SECTION("scaled RoPE") {
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    check(j, "key \"rope_scaling\" asks for unsupported RoPE scaling");
+  }
+  SECTION("mistyped tie_word_embeddings") {
+    j["tie_word_embeddings"] = 1;
+    check(j, "key \"tie_word_embeddings\" must be true or false");
+  }
+}
+
+TEST_CASE("fuzz regression: head_dim times num_attention_heads must fit int64",
+          "[config][errors]") {
+  // ModelConfig::q_size() multiplied these: signed overflow (undefined behavior) for a config that
+  // passed every check.
+  Json j = TinyConfig();
+  j["num_attention_heads"] = int64_t{1} << 32;
+  j["num_key_value_heads"] = int64_t{1} << 32;
+  j["head_dim"] = int64_t{1} << 32;
+  CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
+              "config.json: key \"head_dim\" (4294967296) times num_attention_heads (4294967296) "
+              "overflows");
+  j["head_dim"] = int64_t{1} << 30;  // 2^62: fits
+  auto c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->q_size() == int64_t{1} << 62);
+}
+
+}  // namespace
+}  // namespace moebatch

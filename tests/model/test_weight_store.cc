@@ -1,0 +1,420 @@
+// engine/model/weight_store.h: per-layer host regions against the checkpoint they came from, the
+// budget check, synthetic weights, and the cpu backend running from a store.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/device_probe.h"
+#include "engine/model/checkpoint.h"
+#include "cpu_attention/backend/cpu_device.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "engine/model/weight_store.h"
+
+namespace moebatch {
+namespace {
+
+std::string Fixture(const std::string& name) {
+  return std::string(MOEBATCH_FIXTURES_DIR) + "/" + name;
+}
+
+// A real allocator (the pageable one) that counts what it hands out.
+class CountingAllocator final : public HostAllocator {
+ public:
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    auto p = PageableHostAllocator().Allocate(bytes);
+    if (p.ok()) {
+      ++live;
+      live_bytes += bytes;
+      REQUIRE(reinterpret_cast<uintptr_t>(*p) % 4096 == 0);
+    }
+    return p;
+  }
+  void Free(std::byte* data, size_t bytes) override {
+    --live;
+    live_bytes -= bytes;
+    PageableHostAllocator().Free(data, bytes);
+  }
+  const char* name() const override { return "counting"; }
+  std::atomic<int> live{0};
+  std::atomic<int64_t> live_bytes{0};
+};
+
+// One prompt through `runner` (a fresh cache, blocks 5, 2, 7): the last logits.
+absl::Status ForwardPrompt(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                           std::vector<float>* logits) {
+  const ModelConfig& c = runner.config();
+  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 8, DType::kF32};
+  auto cache = PagedKvCache::Create(kc);
+  REQUIRE(cache.ok());
+  std::vector<int32_t> table = {5, 2, 7};
+  ForwardBatch batch;
+  batch.token_ids = prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  batch.seqs.push_back(ForwardSequence{&table, 0, n, n, true});
+  return runner.Forward(batch, **cache, logits);
+}
+
+// Runs one prompt through ModelRunner + CpuDevice over `weights` and returns the last logits.
+std::vector<float> LastLogits(const ModelConfig& c, const ModelWeights& weights,
+                              const std::vector<int32_t>& prompt) {
+  auto device = CpuDevice::Create(c, weights, CpuDeviceOptions{DType::kF32});
+  REQUIRE(device.ok());
+  ModelRunner runner(*std::move(device));
+  std::vector<float> logits;
+  REQUIRE(ForwardPrompt(runner, prompt, &logits).ok());
+  return logits;
+}
+
+// Always fails: what a host without enough (page-lockable) memory does.
+class FailingAllocator final : public HostAllocator {
+ public:
+  absl::StatusOr<std::byte*> Allocate(size_t bytes) override {
+    return absl::ResourceExhaustedError("no memory here");
+  }
+  void Free(std::byte* data, size_t bytes) override {}
+  const char* name() const override { return "failing"; }
+};
+
+// A CpuDevice whose host buffers come from `allocator` (as the cuda backend's are page-locked).
+class AllocatorDevice final : public Device {
+ public:
+  AllocatorDevice(std::unique_ptr<Device> inner, HostAllocator* allocator)
+      : inner_(std::move(inner)), allocator_(allocator) {}
+  const char* name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  void BeginPass(int micro_batches) override { inner_->BeginPass(micro_batches); }
+  absl::Status Embed(int mb, const int32_t* ids, const int64_t* pos, int64_t tokens) override {
+    return inner_->Embed(mb, ids, pos, tokens);
+  }
+  absl::Status TaskA(int mb, int64_t layer, float* q, float* k, float* v, float* attn) override {
+    return inner_->TaskA(mb, layer, q, k, v, attn);
+  }
+  absl::Status TaskB(int mb, int64_t layer, const float* attn, ForwardStats* stats) override {
+    return inner_->TaskB(mb, layer, attn, stats);
+  }
+  absl::Status Logits(int mb, const int64_t* rows, int64_t n, float* logits) override {
+    return inner_->Logits(mb, rows, n, logits);
+  }
+  HostAllocator* host_buffer_allocator() const override { return allocator_; }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  HostAllocator* allocator_;
+};
+
+TEST_CASE("host buffer: grows by a quarter at least, never shrinks, frees on destruction",
+          "[weight_store]") {
+  CountingAllocator counting;
+  {
+    HostBuffer<float> buffer(&counting);
+    REQUIRE(buffer.size() == 0);
+    REQUIRE(buffer.Resize(1000).ok());
+    REQUIRE(counting.live == 1);
+    REQUIRE(counting.live_bytes == 4000);
+    float* first = buffer.data();
+    first[999] = 1.0f;                // the memory is there
+    REQUIRE(buffer.Resize(10).ok());  // within capacity: same memory
+    REQUIRE(buffer.data() == first);
+    REQUIRE(buffer.size() == 10);
+    REQUIRE(buffer.Resize(1001).ok());  // grows to 1250 elements, not 1001
+    REQUIRE(counting.live == 1);
+    REQUIRE(counting.live_bytes == 5000);
+    REQUIRE(buffer.Resize(1250).ok());
+    REQUIRE(counting.live_bytes == 5000);
+    REQUIRE(std::string(buffer.allocator_name()) == "counting");
+  }
+  REQUIRE(counting.live == 0);
+  FailingAllocator failing;
+  HostBuffer<float> refused(&failing);
+  const absl::Status st = refused.Resize(8);
+  REQUIRE(st.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(std::string(st.message()).find("no memory here") != std::string::npos);
+  REQUIRE(refused.size() == 0);
+  REQUIRE(refused.data() == nullptr);
+}
+
+TEST_CASE("model runner: q/k/v/attention buffers come from the device's allocator",
+          "[weight_store]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  const std::vector<int32_t> prompt = {1, 415, 6588, 28705, 28770};
+  const std::vector<float> want = LastLogits(c, (*checkpoint)->weights(), prompt);
+  auto runner_over = [&](HostAllocator* allocator) {
+    auto cpu = CpuDevice::Create(c, (*checkpoint)->weights(), CpuDeviceOptions{DType::kF32});
+    REQUIRE(cpu.ok());
+    return std::make_unique<ModelRunner>(
+        std::make_unique<AllocatorDevice>(*std::move(cpu), allocator));
+  };
+  CountingAllocator counting;
+  {
+    auto runner = runner_over(&counting);
+    std::vector<float> logits;
+    REQUIRE(ForwardPrompt(*runner, prompt, &logits).ok());
+    REQUIRE(counting.live == 4);  // q, k, v, attn of the one micro-batch
+    REQUIRE(logits == want);
+  }
+  REQUIRE(counting.live == 0);
+  // A device whose buffers cannot be had: the pass fails with the allocator's error.
+  FailingAllocator failing;
+  auto runner = runner_over(&failing);
+  std::vector<float> logits;
+  REQUIRE(ForwardPrompt(*runner, prompt, &logits).code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("weight store: per-layer regions hold the checkpoint's bytes", "[weight_store]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  CountingAllocator allocator;
+  std::vector<int64_t> progress;
+  {
+    WeightStoreOptions options;
+    options.allocator = &allocator;
+    options.progress = [&](int64_t done, int64_t total, int64_t done_bytes, int64_t total_bytes) {
+      REQUIRE(total == c.num_hidden_layers + 1);
+      REQUIRE(done_bytes <= total_bytes);
+      progress.push_back(done);
+    };
+    auto store = WeightStore::Load(**checkpoint, options);
+    REQUIRE(store.ok());
+    const WeightStore& s = **store;
+    REQUIRE(s.num_layers() == c.num_hidden_layers);
+    REQUIRE(s.dtype() == c.torch_dtype);
+    REQUIRE(allocator.live == c.num_hidden_layers + 1);
+    REQUIRE(static_cast<int64_t>(s.total_bytes()) ==
+            WeightStore::RequiredBytes(c, c.num_hidden_layers, s.dtype()));
+    REQUIRE(progress.size() == static_cast<size_t>(c.num_hidden_layers + 1));
+    REQUIRE(progress.back() == c.num_hidden_layers + 1);
+
+    size_t max_layer = 0;
+    for (int64_t l = 0; l < s.num_layers(); ++l) {
+      const WeightRegion& region = s.layer(l);
+      max_layer = std::max(max_layer, region.bytes);
+      // Layout: the 7 layer-wise tensors, then w1, w3, w2 per expert.
+      REQUIRE(region.tensors.size() == static_cast<size_t>(7 + 3 * c.num_local_experts));
+      REQUIRE(region.tensors[0].name ==
+              "model.layers." + std::to_string(l) + ".input_layernorm.weight");
+      REQUIRE(region.tensors[6].name.find("block_sparse_moe.gate.weight") != std::string::npos);
+      size_t end = 0;
+      for (size_t i = 0; i < region.tensors.size(); ++i) {
+        const WeightTensor& t = region.tensors[i];
+        INFO(t.name);
+        REQUIRE(t.offset % 256 == 0);
+        REQUIRE(t.offset >= end);  // no overlap, in order
+        end = t.offset + t.nbytes;
+        const TensorInfo* src = (*checkpoint)->store().Find(t.name);
+        REQUIRE(src != nullptr);
+        REQUIRE(src->shape == t.shape);
+        REQUIRE(src->nbytes == t.nbytes);
+        REQUIRE(std::memcmp(src->data, region.data + t.offset, t.nbytes) == 0);
+      }
+      REQUIRE(end == region.bytes);
+      for (int64_t e = 0; e < c.num_local_experts; ++e) {
+        const WeightTensor& w1 = region.tensors[7 + 3 * e];
+        const WeightTensor& w3 = region.tensors[8 + 3 * e];
+        REQUIRE(w1.name.find("experts." + std::to_string(e) + ".w1") != std::string::npos);
+        REQUIRE(w3.name.find("experts." + std::to_string(e) + ".w3") != std::string::npos);
+      }
+      // The TensorInfo views point into the region.
+      const LayerWeights& lw = s.weights().layers[l];
+      REQUIRE(lw.q_proj->data == region.data + region.tensors[1].offset);
+      REQUIRE(lw.experts.back().w2->data == region.data + region.tensors.back().offset);
+    }
+    REQUIRE(s.max_layer_bytes() == max_layer);
+    REQUIRE(s.globals().tensors.front().name == "model.embed_tokens.weight");
+    REQUIRE(std::memcmp(s.weights().embed_tokens->data, (*checkpoint)->weights().embed_tokens->data,
+                        s.weights().embed_tokens->nbytes) == 0);
+    REQUIRE(s.weights().lm_head != nullptr);
+
+    // The cpu backend gives bit-identical logits from the store and from the mapped checkpoint.
+    const std::vector<int32_t> prompt = {1,   415,   2936, 9060, 285,  1142,
+                                         461, 10575, 754,  272,  17898};
+    const auto from_store = LastLogits(c, s.weights(), prompt);
+    const auto from_checkpoint = LastLogits(c, (*checkpoint)->weights(), prompt);
+    REQUIRE(from_store == from_checkpoint);
+  }
+  REQUIRE(allocator.live == 0);
+  REQUIRE(allocator.live_bytes == 0);
+}
+
+TEST_CASE("weight store: converts to f16 at load (GPUs without bf16)", "[weight_store]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  WeightStoreOptions options;
+  options.dtype = DType::kF16;
+  auto store = WeightStore::Load(**checkpoint, options);
+  REQUIRE(store.ok());
+  REQUIRE((*store)->dtype() == DType::kF16);
+  const TensorInfo& src = *(*checkpoint)->weights().layers[1].experts[2].w2;
+  const TensorInfo& dst = *(*store)->weights().layers[1].experts[2].w2;
+  REQUIRE(*dst.dtype == DType::kF16);
+  REQUIRE(dst.nbytes == static_cast<size_t>(src.numel()) * 2);
+  std::vector<float> a(src.numel()), b(src.numel());
+  ConvertToF32(*src.dtype, src.data, a.data(), a.size());
+  ConvertToF32(DType::kF16, dst.data, b.data(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(i);
+    REQUIRE(b[i] == F16ToF32(F32ToF16(a[i])));  // one round-to-nearest-even from the exact value
+  }
+  (void)c;
+}
+
+TEST_CASE("weight store: the host memory budget is checked before allocating", "[weight_store]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  const int64_t need = WeightStore::RequiredBytes(c, c.num_hidden_layers, c.torch_dtype);
+  CountingAllocator allocator;
+  WeightStoreOptions options;
+  options.allocator = &allocator;
+  options.host_budget_bytes = need - 1;
+  auto store = WeightStore::Load(**checkpoint, options);
+  REQUIRE(store.status().code() == absl::StatusCode::kResourceExhausted);
+  INFO(store.status().message());
+  REQUIRE(store.status().message().find("host memory budget") != std::string::npos);
+  REQUIRE(allocator.live == 0);
+
+  options.host_budget_bytes = need;  // exactly enough
+  REQUIRE(WeightStore::Load(**checkpoint, options).ok());
+  options.reserved_bytes = 1;  // ... but not with one byte of KV cache beside it
+  auto over = WeightStore::Load(**checkpoint, options);
+  REQUIRE(over.status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(over.status().message().find("reserved") != std::string::npos);
+
+  options = WeightStoreOptions{};
+  options.alignment = 100;
+  REQUIRE(WeightStore::Load(**checkpoint, options).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("weight store: synthetic weights are deterministic, shaped like the config",
+          "[weight_store]") {
+  auto config = LoadModelConfig(Fixture("tiny-mixtral"));
+  REQUIRE(config.ok());
+  const ModelConfig& c = *config;
+  REQUIRE(c.num_hidden_layers >= 2);
+  auto a = WeightStore::Synthetic(c, 1, 42, WeightStoreOptions{});
+  auto b = WeightStore::Synthetic(c, 1, 42, WeightStoreOptions{});
+  auto other = WeightStore::Synthetic(c, 1, 43, WeightStoreOptions{});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(other.ok());
+  REQUIRE((*a)->num_layers() == 1);
+  REQUIRE((*a)->config().num_hidden_layers == 1);
+  REQUIRE((*a)->dtype() == c.torch_dtype);
+  const WeightRegion& ra = (*a)->layer(0);
+  REQUIRE(std::memcmp(ra.data, (*b)->layer(0).data, ra.bytes) == 0);
+  REQUIRE(std::memcmp(ra.data, (*other)->layer(0).data, ra.bytes) != 0);
+
+  // Norms are 1; linear weights have mean ~0 and standard deviation ~0.02.
+  const TensorInfo& norm = *(*a)->weights().layers[0].input_layernorm;
+  std::vector<float> v(norm.numel());
+  ConvertToF32(*norm.dtype, norm.data, v.data(), v.size());
+  for (float x : v) REQUIRE(x == 1.0f);
+  const TensorInfo& w1 = *(*a)->weights().layers[0].experts[0].w1;
+  v.resize(w1.numel());
+  ConvertToF32(*w1.dtype, w1.data, v.data(), v.size());
+  double sum = 0, sum_sq = 0;
+  for (float x : v) {
+    sum += x;
+    sum_sq += double(x) * x;
+  }
+  const double mean = sum / v.size(), sd = std::sqrt(sum_sq / v.size() - mean * mean);
+  INFO("mean " << mean << " sd " << sd << " over " << v.size());
+  REQUIRE(std::abs(mean) < 0.002);
+  REQUIRE(sd == Approx(0.02).epsilon(0.05));
+
+  REQUIRE(
+      WeightStore::Synthetic(c, c.num_hidden_layers + 1, 0, WeightStoreOptions{}).status().code() ==
+      absl::StatusCode::kInvalidArgument);
+  auto all = WeightStore::Synthetic(c, 0, 0, WeightStoreOptions{});
+  REQUIRE(all.ok());
+  REQUIRE((*all)->num_layers() == c.num_hidden_layers);
+}
+
+TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
+  EngineOptions options;
+  options.model_dir = Fixture("tiny-mixtral");
+  options.kv_cache_bytes = int64_t{8} << 20;
+  GenerationRequest request;
+  request.prompt_token_ids = {1, 415, 2936, 9060, 285, 1142};
+  request.sampling.max_tokens = 8;
+  request.sampling.temperature = 0.0;
+  auto run = [&](const EngineOptions& o) {
+    auto engine = Engine::Create(o);
+    REQUIRE(engine.ok());
+    REQUIRE((*engine)->AddRequest(request).ok());
+    std::vector<int32_t> tokens;
+    while ((*engine)->HasUnfinished()) {
+      std::vector<GenerationOutput> out;
+      REQUIRE((*engine)->Step(&out).ok());
+      for (const auto& g : out)
+        tokens.insert(tokens.end(), g.new_token_ids.begin(), g.new_token_ids.end());
+    }
+    return tokens;
+  };
+  const auto mapped = run(options);
+  REQUIRE(mapped.size() == 8);
+  options.weights = EngineOptions::WeightSource::kHostCopy;
+  REQUIRE(run(options) == mapped);
+
+  options.weights = EngineOptions::WeightSource::kSynthetic;
+  options.synthetic_layers = 1;
+  options.synthetic_seed = 7;
+  {
+    auto engine = Engine::Create(options);
+    REQUIRE(engine.ok());
+    REQUIRE((*engine)->config().num_hidden_layers == 1);
+  }
+  const auto synthetic = run(options);
+  REQUIRE(synthetic.size() == 8);
+  REQUIRE(run(options) == synthetic);  // deterministic
+
+  options.host_memory_bytes = 1 << 20;  // the KV cache alone is 8 MiB
+  auto refused = Engine::Create(options);
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+
+  // The cuda backend without a usable GPU (this machine, CI): a clear Unavailable, nothing loaded.
+  options = EngineOptions{};
+  options.model_dir = Fixture("tiny-mixtral");
+  options.backend = EngineOptions::Backend::kCuda;
+  if (auto gpus = ProbeGpus(); !gpus.ok() || gpus->empty()) {
+    auto no_gpu = Engine::Create(options);
+    INFO(no_gpu.status().ToString());
+    REQUIRE(no_gpu.status().code() == absl::StatusCode::kUnavailable);
+  }
+
+  // kv_cache_bytes 0: the KV cache takes what the host budget leaves after the weights, 1 GiB and
+  // the pass's host buffers at their largest (2048 tokens of q/k/v/attention for each of two
+  // micro-batches, and two logits rows per token).
+  {
+    auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+    REQUIRE(checkpoint.ok());
+    const int64_t weights = static_cast<int64_t>((*checkpoint)->store().total_bytes());
+    const ModelConfig& c = (*checkpoint)->config();
+    const int64_t pass =
+        kCpuTokensPerPass * (2 * (2 * c.q_size() + 2 * c.kv_size()) * 4 + 2 * c.vocab_size * 4);
+    EngineOptions automatic;
+    automatic.model_dir = Fixture("tiny-mixtral");
+    automatic.kv_cache_bytes = 0;
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + pass + (int64_t{64} << 20);
+    auto engine = Engine::Create(automatic);
+    REQUIRE(engine.ok());
+    const int64_t block = c.num_hidden_layers * 2 * c.num_key_value_heads * 16 * c.head_dim * 4;
+    REQUIRE((*engine)->stats().kv_blocks_total == (int64_t{64} << 20) / block);
+    automatic.host_memory_bytes = weights + (int64_t{1} << 30) + pass;  // nothing left for KV
+    REQUIRE(Engine::Create(automatic).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+
+  REQUIRE(WeightSourceFromString("host") == EngineOptions::WeightSource::kHostCopy);
+  REQUIRE(!WeightSourceFromString("disk").has_value());
+}
+
+}  // namespace
+}  // namespace moebatch
