@@ -4,10 +4,12 @@
 //           residual adds;
 // plus the embedding gather and dtype conversions.
 //
-// The math is the cpu backend's (cpu_attention/backend/cpu_device.cc, CpuDevice), which follows Hugging Face
-// transformers' models/mixtral/modeling_mixtral.py; each function names the transformers code it
-// implements. tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc check every kernel against a CPU
-// loop.
+// The math is the cpu backend's: each kernel has a cpu op of the same name and semantics
+// (cpu_attention/ops/ops.h, the steps of CpuDevice), which follows Hugging Face transformers'
+// models/mixtral/modeling_mixtral.py; each function names the transformers code it implements.
+// tests/cuda/test_backend_ops.cc checks every kernel against its cpu op on random shapes and
+// dtypes; tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc what is particular to the kernels
+// (launch limits, ties).
 //
 // Conventions, for every function below:
 // - Pointers are device memory; tensors are dense and row-major, shapes written [rows, cols].

@@ -4,7 +4,7 @@
 //
 // Numerics of every kernel: f32 everywhere, IEEE division and sqrt (nvcc's defaults; these files
 // must not be built with --use_fast_math), cosf/sinf/expf rather than the __ intrinsics. Where the
-// CPU reference (cpu_attention/backend/cpu_device.cc) does a product and a sum separately, the kernels use
+// CPU reference (cpu_attention/ops/) does a product and a sum separately, the kernels use
 // __fmul_rn / __fadd_rn so nvcc cannot contract them into an FMA: RoPE, SiLU-mul and the combine do
 // the CPU's operations in the CPU's order. They are not bit-equal to it: CUDA's cosf/sinf/expf are
 // within 2 ulp where glibc's are nearly correctly rounded, so RoPE, SiLU and the router weights may

@@ -1,6 +1,7 @@
 // CUDA kernels of GPU task A (MoE-Lens §6.4) and the embedding: embedding gather, RMSNorm, RoPE,
 // prefill attention. Shapes and semantics: cuda/kernels.h; numerics and launch conventions:
-// cuda/kernels_common.cuh. Checked by tests/cuda/test_cuda_kernels_task_a.cc (ctest -L gpu).
+// cuda/kernels_common.cuh. Checked against the cpu ops by tests/cuda/test_backend_ops.cc and by
+// tests/cuda/test_cuda_kernels_task_a.cc (ctest -L gpu; -L emulated on the CUDA emulator).
 #include "cuda/kernels_common.cuh"
 
 namespace moebatch::gpu {

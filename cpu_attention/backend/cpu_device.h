@@ -1,6 +1,7 @@
-// The cpu backend's Device (engine/device.h): tasks A and B of the Mixtral forward pass on the CPU
-// (oneDNN GEMMs, cpu_attention/gemm/matmul.h), for runs without a GPU and as the reference other backends are
-// checked against.
+// The cpu backend's Device (engine/device.h): tasks A and B of the Mixtral forward pass on the CPU,
+// for runs without a GPU and as the reference other backends are checked against. Each step is a
+// call of a cpu op (cpu_attention/ops/ops.h, the CUDA kernels' oracle) or a GEMM
+// (cpu_attention/gemm/matmul.h): nothing is computed inline here.
 //
 // Follows transformers' modeling_mixtral.py (MixtralForCausalLM, 4.x) op for op:
 //   h = embed_tokens[ids]
@@ -10,6 +11,11 @@
 //            x = RMSNorm(h); router: softmax(x Wgᵀ) in fp32 -> top-k -> renormalise
 //            h = h + sum_{e in top-k} w_e * W2_e (silu(W1_e x) * W3_e x) (MixtralSparseMoeBlock)
 //   logits = RMSNorm(h) lm_headᵀ
+// The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B:
+// GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert
+// with tokens (in id order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows,
+// and CombineExperts (the experts' weighted sum in expert id order, then the residual add);
+// logits: RmsNorm per row, lm_head GEMM.
 //
 // Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
 // oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
@@ -21,20 +27,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model/checkpoint.h"
-#include "engine/device.h"
 #include "cpu_attention/gemm/matmul.h"
+#include "engine/device.h"
+#include "engine/model/checkpoint.h"
 
 namespace moebatch {
 
 struct CpuDeviceOptions {
-  // f32 (reference) or bf16; f16 is the reference for the cuda backend's T4 path (cpu_attention/gemm/matmul.h)
+  // f32 (reference) or bf16; f16 is the reference for the cuda backend's T4 path
+  // (cpu_attention/gemm/matmul.h)
   DType compute_dtype = DType::kF32;
-  // f32 mode: bytes of f32 weight copies kept between passes (see cpu_attention/gemm/matmul.h). 0 = convert
-  // on every use.
+  // f32 mode: bytes of f32 weight copies kept between passes (see cpu_attention/gemm/matmul.h). 0 =
+  // convert on every use.
   int64_t widened_weight_budget_bytes = int64_t{2} << 30;
-  // Fixed-order matmuls whose per-row results do not depend on the batch (cpu_attention/gemm/matmul.h,
-  // cpu_attention/gemm/invariant_linear.h); false: oneDNN.
+  // Fixed-order matmuls whose per-row results do not depend on the batch
+  // (cpu_attention/gemm/matmul.h, cpu_attention/gemm/invariant_linear.h); false: oneDNN.
   bool batch_invariant = true;
 };
 
@@ -76,8 +83,11 @@ class CpuDevice final : public Device {
   std::vector<float> final_norm_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   // Scratch, shared by the micro-batches and reused across passes.
-  std::vector<float> x_, proj_, router_, moe_out_;
-  std::vector<float> expert_in_, gate_, up_, expert_out_;
+  std::vector<float> x_, proj_, router_;
+  std::vector<int32_t> expert_ids_, expert_offsets_, sorted_token_, slot_of_;  // routing
+  std::vector<float> expert_weights_;                                          // [tokens, top_k]
+  std::vector<float> expert_in_, gate_, up_;                                   // one expert's rows
+  std::vector<float> expert_out_;  // [tokens * top_k, hidden], row = slot
 };
 
 }  // namespace moebatch

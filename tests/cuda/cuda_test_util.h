@@ -1,22 +1,24 @@
-// Helpers of the CUDA kernel tests (test_cuda_kernels_task_a.cc, test_cuda_kernels_task_b.cc):
-// CUDA_REQUIRE / STATUS_REQUIRE, a stream, device buffers, values stored as f32/bf16/f16 with their
-// exact f32 values, random inputs, and the relative error the tolerances apply to (1e-5 for f32
-// outputs, 1e-2 for bf16/f16). Test-only; every function runs on the calling thread.
+// Helpers of the CUDA kernel tests (test_backend_ops.cc, test_cuda_kernels_task_a.cc,
+// test_cuda_kernels_task_b.cc): CUDA_REQUIRE / STATUS_REQUIRE, a stream, device buffers, values
+// stored as f32/bf16/f16 (by the cpu backend's conversions, cpu_attention/ops/ops.h) with their
+// exact f32 values, random inputs, and the error measures the tolerances apply to. Test-only;
+// every function runs on the calling thread. The programs that include it link moebatch_cpu_ops.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "cpu_attention/ops/ops.h"
 #include "cuda/kernels.h"
+#include "engine/model/dtype.h"
 
 namespace moebatch::gpu::testing {
 
@@ -40,7 +42,10 @@ inline const char* Name(GpuDType t) {
   return t == GpuDType::kF32 ? "f32" : t == GpuDType::kBF16 ? "bf16" : "f16";
 }
 
-inline double Tolerance(GpuDType out) { return out == GpuDType::kF32 ? 1e-5 : 1e-2; }
+// The cpu ops' name for a GPU element type (same storage: f32, IEEE f16, bf16 bit patterns).
+inline DType CpuDType(GpuDType t) {
+  return t == GpuDType::kF32 ? DType::kF32 : t == GpuDType::kBF16 ? DType::kBF16 : DType::kF16;
+}
 
 // A CUDA stream for the kernels under test.
 class Stream {
@@ -92,44 +97,19 @@ struct HostTensor {
 };
 
 inline HostTensor Store(GpuDType dtype, const std::vector<float>& x) {
+  const auto n = static_cast<int64_t>(x.size());
   HostTensor t{dtype, std::vector<unsigned char>(x.size() * GpuDTypeSize(dtype)),
                std::vector<float>(x.size())};
-  for (size_t i = 0; i < x.size(); ++i) {
-    unsigned char* dst = t.bytes.data() + i * GpuDTypeSize(dtype);
-    if (dtype == GpuDType::kF32) {
-      t.values[i] = x[i];
-      std::memcpy(dst, &x[i], 4);
-    } else if (dtype == GpuDType::kBF16) {
-      const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-      t.values[i] = __bfloat162float(b);
-      std::memcpy(dst, &b, 2);
-    } else {
-      const __half h = __float2half_rn(x[i]);
-      t.values[i] = __half2float(h);
-      std::memcpy(dst, &h, 2);
-    }
-  }
+  STATUS_REQUIRE(cpu_ops::ConvertF32To(x.data(), n, t.bytes.data(), CpuDType(dtype)));
+  STATUS_REQUIRE(cpu_ops::ConvertToF32(t.bytes.data(), CpuDType(dtype), n, t.values.data()));
   return t;
 }
 
-// The f32 values of n elements of `dtype` held in `bytes`.
+// The f32 values of the elements of `dtype` held in `bytes`.
 inline std::vector<float> Load(GpuDType dtype, const std::vector<unsigned char>& bytes) {
-  const size_t n = bytes.size() / GpuDTypeSize(dtype);
+  const auto n = static_cast<int64_t>(bytes.size() / GpuDTypeSize(dtype));
   std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char* src = bytes.data() + i * GpuDTypeSize(dtype);
-    if (dtype == GpuDType::kF32) {
-      std::memcpy(&out[i], src, 4);
-    } else if (dtype == GpuDType::kBF16) {
-      __nv_bfloat16 b;
-      std::memcpy(&b, src, 2);
-      out[i] = __bfloat162float(b);
-    } else {
-      __half h;
-      std::memcpy(&h, src, 2);
-      out[i] = __half2float(h);
-    }
-  }
+  STATUS_REQUIRE(cpu_ops::ConvertToF32(bytes.data(), CpuDType(dtype), n, out.data()));
   return out;
 }
 
@@ -140,17 +120,61 @@ inline std::vector<float> Normal(std::mt19937& rng, size_t n, float stddev = 1.0
   return x;
 }
 
-// max |got - want| / max |want|; infinite when got holds a NaN or an infinity.
+// max |got - want| / max |want| over the elements; an element NaN in both counts as equal, a NaN
+// or an infinity in one only makes the error infinite.
 template <typename Want>
 double MaxRelError(const std::vector<float>& got, const std::vector<Want>& want) {
   REQUIRE(got.size() == want.size());
   double err = 0, ref = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
-    ref = std::max(ref, std::abs(static_cast<double>(want[i])));
+    const double g = got[i], w = static_cast<double>(want[i]);
+    if (std::isnan(g) && std::isnan(w)) continue;
+    if (!std::isfinite(g) || !std::isfinite(w)) {
+      if (g == w) continue;  // the same infinity
+      return std::numeric_limits<double>::infinity();
+    }
+    err = std::max(err, std::abs(g - w));
+    ref = std::max(ref, std::abs(w));
   }
   return ref > 0 ? err / ref : err;
+}
+
+// The largest distance in units in the last place of `dtype` between elements of a and b (byte
+// buffers of that dtype): how many representable values lie between them (+0 and -0 are one
+// value). An element NaN in both counts as equal; NaN in one only gives the maximum of int64.
+inline int64_t MaxUlpDistance(GpuDType dtype, const std::vector<unsigned char>& a,
+                              const std::vector<unsigned char>& b) {
+  REQUIRE(a.size() == b.size());
+  const size_t elem = GpuDTypeSize(dtype);
+  const int bits = static_cast<int>(elem * 8);
+  const uint64_t sign = uint64_t{1} << (bits - 1);
+  const uint64_t exp_mask = dtype == GpuDType::kF32    ? 0x7f800000u
+                            : dtype == GpuDType::kBF16 ? 0x7f80u
+                                                       : 0x7c00u;
+  auto is_nan = [&](uint64_t u) { return (u & exp_mask) == exp_mask && (u & ~sign & ~exp_mask); };
+  auto key = [&](uint64_t u) {  // monotonic in the value
+    const auto magnitude = static_cast<int64_t>(u & ~sign);
+    return (u & sign) ? -magnitude : magnitude;
+  };
+  int64_t worst = 0;
+  for (size_t i = 0; i < a.size(); i += elem) {
+    uint64_t ua = 0, ub = 0;
+    std::memcpy(&ua, a.data() + i, elem);
+    std::memcpy(&ub, b.data() + i, elem);
+    if (is_nan(ua) || is_nan(ub)) {
+      if (is_nan(ua) && is_nan(ub)) continue;
+      return std::numeric_limits<int64_t>::max();
+    }
+    worst = std::max(worst, std::abs(key(ua) - key(ub)));
+  }
+  return worst;
+}
+
+template <typename T>
+std::vector<unsigned char> Bytes(const std::vector<T>& v) {
+  std::vector<unsigned char> out(v.size() * sizeof(T));
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
 }
 
 }  // namespace moebatch::gpu::testing
