@@ -1,6 +1,7 @@
 #include "server/engine_worker.h"
 
 #include <ctime>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,7 @@ absl::Status EngineWorker::HandleCancels() {
       if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return st;
     }
     spdlog::info("job {} cancelled ({} in-flight requests stopped)", job, aborted);
+    LogIfJobDone(job);
   }
   if (!jobs.empty()) Bump();
   return absl::OkStatus();
@@ -136,6 +138,7 @@ absl::Status EngineWorker::Feed() {
                                          });
   if (!pending.ok()) return pending.status();
   for (PendingRequest& p : *pending) {
+    clocks_.try_emplace(p.job_id);
     ParsedBatchLine parsed = ParseBatchLine(p.request.line);
     InFlight flight;
     flight.job_id = p.job_id;
@@ -159,6 +162,8 @@ absl::Status EngineWorker::Feed() {
       auto st = store_->CommitResult(p.job_id, r, 0, 0);
       if (!st.ok()) return st.status();
       if (*st && options_.metrics != nullptr) options_.metrics->ObserveResult(true, 0, 0);
+      clocks_[p.job_id].AddRequests(1);
+      LogIfJobDone(p.job_id);
       Bump();
       continue;
     }
@@ -192,6 +197,22 @@ absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
   live.prompt_tokens -= f.completion.prompt_tokens;
   live.generated_tokens -= f.completion.completion_tokens;
   return absl::OkStatus();
+}
+
+void EngineWorker::LogIfJobDone(const std::string& job) {
+  auto clock = clocks_.find(job);
+  if (clock == clocks_.end()) return;
+  auto next = keys_.lower_bound({job, std::numeric_limits<int64_t>::min()});
+  if (next != keys_.end() && next->first == job) return;  // still running
+  auto record = store_->GetJob(job);
+  if (!record.ok() || !IsTerminal(record->state)) return;
+  const JobClock::Reading r = clock->second.Read();
+  spdlog::info(
+      "job {} {} in {:.2f} s: {} requests ({} completed, {} failed), {} tokens generated here, "
+      "{:.1f} tok/s",
+      job, std::string(JobStateName(record->state)), r.elapsed_seconds, record->total,
+      record->completed, record->failed, r.tokens_done, r.tokens_per_second);
+  clocks_.erase(clock);
 }
 
 void EngineWorker::Run() {
@@ -257,6 +278,7 @@ void EngineWorker::Run() {
         absl::MutexLock lock(&mu_);
         live_[f.job_id].generated_tokens += static_cast<int64_t>(o.new_token_ids.size());
       }
+      clocks_[f.job_id].AddTokens(static_cast<int64_t>(o.new_token_ids.size()));
       if (!o.finished) continue;
       c.finish_reason = FinishReasonName(o.finish_reason);
       c.completion_tokens = o.completion_tokens;
@@ -267,7 +289,10 @@ void EngineWorker::Run() {
         return;
       }
       keys_.erase({f.job_id, f.index});
+      const std::string job = f.job_id;
       in_flight_.erase(it);
+      clocks_[job].AddRequests(1);
+      LogIfJobDone(job);
       committed = true;
       feed = true;
     }

@@ -19,8 +19,9 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "engine/engine.h"
+#include "engine/batch/job_clock.h"
 #include "engine/batch/openai_batch.h"
+#include "engine/engine.h"
 #include "server/job_store.h"
 
 namespace moebatch {
@@ -86,6 +87,9 @@ class EngineWorker {
   absl::Status Feed();
   absl::Status HandleCancels();
   absl::Status Finish(int64_t request_id, InFlight& flight);
+  // After a request of `job` finished: when none of its requests is in flight and the store says
+  // it ended, logs its duration, requests, tokens and rate (from its JobClock) and drops the clock.
+  void LogIfJobDone(const std::string& job);
 
   Engine* engine_;
   JobStore* store_;
@@ -110,6 +114,9 @@ class EngineWorker {
   // Engine thread only.
   std::map<int64_t, InFlight> in_flight_;           // engine request id -> request
   std::set<std::pair<std::string, int64_t>> keys_;  // (job, index) in flight
+  // The clock of every job this process has run requests of, from the first one fed (after a
+  // restart: from the restart).
+  std::map<std::string, JobClock> clocks_;
   std::string
       last_fed_tenant_;  // the tenant of the request fed last: the next feed starts after it
 };

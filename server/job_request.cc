@@ -1,11 +1,11 @@
 #include "server/job_request.h"
 
 #include <cmath>
-#include <set>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/batch/json_depth.h"
+#include "engine/batch/batch_reader.h"
 #include "engine/batch/openai_batch.h"
 #include "nlohmann/json.hpp"
 
@@ -14,9 +14,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status LineError(int64_t line, const absl::Status& st) {
-  return absl::Status(st.code(), absl::StrCat("line ", line, ": ", st.message()));
-}
+constexpr size_t kMaxQuotedBytes = 200;  // of a model name quoted in an error message
 
 // The result line of a request that cannot run (validated, but too long for the context).
 PrefailedRequest Prefail(int64_t index, const ParsedBatchLine& parsed, const std::string& job_tag,
@@ -114,82 +112,50 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                        const Tokenizer& tokenizer, const JobLimits& limits,
                                        const std::string& job_tag) {
   if (!request.model().empty() && request.model() != limits.model_name) {
-    return absl::InvalidArgumentError(absl::StrCat("model: this daemon serves '", limits.model_name,
-                                                   "', not '", request.model(), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: this daemon serves ", QuoteBounded(limits.model_name, kMaxQuotedBytes),
+                     ", not ", QuoteBounded(request.model(), kMaxQuotedBytes)));
   }
-  // Every request as an OpenAI batch line, with its 1-based line number for messages.
-  std::vector<std::string> lines;
-  if (request.source_case() == v1::CreateJobRequest::kRequests) {
-    for (const auto& r : request.requests().requests()) lines.push_back(ToBatchLine(r));
-  } else if (request.source_case() == v1::CreateJobRequest::kJsonl) {
-    const std::string& text = request.jsonl();
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      std::string line = text.substr(start, end - start);
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      lines.push_back(std::move(line));
-      start = end + 1;
-    }
-    // Trailing blank lines are not requests.
-    while (!lines.empty() && lines.back().find_first_not_of(" \t") == std::string::npos) {
-      lines.pop_back();
-    }
-  }
-  if (lines.empty()) return absl::InvalidArgumentError("requests: the job has no requests");
-  if (static_cast<int64_t>(lines.size()) > limits.max_requests_per_job) {
-    return absl::InvalidArgumentError(absl::StrCat("requests: ", lines.size(),
-                                                   " requests, more than the limit "
-                                                   "(max_requests_per_job) of ",
-                                                   limits.max_requests_per_job, " per job"));
-  }
+  BatchReadOptions options;
+  options.invalid_lines = InvalidLinePolicy::kRefuseJob;
+  options.model = ModelPolicy::kCheck;
+  options.model_name = limits.model_name;
+  options.defaults.max_tokens = limits.default_max_tokens;
+  options.max_requests = limits.max_requests_per_job;
+  options.max_line_bytes = limits.max_line_bytes;
+  options.max_tokens_limit = limits.max_tokens_per_request;
+  // Tokenizing is the last check of a line: its errors (chat roles out of order, token ids outside
+  // the vocabulary, an empty prompt) are listed with the others.
+  std::vector<std::vector<int32_t>> token_ids;
+  options.check_line = [&](const BatchLine& line) -> absl::Status {
+    auto ids = TokenizeRequest(*line.parsed.request, tokenizer);
+    if (!ids.ok()) return ids.status();
+    if (ids->empty()) return absl::InvalidArgumentError("body.prompt: empty");
+    if (token_ids.size() <= static_cast<size_t>(line.index)) token_ids.resize(line.index + 1);
+    token_ids[line.index] = *std::move(ids);
+    return absl::OkStatus();
+  };
 
-  BatchDefaults defaults;
-  defaults.max_tokens = limits.default_max_tokens;
+  absl::StatusOr<BatchInput> input = absl::InternalError("no source");
+  if (request.source_case() == v1::CreateJobRequest::kRequests) {
+    std::vector<std::string> lines;
+    lines.reserve(request.requests().requests_size());
+    for (const auto& r : request.requests().requests()) lines.push_back(ToBatchLine(r));
+    input = ReadBatchLines(std::move(lines), options);
+  } else {
+    input = ReadBatch(request.jsonl(), options);  // "" when no source is set
+  }
+  if (!input.ok()) return input.status();
+  if (input->lines.empty()) return absl::InvalidArgumentError("requests: the job has no requests");
+
   PreparedJob job;
-  std::set<std::string> seen;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const int64_t line_no = static_cast<int64_t>(i) + 1;
-    if (static_cast<int64_t>(lines[i].size()) > limits.max_line_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": ", lines[i].size(),
-                                                     " bytes, more than the limit of ",
-                                                     limits.max_line_bytes));
-    }
-    // FreezeDefaults re-serializes the line, which recurses once per nesting level.
-    if (JsonNestsDeeperThan(lines[i], kMaxJsonDepth)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "line ", line_no, ": invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-    }
-    ParsedBatchLine parsed = ParseBatchLine(lines[i], defaults);
-    if (!parsed.request.ok()) return LineError(line_no, parsed.request.status());
-    const BatchRequest& req = *parsed.request;
-    if (limits.max_tokens_per_request > 0 &&
-        req.sampling.max_tokens > limits.max_tokens_per_request) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", line_no, ": body.max_tokens: ", req.sampling.max_tokens,
-                       " is over this daemon's limit (max_tokens_per_request) of ",
-                       limits.max_tokens_per_request));
-    }
-    if (!seen.insert(req.custom_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", line_no, ": custom_id: '", req.custom_id, "' is used twice"));
-    }
-    if (!req.model.empty() && req.model != limits.model_name) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", line_no, ": body.model: this daemon serves '", limits.model_name,
-                       "', not '", req.model, "'"));
-    }
-    auto ids = TokenizeRequest(req, tokenizer);
-    if (!ids.ok()) return LineError(line_no, ids.status());
-    const int64_t index = static_cast<int64_t>(i);
-    const int64_t prompt_len = static_cast<int64_t>(ids->size());
-    if (prompt_len == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": body.prompt: empty"));
-    }
+  for (BatchLine& line : input->lines) {
+    const BatchRequest& req = *line.parsed.request;
+    std::vector<int32_t>& ids = token_ids[line.index];
+    const int64_t prompt_len = static_cast<int64_t>(ids.size());
     if (prompt_len >= limits.max_context_tokens) {
       job.prefailed.push_back(
-          Prefail(index, parsed, job_tag,
+          Prefail(line.index, line.parsed, job_tag,
                   absl::InvalidArgumentError(absl::StrCat(
                       "body: the prompt has ", prompt_len, " tokens; the context holds at most ",
                       limits.max_context_tokens, " tokens including the completion"))));
@@ -197,14 +163,14 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
     }
     if (prompt_len + req.sampling.max_tokens > limits.max_context_tokens) {
       job.prefailed.push_back(Prefail(
-          index, parsed, job_tag,
+          line.index, line.parsed, job_tag,
           absl::InvalidArgumentError(absl::StrCat(
               "body.max_tokens: ", req.sampling.max_tokens, " plus the prompt's ", prompt_len,
               " tokens exceeds the context of ", limits.max_context_tokens, " tokens"))));
       continue;
     }
-    job.requests.push_back(StoredRequest{index, req.custom_id, FreezeDefaults(lines[i], req),
-                                         *std::move(ids), prompt_len + req.sampling.max_tokens});
+    job.requests.push_back(StoredRequest{line.index, req.custom_id, FreezeDefaults(line.text, req),
+                                         std::move(ids), prompt_len + req.sampling.max_tokens});
   }
   return job;
 }

@@ -1,13 +1,19 @@
 // Turns a CreateJob request (inline proto requests or an OpenAI-batch JSONL payload) into the
-// requests the job store keeps, applying the daemon's rules for bad input (docs/api.md):
-//   whole-job INVALID_ARGUMENT, naming the line: an empty job; a line that is not a JSON object or
-//     has no usable custom_id; a duplicate custom_id; a field error (bad type or range, bad chat
-//     roles, non-UTF-8 text, unknown endpoint, JSON nested deeper than 128 levels); a model other
-//     than the daemon's; too many requests,
-//     an oversized line, or max_tokens over the daemon's max_tokens_per_request (each message
-//     names the limit);
+// requests the job store keeps, through the batch front end (engine/batch/batch_reader.h) with the
+// daemon's policies: InvalidLinePolicy::kRefuseJob and ModelPolicy::kCheck. Its rules for bad
+// input (docs/api.md):
+//   whole-job INVALID_ARGUMENT listing every bad line (bounded: FormatBatchErrors): a line that is
+//     not a JSON object or has no usable custom_id; a duplicate custom_id; a field error (bad type
+//     or range, bad chat roles, non-UTF-8 text, unknown endpoint, JSON nested deeper than 128
+//     levels); body.model other than the daemon's; a line over max_line_bytes; max_tokens over
+//     max_tokens_per_request; a prompt that does not tokenize or is empty;
+//   whole-job INVALID_ARGUMENT alone: an empty job (no requests, or only blank lines); more than
+//     max_requests_per_job requests; CreateJob.model other than the daemon's;
 //   a failed request in the results (the job still runs): a prompt longer than the context, or
 //     max_tokens beyond what the context leaves.
+// Blank lines of a JSONL payload are skipped; line numbers are the payload's physical lines
+// (1-based); inline requests are numbered by position (1-based). A request's index is its
+// position among the job's requests (0-based).
 // Thread-safe: const, uses the engine's tokenizer only.
 #pragma once
 
@@ -24,7 +30,7 @@ namespace moebatch {
 
 struct JobLimits {
   int64_t max_requests_per_job = 100000;
-  int64_t max_line_bytes = 1 << 20;  // one request's JSON
+  int64_t max_line_bytes = 1 << 20;  // one request's JSON, in bytes
   int32_t default_max_tokens = 256;
   int32_t max_tokens_per_request = 0;  // a request's max_tokens at most (0 = only the context)
   int64_t max_context_tokens = 0;      // the engine's
@@ -36,7 +42,8 @@ struct PreparedJob {
   std::vector<PrefailedRequest> prefailed;
 };
 
-// `job_tag` names the job in result request ids ("batch_req_<tag>_<index>").
+// `job_tag` names the job in result request ids ("batch_req_<tag>_<index>"). Errors:
+// InvalidArgument only, by the rules above.
 absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                        const Tokenizer& tokenizer, const JobLimits& limits,
                                        const std::string& job_tag);

@@ -128,8 +128,8 @@ type JobOptions struct {
 
 // CreateJob submits a job of inline requests (see ChatRequest, CompletionRequest,
 // TokenIDsRequest). They are sent as they are: the daemon validates them and refuses the whole
-// job with InvalidArgument naming the request ("line N", 1-based) and the field. Returns the
-// accepted job, stored durably before the daemon answers.
+// job with InvalidArgument listing every bad request ("line N", 1-based, and the field; bounded
+// to the first 20). Returns the accepted job, stored durably before the daemon answers.
 func (c *Client) CreateJob(ctx context.Context, requests []*pb.BatchRequest, opts JobOptions) (*pb.Job, error) {
 	return c.createJob(ctx, &pb.CreateJobRequest{
 		Source:   &pb.CreateJobRequest_Requests{Requests: &pb.RequestList{Requests: requests}},
@@ -139,8 +139,8 @@ func (c *Client) CreateJob(ctx context.Context, requests []*pb.BatchRequest, opt
 }
 
 // CreateJobJSONL submits an OpenAI batch input file (one JSON request per line, docs/api.md),
-// sent verbatim: the daemon validates it and names the line of any error, including text that is
-// not UTF-8.
+// sent verbatim: the daemon validates it and names the line of every error, including text that
+// is not UTF-8 (blank lines are skipped but counted in line numbers).
 func (c *Client) CreateJobJSONL(ctx context.Context, jsonl []byte, opts JobOptions) (*pb.Job, error) {
 	if jsonl == nil {
 		jsonl = []byte{} // the oneof must be set even for an empty file

@@ -11,8 +11,9 @@ import (
 )
 
 // Error is a failed call to the daemon: its gRPC status code and message. Error() reads
-// "CODE: message", e.g. "NOT_FOUND: job job_x not found" or "INVALID_ARGUMENT: line 2:
-// body.max_tokens: must be >= 1, got 0", the same text as the Python client's ClientError.
+// "CODE: message", e.g. "NOT_FOUND: job job_x not found" or "INVALID_ARGUMENT: 1 of 2 lines is
+// invalid: line 2 (custom_id \"b\"): body.max_tokens: must be >= 1, got 0", the same text as the
+// Python client's ClientError.
 type Error struct {
 	// Code is the status code: NotFound for an unknown job id, InvalidArgument for a refused
 	// job, Unavailable when no daemon answers, Unauthenticated without a valid token, ...

@@ -6,8 +6,8 @@ import (
 
 // Sampling holds the sampling parameters of a request; nil pointers take the daemon's defaults
 // (temperature 1, top_p 1, top_k off, a random seed, max_tokens from its configuration).
-// Ranges: temperature [0, 100] (0 = greedy), top_p (0, 1], top_k >= 0 (0 = off),
-// max_tokens >= 1, up to 4 non-empty stop strings; the daemon checks them.
+// Nothing is checked here: the daemon validates every field (docs/api.md, "Input line") and
+// refuses a job with bad requests, listing each of them.
 type Sampling struct {
 	Temperature *float32
 	TopP        *float32

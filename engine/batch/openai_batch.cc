@@ -370,16 +370,9 @@ ordered_json CustomIdOrNull(const std::string& custom_id) {
   return custom_id.empty() ? ordered_json() : ordered_json(custom_id);
 }
 
-// The field path that starts a message ("body.messages[1].role: ..."), or null when it has none.
 ordered_json ParamOf(std::string_view message) {
-  const size_t colon = message.find(": ");
-  if (colon == std::string_view::npos || colon == 0) return ordered_json();
-  for (char c : message.substr(0, colon)) {
-    const bool path_char = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '[' || c == ']';
-    if (!path_char) return ordered_json();
-  }
-  return ordered_json(std::string(message.substr(0, colon)));
+  std::string param = ErrorParam(message);
+  return param.empty() ? ordered_json() : ordered_json(std::move(param));
 }
 
 std::string LowerCodeName(absl::StatusCode code) {
@@ -407,6 +400,17 @@ std::string FallbackLine(std::string_view request_id, std::string_view what) {
 }
 
 }  // namespace
+
+std::string ErrorParam(std::string_view message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string_view::npos || colon == 0) return std::string();
+  for (char c : message.substr(0, colon)) {
+    const bool path_char = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '[' || c == ']';
+    if (!path_char) return std::string();
+  }
+  return std::string(message.substr(0, colon));
+}
 
 ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defaults) {
   ParsedBatchLine parsed;

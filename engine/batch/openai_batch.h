@@ -40,7 +40,8 @@ struct BatchRequest {
 
 struct ParsedBatchLine {
   std::string custom_id;  // as far as it could be read (empty when the line is not JSON)
-  bool json_ok = false;   // false: not a JSON object at all
+  bool json_ok = false;   // false: not a JSON object at all (FormatBatchError then writes a
+                          // top-level "invalid_json" error instead of a 400 response)
   absl::StatusOr<BatchRequest> request;  // InvalidArgument naming the field, e.g.
                                          // "body.temperature: must be in [0, 100], got 7000"
 };
@@ -64,6 +65,11 @@ struct Completion {
 // ("batch_req_<...>"); `created` is Unix seconds.
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
                               const Completion& completion, int64_t created);
+
+// The field path a validation message starts with ("body.messages[1].role" of
+// "body.messages[1].role: must be one of ..."), or "" when the message names no field: the
+// output line's error.param.
+std::string ErrorParam(std::string_view message);
 
 // Formats a failed request's line: status_code 400 for InvalidArgument/OutOfRange, else 500, with
 // body.error {message, type, param, code}; or, when !json_ok, "response": null and

@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/batch/json_depth.h"
+#include "engine/model/json_depth.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 

@@ -1,6 +1,6 @@
 """moebatchd end to end: the real daemon on loopback, the real Python client (client/python).
 
-Covers issue 3's acceptance: submit, watch, results, list, cancel; every kind of bad input; and a
+Covers submit, watch, results, list, cancel; every kind of bad input; and a
 crash (kill -9 mid-job, restart on the same data dir) that loses and duplicates nothing.
 """
 import json
@@ -49,7 +49,7 @@ def test_submit_watch_results_list(client):
     assert state_name(progress[-1].state) == "completed"
     assert progress[-1].request_counts.completed == len(lines)
     assert progress[-1].generated_tokens >= 32 * len(GOLDEN)
-    engine = progress[-1].engine  # the engine's activity rides along (issue 6 instrumentation)
+    engine = progress[-1].engine  # the engine's activity rides along (pass counters, S-MBU/S-MFU)
     assert engine.backend == "cpu"
     assert engine.passes > 0 and engine.last_pass_tokens > 0
     assert engine.decode_tokens > 0 and engine.prefill_tokens > 0
@@ -109,6 +109,36 @@ def test_bad_input_is_refused_naming_line_and_field(client, jsonl, field):
         client.create_job(jsonl=jsonl)
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert field in e.value.message
+    assert list(client.list_jobs()) == []  # nothing half-created
+
+
+def test_every_bad_line_is_listed(client):
+    """One refusal lists every bad line by its line number in the file (blank lines counted),
+    bounded; dict requests are validated by the daemon alone."""
+    lines = [chat_line("a", "fine"), "", chat_line("b", "hot", temperature=7000), "   ",
+             "{not json", chat_line("a", "again"), chat_line("c", "fine")]
+    with pytest.raises(ClientError) as e:
+        client.create_job(jsonl="\n".join(lines) + "\n")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    message = e.value.message
+    assert message.startswith(
+        '3 of 5 lines are invalid: line 3 (custom_id "b"): body.temperature: must be in '
+        '[0, 100], got 7000; line 5: invalid JSON: '), message
+    assert message.endswith(
+        '; line 6 (custom_id "a"): custom_id: duplicate, first used on line 1'), message
+    # The same through dict requests: line N is the N-th item.
+    with pytest.raises(ClientError) as e:
+        client.create_job(requests=[json.loads(chat_line("a", "x")),
+                                    {"custom_id": "b", "prompt": "x", "top_p": 5}])
+    assert e.value.message == (
+        '1 of 2 lines is invalid: line 2 (custom_id "b"): body.top_p: must be in (0, 1], got 5')
+    # 1,000 bad lines, each with a 1 KB custom_id: the message stays bounded.
+    many = [chat_line("x" * 1000 + str(i), "y", temperature=-1) for i in range(1000)]
+    with pytest.raises(ClientError) as e:
+        client.create_job(jsonl="\n".join(many))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.message.startswith("1000 of 1000 lines are invalid: line 1 (custom_id ")
+    assert e.value.message.endswith(" more") and len(e.value.message) < 8192
     assert list(client.list_jobs()) == []  # nothing half-created
 
 

@@ -158,11 +158,11 @@ def test_cancel_while_waiting(go_cli, daemon, tmp_path):
 @pytest.mark.parametrize("bad_lines, message", [
     ([golden_line(0), json.dumps({"custom_id": "b", "method": "POST", "url": "/v1/completions",
                                   "body": {"prompt": "x", "max_tokens": 0}})],
-     "line 2: body.max_tokens"),
-    ([golden_line(0), golden_line(1), "{not json"], "line 3"),
-    ([chat_line("dup", "a"), chat_line("dup", "b")], "line 2: custom_id"),
+     'line 2 (custom_id "b"): body.max_tokens'),
+    ([golden_line(0), golden_line(1), "{not json"], "line 3: invalid JSON"),
+    ([chat_line("dup", "a"), chat_line("dup", "b")], 'line 2 (custom_id "dup"): custom_id'),
     ([json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
-                  "body": {"prompt": "x"}})], "line 1: url"),
+                  "body": {"prompt": "x"}})], 'line 1 (custom_id "a"): url'),
 ])
 def test_bad_request_names_the_line(go_cli, daemon, tmp_path, bad_lines, message):
     src = tmp_path / "bad.jsonl"
@@ -205,7 +205,7 @@ def test_token_is_sent_over_plaintext(go_cli, daemon):
     assert r.returncode == 0, r.stderr
 
 
-# -- authentication and TLS (issue 7) -------------------------------------------------------------
+# -- authentication and TLS -----------------------------------------------------------------------
 
 def _openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)

@@ -1,6 +1,8 @@
-// The daemon's request validation (server/job_request.h, PrepareJob): regression tests for what
-// fuzzing (tests/fuzz/fuzz_jsonl_request, fuzz_proto_request) found. The rest of PrepareJob's rules
-// are covered end to end by tests/integration/test_daemon.py.
+// The daemon's request validation (server/job_request.h, PrepareJob): the batch front end under
+// the daemon's policies (every bad line listed, blank lines skipped, line numbers as the user
+// counts them), and regression tests for what fuzzing (tests/fuzz/fuzz_jsonl_request,
+// fuzz_proto_request) found. The rest of PrepareJob's rules are covered end to end by
+// tests/integration/test_daemon.py.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -8,6 +10,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "engine/batch/openai_batch.h"
 #include "engine/text/tokenizer.h"
 #include "moebatch/v1/batch.pb.h"
@@ -52,7 +56,8 @@ TEST_CASE("fuzz regression: a line nested deeper than 128 levels is refused, not
       R"({"custom_id": "deep", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hi", "x": )";
   auto deep = PrepareJsonl(head + Nested(300000) + "}}\n");  // 600 kB: under the line limit
   CHECK(deep.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(deep.status().message() == "line 1: invalid JSON: nested deeper than 128 levels");
+  CHECK(deep.status().message() ==
+        "1 of 1 line is invalid: line 1: invalid JSON: nested deeper than 128 levels");
 
   // The line's object, the body and 126 arrays: at the limit, stored with max_tokens frozen.
   auto at_limit = PrepareJsonl(head + Nested(126) + "}}\n");
@@ -62,7 +67,7 @@ TEST_CASE("fuzz regression: a line nested deeper than 128 levels is refused, not
   const auto stored = nlohmann::json::parse(at_limit->requests[0].line);
   CHECK(stored["body"]["max_tokens"] == 256);
   CHECK(PrepareJsonl(head + Nested(127) + "}}\n").status().message() ==
-        "line 1: invalid JSON: nested deeper than 128 levels");
+        "1 of 1 line is invalid: line 1: invalid JSON: nested deeper than 128 levels");
 }
 
 TEST_CASE(
@@ -76,10 +81,9 @@ TEST_CASE(
     float top_p;
     std::string message;
   };
-  for (const Case& c :
-       {Case{nan, 1.0f, "line 1: body.temperature: must be a number, got \"NaN\""},
-        Case{inf, 1.0f, "line 1: body.temperature: must be a number, got \"Infinity\""},
-        Case{1.0f, -inf, "line 1: body.top_p: must be a number, got \"-Infinity\""}}) {
+  for (const Case& c : {Case{nan, 1.0f, "body.temperature: must be a number, got \"NaN\""},
+                        Case{inf, 1.0f, "body.temperature: must be a number, got \"Infinity\""},
+                        Case{1.0f, -inf, "body.top_p: must be a number, got \"-Infinity\""}}) {
     v1::CreateJobRequest request;
     v1::BatchRequest* r = request.mutable_requests()->add_requests();
     r->set_custom_id("a");
@@ -88,7 +92,8 @@ TEST_CASE(
     r->mutable_sampling()->set_top_p(c.top_p);
     auto job = PrepareJob(request, MixtralTokenizer(), Limits(), "test");
     CHECK(job.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK(job.status().message() == c.message);
+    CHECK(job.status().message() ==
+          "1 of 1 line is invalid: line 1 (custom_id \"a\"): " + c.message);
   }
   // Finite values still go through unchanged.
   v1::CreateJobRequest request;
@@ -103,6 +108,143 @@ TEST_CASE(
   const ParsedBatchLine stored = ParseBatchLine(job->requests[0].line);
   REQUIRE(stored.request.ok());
   CHECK(stored.request->sampling.temperature == 0.25f);
+}
+
+std::string CompletionLine(const std::string& custom_id, const nlohmann::json& extra = {}) {
+  nlohmann::json body = {{"prompt", "Hello there"}};
+  if (extra.is_object()) body.update(extra);
+  return nlohmann::json{
+      {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}
+      .dump();
+}
+
+std::string ChatLine(const std::string& custom_id, const std::string& role) {
+  return nlohmann::json{{"custom_id", custom_id},
+                        {"method", "POST"},
+                        {"url", "/v1/chat/completions"},
+                        {"body", {{"messages", {{{"role", role}, {"content", "Hi"}}}}}}}
+      .dump();
+}
+
+TEST_CASE("PrepareJob refuses a job listing every bad line, not only the first") {
+  // Physical lines: 1 good, 2 blank, 3 bad range, 4 good, 5 not JSON, 6 whitespace, 7 duplicate,
+  // 8 chat roles the tokenizer refuses, 9 another model, 10 good.
+  const std::string jsonl =
+      CompletionLine("a") + "\n\n" + CompletionLine("b", {{"temperature", 7000}}) + "\n" +
+      CompletionLine("c") + "\n{not json\n \t\n" + CompletionLine("a") + "\n" +
+      ChatLine("d", "assistant") + "\n" + CompletionLine("e", {{"model", "gpt-9"}}) + "\n" +
+      CompletionLine("f") + "\n";
+  auto job = PrepareJsonl(jsonl);
+  REQUIRE(job.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string message(job.status().message());
+  INFO(message);
+  CHECK(absl::StartsWith(
+      message,
+      "5 of 8 lines are invalid: line 3 (custom_id \"b\"): body.temperature: must be in [0, 100], "
+      "got 7000; line 5: invalid JSON: "));
+  CHECK(absl::StrContains(message,
+                          "; line 7 (custom_id \"a\"): custom_id: duplicate, first used on line 1; "
+                          "line 8 (custom_id \"d\"): body.messages"));
+  CHECK(absl::EndsWith(message,
+                       "; line 9 (custom_id \"e\"): body.model: this server runs \"mixtral\", got "
+                       "\"gpt-9\""));
+}
+
+TEST_CASE("PrepareJob skips blank lines inside the payload; indices count requests") {
+  PreparedJob job;
+  {
+    JobLimits limits = Limits();
+    limits.max_context_tokens = 64;
+    v1::CreateJobRequest request;
+    // The second request's prompt is longer than the context: a prefailed request; the job runs.
+    std::string long_prompt;
+    for (int i = 0; i < 100; ++i) long_prompt += "word ";
+    request.set_jsonl("\n" + CompletionLine("a", {{"max_tokens", 4}}) + "\r\n   \n" +
+                      CompletionLine("long", {{"prompt", long_prompt}}) + "\n\n" +
+                      CompletionLine("c", {{"max_tokens", 4}}) + "\n\n");
+    auto prepared = PrepareJob(request, MixtralTokenizer(), limits, "t");
+    INFO(prepared.status().ToString());
+    REQUIRE(prepared.ok());
+    job = *std::move(prepared);
+  }
+  REQUIRE(job.requests.size() == 2);
+  REQUIRE(job.prefailed.size() == 1);
+  CHECK(job.requests[0].index == 0);
+  CHECK(job.requests[0].custom_id == "a");
+  CHECK(job.prefailed[0].index == 1);
+  CHECK(job.prefailed[0].custom_id == "long");
+  CHECK(absl::StrContains(job.prefailed[0].result_line, "batch_req_t_1"));
+  CHECK(job.requests[1].index == 2);
+  CHECK(job.requests[1].custom_id == "c");
+  CHECK(job.requests[1].budget_tokens ==
+        static_cast<int64_t>(job.requests[1].prompt_token_ids.size()) + 4);
+}
+
+TEST_CASE("PrepareJob: whole-job refusals") {
+  CHECK(PrepareJsonl("").status().message() == "requests: the job has no requests");
+  CHECK(PrepareJsonl("\n  \n\r\n").status().message() == "requests: the job has no requests");
+  CHECK(PrepareJob(v1::CreateJobRequest(), MixtralTokenizer(), Limits(), "t").status().message() ==
+        "requests: the job has no requests");
+
+  JobLimits limits = Limits();
+  limits.max_requests_per_job = 2;
+  v1::CreateJobRequest three;
+  three.set_jsonl(CompletionLine("a") + "\n" + CompletionLine("b") + "\n\n" +
+                  CompletionLine("{bad") + "\n");
+  CHECK(PrepareJob(three, MixtralTokenizer(), limits, "t").status().message() ==
+        "requests: 3 requests, more than the limit (max_requests_per_job) of 2 per job");
+
+  // CreateJob.model, quoted and bounded whatever its length.
+  v1::CreateJobRequest other_model;
+  other_model.set_jsonl(CompletionLine("a"));
+  other_model.set_model(std::string(100000, 'm'));
+  auto refused = PrepareJob(other_model, MixtralTokenizer(), Limits(), "t");
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(
+      absl::StartsWith(refused.status().message(), "model: this daemon serves \"mixtral\", not "));
+  CHECK(refused.status().message().size() < 300);
+}
+
+TEST_CASE("PrepareJob: inline requests are numbered by position; limits name themselves") {
+  JobLimits limits = Limits();
+  limits.max_tokens_per_request = 16;
+  v1::CreateJobRequest request;
+  for (const char* id : {"ok", "big", "ok"}) {
+    v1::BatchRequest* r = request.mutable_requests()->add_requests();
+    r->set_custom_id(id);
+    r->set_prompt("Hello");
+    r->mutable_sampling()->set_max_tokens(std::string(id) == "big" ? 17 : 8);
+  }
+  v1::BatchRequest* empty = request.mutable_requests()->add_requests();
+  empty->set_custom_id("empty");
+  empty->mutable_prompt_token_ids();  // an empty list of ids: an empty prompt
+  auto job = PrepareJob(request, MixtralTokenizer(), limits, "t");
+  CHECK(job.status().message() ==
+        "3 of 4 lines are invalid: line 2 (custom_id \"big\"): body.max_tokens: 17 is over the "
+        "limit (max_tokens_per_request) of 16; line 3 (custom_id \"ok\"): custom_id: duplicate, "
+        "first used on line 1; line 4 (custom_id \"empty\"): body.prompt: must not be an empty "
+        "array");
+}
+
+TEST_CASE("PrepareJob: a 300 KB custom_id and 1,000 bad lines give a bounded message") {
+  const std::string huge_id(300 * 1000, 'q');
+  auto dup = PrepareJsonl(CompletionLine(huge_id) + "\n" + CompletionLine(huge_id) + "\n");
+  REQUIRE(dup.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(dup.status().message().size() < 1024);
+  CHECK(absl::StrContains(dup.status().message(), "line 2 (custom_id \"qqqq"));
+
+  std::string many;
+  for (int i = 0; i < 1000; ++i) {
+    many += CompletionLine(absl::StrCat("r", i), {{"top_p", 5}}) + "\n";
+  }
+  auto refused = PrepareJsonl(many);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  const std::string message(refused.status().message());
+  CHECK(message.size() < 8 * 1024);
+  CHECK(absl::StartsWith(message,
+                         "1000 of 1000 lines are invalid: line 1 (custom_id \"r0\"): "
+                         "body.top_p: must be in (0, 1], got 5"));
+  CHECK(absl::EndsWith(message, "; and 980 more"));
 }
 
 }  // namespace

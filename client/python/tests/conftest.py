@@ -3,8 +3,12 @@ BatchService (the generated servicer base class) with canned behaviour, on loopb
 
 It is not the daemon: the integration tests against the real moebatchd live elsewhere. Canned
 behaviour:
-  * CreateJob: refuses an empty job (INVALID_ARGUMENT), otherwise stores a job in IN_PROGRESS with
-    one request per inline request or non-blank JSONL line; records every request it receives.
+  * CreateJob: refuses an empty job (INVALID_ARGUMENT), and a job with bad lines as the daemon
+    does (INVALID_ARGUMENT "K of N lines are invalid: line L (custom_id "x"): MESSAGE; ..."):
+    lines that are not JSON objects, and lines whose custom_id the test put in `line_errors`
+    (custom_id -> the daemon's message for it; the fake knows no field rules). Otherwise stores a
+    job in IN_PROGRESS with one request per inline request or non-blank JSONL line; records every
+    request it receives.
   * GetJob / CancelJob / WatchJob / GetResults: NOT_FOUND "job <id> not found" for unknown ids.
   * WatchJob: 0/N .. N/N progress messages, then COMPLETED (the job's state becomes COMPLETED).
     Jobs with special ids misbehave: "job_broken" aborts with INTERNAL after one message,
@@ -47,6 +51,7 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
         self.flaky_failures = 1
         self.stream_cancelled = threading.Event()
         self.next_id = 1
+        self.line_errors: dict[str, str] = {}  # custom_id -> a canned validation message
 
     def add_job(self, job_id: str, total: int = 3, state: int = pb.JOB_STATE_IN_PROGRESS,
                 created_at: int = 1_700_000_000) -> pb.Job:
@@ -66,15 +71,36 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
 
     def CreateJob(self, request, context):
         self.calls.append(("CreateJob", request))
+        ids, bad = [], []  # bad: (line number, custom_id, message)
         if request.WhichOneof("source") == "requests":
-            ids = [r.custom_id for r in request.requests.requests]
+            numbered = [(n, r.custom_id) for n, r in enumerate(request.requests.requests, 1)]
         else:
-            ids = []
-            for line in request.jsonl.splitlines():
-                if line.strip():
-                    ids.append(json.loads(line).get("custom_id", f"line-{len(ids)}"))
+            numbered = []
+            for n, line in enumerate(request.jsonl.split(b"\n"), 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    obj = e
+                if not isinstance(obj, dict):
+                    bad.append((n, None, "invalid JSON: not a JSON object"))
+                    numbered.append((n, f"line-{n}"))
+                    continue
+                numbered.append((n, obj.get("custom_id", f"line-{n}")))
+        for n, custom_id in numbered:
+            ids.append(custom_id)
+            if custom_id in self.line_errors:
+                bad.append((n, custom_id, self.line_errors[custom_id]))
         if not ids:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "requests: the job has no requests")
+        if bad:
+            bad.sort()
+            entries = [f"line {n}" + (f" (custom_id {json.dumps(c)})" if c else "") + f": {m}"
+                       for n, c, m in bad]
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{len(bad)} of {len(ids)} {'line' if len(ids) == 1 else 'lines'} "
+                          f"{'is' if len(bad) == 1 else 'are'} invalid: " + "; ".join(entries))
         if request.model not in ("", "tiny-mixtral"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"model: this daemon serves 'tiny-mixtral', not '{request.model}'")

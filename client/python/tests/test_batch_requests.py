@@ -1,4 +1,8 @@
-"""Building BatchRequest messages from OpenAI-style dicts (no daemon needed)."""
+"""Building OpenAI batch input lines and the JSONL payload (no daemon needed). The client only
+shapes requests: field values, however wrong, go to the daemon as given (it is the validator;
+test_fake_server.py checks that its refusal surfaces as ClientError)."""
+import json
+
 import pytest
 
 from moebatch import (
@@ -6,173 +10,126 @@ from moebatch import (
     build_requests,
     chat_request,
     completion_request,
+    request_line,
     sampling_params,
+    to_jsonl,
 )
 from moebatch.v1 import batch_pb2 as pb
+
+CHAT = [{"role": "user", "content": "x"}]
 
 
 def line(body, custom_id="q-1", url="/v1/chat/completions", **extra):
     return {"custom_id": custom_id, "method": "POST", "url": url, "body": body, **extra}
 
 
-def test_chat_line():
-    r = build_request(line({"model": "mixtral", "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hello"}], "max_tokens": 64}))
-    assert r.custom_id == "q-1"
-    assert r.WhichOneof("input") == "chat"
-    assert [(m.role, m.content) for m in r.chat.messages] == [
-        ("system", "Be brief."), ("user", "Hello")]
-    assert r.sampling.HasField("max_tokens") and r.sampling.max_tokens == 64
-    assert not r.sampling.HasField("temperature")  # unset: the daemon's default
+def test_a_whole_line_passes_through():
+    obj = line({"model": "mixtral", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+        "max_tokens": 64, "stream": False})
+    assert build_request(obj) == obj
+    assert build_request(obj) is not obj  # a copy
+    assert build_request(obj, custom_id="q-2")["custom_id"] == "q-2"
+    assert obj["custom_id"] == "q-1"
 
 
-def test_chat_content_parts_are_joined():
-    r = build_request(line({"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}))
-    assert r.chat.messages[0].content == "a\nb"
-
-
-def test_completion_text_prompt():
-    r = build_request(line({"prompt": "Once upon", "max_tokens": 8}, url="/v1/completions"))
-    assert r.WhichOneof("input") == "prompt"
-    assert r.prompt == "Once upon"
-    r = build_request(line({"prompt": ["Once upon"]}, url="/v1/completions"))
-    assert r.prompt == "Once upon"
-
-
-@pytest.mark.parametrize("prompt", [[1, 415, 2936], [[1, 415, 2936]]])
-def test_completion_token_id_prompt(prompt):
-    r = build_request(line({"prompt": prompt}, url="/v1/completions"))
-    assert r.WhichOneof("input") == "prompt_token_ids"
-    assert list(r.prompt_token_ids.ids) == [1, 415, 2936]
-
-
-def test_sampling_fields():
-    r = build_request(line({
-        "messages": [{"role": "user", "content": "x"}], "temperature": 0, "top_p": 0.5,
-        "top_k": 40, "seed": 2**64 - 1, "max_tokens": 16, "stop": ["\n", "END"],
-        "ignore_eos": True, "n": 1,
-        # OpenAI fields moebatch ignores, as the daemon does
-        "stream": False, "logprobs": None, "presence_penalty": 0.1,
-    }))
-    s = r.sampling
-    assert s.HasField("temperature") and s.temperature == 0.0
-    assert s.top_p == pytest.approx(0.5)
-    assert s.top_k == 40
-    assert s.seed == 2**64 - 1
-    assert s.max_tokens == 16
-    assert list(s.stop) == ["\n", "END"]
-    assert s.ignore_eos is True
-
-
-def test_stop_string_and_max_completion_tokens_alias():
-    r = build_request(line({"messages": [{"role": "user", "content": "x"}], "stop": "###",
-                            "max_completion_tokens": 12}))
-    assert list(r.sampling.stop) == ["###"]
-    assert r.sampling.max_tokens == 12
-
-
-def test_null_means_not_given():
-    r = build_request(line({"messages": [{"role": "user", "content": "x"}], "temperature": None,
-                            "max_tokens": None, "seed": None}))
-    assert not r.sampling.HasField("temperature")
-    assert not r.sampling.HasField("max_tokens")
-    assert not r.sampling.HasField("seed")
+def test_a_line_without_method_or_url_gets_them():
+    assert build_request({"custom_id": "a", "body": {"prompt": "Once"}}) == {
+        "custom_id": "a", "body": {"prompt": "Once"}, "method": "POST", "url": "/v1/completions"}
+    assert build_request({"custom_id": "a", "body": {"messages": CHAT}})["url"] == (
+        "/v1/chat/completions")
 
 
 def test_body_form_infers_the_endpoint():
-    r = build_request({"custom_id": "a", "messages": [{"role": "user", "content": "hi"}],
-                       "temperature": 0.7})
-    assert r.WhichOneof("input") == "chat"
-    assert r.sampling.temperature == pytest.approx(0.7)
+    r = build_request({"custom_id": "a", "messages": CHAT, "temperature": 0.7})
+    assert r == line({"messages": CHAT, "temperature": 0.7}, custom_id="a")
     r = build_request({"prompt": [5, 6]}, custom_id="b")
-    assert r.custom_id == "b" and list(r.prompt_token_ids.ids) == [5, 6]
+    assert r == line({"prompt": [5, 6]}, custom_id="b", url="/v1/completions")
+    # Without custom_id the line has none: the daemon names the missing field.
+    assert "custom_id" not in build_request({"messages": CHAT})
 
 
-def test_helpers():
-    r = chat_request("c1", "Hello", max_tokens=4, temperature=0)
-    assert r.chat.messages[0].role == "user" and r.chat.messages[0].content == "Hello"
-    assert r.sampling.max_tokens == 4
-    r = completion_request("c2", [1, 2, 3], seed=7)
-    assert list(r.prompt_token_ids.ids) == [1, 2, 3] and r.sampling.seed == 7
-    s = sampling_params(temperature=1.5, top_k=3)
-    assert s.temperature == pytest.approx(1.5) and s.top_k == 3
+def test_helpers_build_lines():
+    assert chat_request("c1", "Hello", max_tokens=4, temperature=0) == {
+        "custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
+                 "temperature": 0}}
+    assert completion_request("c2", (1, 2, 3), seed=7, stop=None) == {
+        "custom_id": "c2", "method": "POST", "url": "/v1/completions",
+        "body": {"prompt": [1, 2, 3], "seed": 7}}
+    assert sampling_params(temperature=1.5, top_k=3, seed=None) == {"temperature": 1.5, "top_k": 3}
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    assert chat_request("c3", messages)["body"]["messages"] == messages
 
 
-def test_message_passes_through():
+def test_a_message_becomes_the_daemons_line():
     msg = pb.BatchRequest(custom_id="x", prompt="p")
-    assert build_request(msg) is msg
-    renamed = build_request(msg, custom_id="y")
-    assert renamed.custom_id == "y" and msg.custom_id == "x" and renamed.prompt == "p"
+    msg.sampling.temperature = 0
+    msg.sampling.max_tokens = 8
+    msg.sampling.stop.append("\n")
+    assert request_line(msg) == line({"prompt": "p", "temperature": 0.0, "max_tokens": 8,
+                                      "stop": ["\n"]}, custom_id="x", url="/v1/completions")
+    chat = pb.BatchRequest(custom_id="c", chat=pb.ChatMessages(messages=[
+        pb.ChatMessage(role="user", content="hi")]))
+    chat.sampling.ignore_eos = True
+    assert build_request(chat) == line({"messages": [{"role": "user", "content": "hi"}],
+                                        "ignore_eos": True}, custom_id="c")
+    ids = pb.BatchRequest(custom_id="i", prompt_token_ids=pb.TokenIds(ids=[1, 2]))
+    assert build_request(ids, custom_id="j")["body"] == {"prompt": [1, 2]}
+    nan = pb.BatchRequest(custom_id="n", prompt="p")
+    nan.sampling.top_p = float("nan")
+    assert request_line(nan)["body"]["top_p"] == "NaN"  # the daemon names the field
 
 
-CHAT = [{"role": "user", "content": "x"}]
-
-
-@pytest.mark.parametrize("obj, field", [
-    (line({"messages": CHAT}, custom_id=""), "custom_id"),
-    (line({"messages": CHAT}, custom_id=7), "custom_id"),
-    ({"messages": CHAT}, "custom_id"),
-    (line({"messages": CHAT}, method="GET"), "method"),
-    (line({"messages": CHAT}, url="/v1/embeddings"), "url"),
-    (line("not a dict"), "body"),
-    (line({"messages": []}), "body.messages"),
-    (line({"messages": "hello"}), "body.messages"),
-    (line({}), "body.messages"),
-    (line({"messages": ["hello"]}), "body.messages[0]"),
-    (line({"messages": [{"role": "tool", "content": "x"}]}), "body.messages[0].role"),
-    (line({"messages": [{"role": "user"}]}), "body.messages[0].content"),
-    (line({"messages": [{"role": "user", "content": 5}]}), "body.messages[0].content"),
-    (line({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-     "body.messages[0].content[0].type"),
-    (line({"prompt": 5}, url="/v1/completions"), "body.prompt"),
-    (line({"prompt": []}, url="/v1/completions"), "body.prompt"),
-    (line({"prompt": ["a", "b"]}, url="/v1/completions"), "body.prompt"),
-    (line({"prompt": [[]]}, url="/v1/completions"), "body.prompt[0]"),
-    (line({"prompt": [1, -2]}, url="/v1/completions"), "body.prompt[1]"),
-    (line({"prompt": [1, 2.5]}, url="/v1/completions"), "body.prompt[1]"),
-    (line({"prompt": [1, True]}, url="/v1/completions"), "body.prompt[1]"),
-    (line({"messages": CHAT, "model": 3}), "body.model"),
-    (line({"messages": CHAT, "temperature": "0.5"}), "body.temperature"),
-    (line({"messages": CHAT, "temperature": -1}), "body.temperature"),
-    (line({"messages": CHAT, "temperature": 101}), "body.temperature"),
-    (line({"messages": CHAT, "top_p": 0}), "body.top_p"),
-    (line({"messages": CHAT, "top_p": 1.5}), "body.top_p"),
-    (line({"messages": CHAT, "top_k": -1}), "body.top_k"),
-    (line({"messages": CHAT, "top_k": 2.0}), "body.top_k"),
-    (line({"messages": CHAT, "seed": -1}), "body.seed"),
-    (line({"messages": CHAT, "seed": 2**64}), "body.seed"),
-    (line({"messages": CHAT, "max_tokens": 0}), "body.max_tokens"),
-    (line({"messages": CHAT, "max_tokens": 16.0}), "body.max_tokens"),
-    (line({"messages": CHAT, "max_tokens": "16"}), "body.max_tokens"),
-    (line({"messages": CHAT, "max_tokens": 2**31}), "body.max_tokens"),
-    (line({"messages": CHAT, "max_completion_tokens": 0}), "body.max_completion_tokens"),
-    (line({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}),
-     "body.max_completion_tokens"),
-    (line({"messages": CHAT, "stop": ""}), "body.stop"),
-    (line({"messages": CHAT, "stop": ["a", ""]}), "body.stop[1]"),
-    (line({"messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}), "body.stop"),
-    (line({"messages": CHAT, "stop": 5}), "body.stop"),
-    (line({"messages": CHAT, "n": 2}), "body.n"),
-    (line({"messages": CHAT, "ignore_eos": 1}), "body.ignore_eos"),
-    ({"custom_id": "a", "messages": CHAT, "prompt": "x"}, "body"),
+@pytest.mark.parametrize("obj", [
+    line({"messages": CHAT}, custom_id=""),
+    line({"messages": CHAT}, custom_id=7),
+    line({"messages": CHAT}, method="GET"),
+    line({"messages": CHAT}, url="/v1/embeddings"),
+    line("not a dict"),
+    line({"messages": []}),
+    line({"messages": [{"role": "tool", "content": "x"}]}),
+    line({"prompt": [1, -2]}, url="/v1/completions"),
+    line({"messages": CHAT, "model": 3}),
+    line({"messages": CHAT, "temperature": "0.5"}),
+    line({"messages": CHAT, "temperature": 101}),
+    line({"messages": CHAT, "top_p": 0}),
+    line({"messages": CHAT, "top_k": -1}),
+    line({"messages": CHAT, "seed": 2**64}),
+    line({"messages": CHAT, "max_tokens": 0}),
+    line({"messages": CHAT, "max_tokens": 16.0}),
+    line({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}),
+    line({"messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}),
+    line({"messages": CHAT, "n": 2}),
+    line({"messages": CHAT, "ignore_eos": 1}),
 ])
-def test_bad_dicts_raise_value_error_naming_the_field(obj, field):
-    with pytest.raises(ValueError) as info:
-        build_request(obj)
-    assert str(info.value).startswith(field + ":"), str(info.value)
+def test_field_values_are_not_checked_here(obj):
+    built = build_request(obj)
+    assert built == obj
+    payload = to_jsonl([obj])
+    assert payload.endswith(b"\n") and payload.count(b"\n") == 1
+    assert json.loads(payload) == obj  # sent as given: the daemon judges it
 
 
-def test_not_a_dict():
-    with pytest.raises(ValueError, match="request: must be a dict"):
+def test_shape_errors_raise_value_error_naming_the_item():
+    with pytest.raises(ValueError, match="^request: must be a dict"):
         build_request(["custom_id", "x"])
+    with pytest.raises(ValueError, match=r"^requests\[1\]: body: give either messages"):
+        build_requests([{"custom_id": "a", "messages": CHAT},
+                        {"custom_id": "b", "messages": CHAT, "prompt": "x"}])
+    with pytest.raises(ValueError, match=r"^requests\[0\]: cannot be written as JSON"):
+        to_jsonl([{"custom_id": "a", "messages": CHAT, "temperature": {1, 2}}])
 
 
-def test_build_requests_names_the_item():
-    good = {"custom_id": "a", "messages": CHAT}
-    with pytest.raises(ValueError, match=r"^requests\[1\]: body.top_k: must be >= 0, got -3$"):
-        build_requests([good, {"custom_id": "b", "messages": CHAT, "top_k": -3}])
-    with pytest.raises(ValueError, match=r"^requests\[1\]: custom_id: 'a' is used twice$"):
-        build_requests([good, dict(good)])
-    assert [r.custom_id for r in build_requests([good, {**good, "custom_id": "b"}])] == ["a", "b"]
+def test_to_jsonl_one_line_per_item_in_order():
+    items = [chat_request("a", "Hi \u00e9"), {"custom_id": "b", "prompt": "x"},
+             pb.BatchRequest(custom_id="c", prompt="y"),
+             {"custom_id": "a", "messages": CHAT}]  # a duplicate: the daemon's to refuse
+    payload = to_jsonl(items)
+    lines = payload.decode("utf-8").split("\n")
+    assert lines[-1] == ""
+    assert [json.loads(x)["custom_id"] for x in lines[:-1]] == ["a", "b", "c", "a"]
+    assert "\u00e9" in lines[0]  # UTF-8, not \\u escapes
+    # A lone surrogate cannot be UTF-8: it goes as a \ud800 escape, for the daemon to refuse.
+    assert b"\\ud800" in to_jsonl([chat_request("s", "\ud800")])
+    assert to_jsonl([]) == b""

@@ -22,22 +22,76 @@ def calls(service, name):
 
 # -- the API ----------------------------------------------------------------------------------
 
-def test_create_job_inline_requests(client, fake_server):
+def test_create_job_dict_requests_go_as_jsonl(client, fake_server):
     _, service = fake_server
     job = client.create_job(
         requests=[chat_request("a", "Hello", max_tokens=4, temperature=0),
                   completion_request("b", [1, 2, 3], seed=9),
-                  {"custom_id": "c", "prompt": "Once", "stop": ["\n"]}],
+                  {"custom_id": "c", "prompt": "Once", "stop": ["\n"]},
+                  pb.BatchRequest(custom_id="d", prompt="mixed in")],
         metadata={"run": "unit"}, model="tiny-mixtral")
     assert job.id == "job_0001" and job.state == pb.JOB_STATE_IN_PROGRESS
-    assert job.request_counts.total == 3 and dict(job.metadata) == {"run": "unit"}
+    assert job.request_counts.total == 4 and dict(job.metadata) == {"run": "unit"}
     (sent,) = calls(service, "CreateJob")
-    assert sent.WhichOneof("source") == "requests" and sent.model == "tiny-mixtral"
-    a, b, c = sent.requests.requests
-    assert a.chat.messages[0].content == "Hello" and a.sampling.max_tokens == 4
-    assert a.sampling.HasField("temperature") and a.sampling.temperature == 0
-    assert list(b.prompt_token_ids.ids) == [1, 2, 3] and b.sampling.seed == 9
-    assert c.prompt == "Once" and list(c.sampling.stop) == ["\n"]
+    assert sent.WhichOneof("source") == "jsonl" and sent.model == "tiny-mixtral"
+    a, b, c, d = [json.loads(x) for x in sent.jsonl.decode().splitlines()]
+    assert a == {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
+                          "temperature": 0}}
+    assert b["url"] == "/v1/completions" and b["body"] == {"prompt": [1, 2, 3], "seed": 9}
+    assert c["url"] == "/v1/completions" and c["body"] == {"prompt": "Once", "stop": ["\n"]}
+    assert d["custom_id"] == "d" and d["body"] == {"prompt": "mixed in"}
+
+
+def test_create_job_messages_alone_go_inline(client, fake_server):
+    _, service = fake_server
+    message = pb.BatchRequest(custom_id="m", prompt="p")
+    message.sampling.temperature = 500  # unchecked: the daemon's own validation
+    client.create_job(requests=[message])
+    (sent,) = calls(service, "CreateJob")
+    assert sent.WhichOneof("source") == "requests"
+    assert sent.requests.requests[0].sampling.temperature == 500
+
+
+def test_bad_fields_are_the_daemons_to_refuse(client, fake_server):
+    """Out-of-range values are sent as given; the daemon's INVALID_ARGUMENT, listing every bad
+    line, is what the caller gets."""
+    _, service = fake_server
+    service.line_errors = {
+        "b": "body.temperature: must be in [0, 100], got 101",
+        "d": "body.messages[0].role: must be one of system, user, assistant, got \"bot\"",
+    }
+    with pytest.raises(ClientError) as info:
+        client.create_job(requests=[
+            chat_request("a", "fine"),
+            chat_request("b", "hot", temperature=101),
+            completion_request("c", "fine"),
+            {"custom_id": "d", "messages": [{"role": "bot", "content": "x"}]}])
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.message == (
+        '2 of 4 lines are invalid: line 2 (custom_id "b"): body.temperature: must be in [0, 100], '
+        'got 101; line 4 (custom_id "d"): body.messages[0].role: must be one of system, user, '
+        'assistant, got "bot"')
+    (sent,) = calls(service, "CreateJob")
+    lines = [json.loads(x) for x in sent.jsonl.decode().splitlines()]
+    assert lines[1]["body"]["temperature"] == 101
+    assert lines[3]["body"]["messages"][0]["role"] == "bot"
+
+
+def test_cli_reports_the_daemons_refusal(fake_server, tmp_path, capsys):
+    address, service = fake_server
+    service.line_errors = {"x": "body.top_p: must be in (0, 1], got 5"}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([
+        json.dumps({"custom_id": "w", "method": "POST", "url": "/v1/completions",
+                    "body": {"prompt": "p"}}),
+        "",
+        json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
+                    "body": {"prompt": "p", "top_p": 5}})]) + "\n")
+    assert cli.main(["--server", address, "submit", str(bad)]) == 1
+    assert capsys.readouterr().err == (
+        'moebatch: INVALID_ARGUMENT: 1 of 2 lines is invalid: line 3 (custom_id "x"): '
+        'body.top_p: must be in (0, 1], got 5\n')
 
 
 def test_create_job_jsonl_and_path(client, fake_server, tmp_path):
@@ -58,9 +112,10 @@ def test_create_job_argument_errors(client, tmp_path):
         client.create_job()
     with pytest.raises(ValueError, match="exactly one"):
         client.create_job(requests=[], jsonl="x")
-    with pytest.raises(ValueError, match=r"^requests\[0\]: body.messages\[0\].role"):
-        client.create_job(requests=[{"custom_id": "a", "messages": [{"role": "bot",
-                                                                     "content": "x"}]}])
+    with pytest.raises(ValueError, match=r"^requests\[0\]: body: give either messages"):
+        client.create_job(requests=[{"custom_id": "a", "messages": [], "prompt": "x"}])
+    with pytest.raises(ValueError, match=r"^requests\[1\]: request: must be a dict"):
+        client.create_job(requests=[{"custom_id": "a", "prompt": "x"}, "not a request"])
     with pytest.raises(ValueError, match="metadata"):
         client.create_job(jsonl=JSONL, metadata={"k": 1})
 

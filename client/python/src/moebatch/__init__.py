@@ -8,8 +8,9 @@ from .batch_requests import (
     build_requests,
     chat_request,
     completion_request,
-    sampling_from_body,
+    request_line,
     sampling_params,
+    to_jsonl,
 )
 from .client import DEFAULT_SERVER, Client, default_server
 from .errors import ClientError
@@ -40,7 +41,8 @@ __all__ = [
     "parse_state",
     "pb",
     "progress_to_dict",
-    "sampling_from_body",
+    "request_line",
     "sampling_params",
     "state_name",
+    "to_jsonl",
 ]

@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from .batch_requests import build_requests
+from .batch_requests import to_jsonl
 from .errors import ClientError
 from .jobs import TERMINAL_STATES, parse_state
 from .v1 import batch_pb2 as pb
@@ -165,11 +165,17 @@ class Client:
                    metadata: Mapping[str, str] | None = None, model: str = "") -> pb.Job:
         """Submits a job; give exactly one of:
 
-        requests: BatchRequest messages or OpenAI-style dicts (see moebatch.build_request; dicts
-            are checked here and raise ValueError naming the item and field). Messages go as
-            they are, unchecked, so the daemon's own validation can be exercised.
+        requests: OpenAI-style dicts (batch input lines or bodies with a custom_id, see
+            moebatch.build_request) or BatchRequest messages. With any dict they are sent as a
+            JSONL payload, one line per item in order (the daemon's "line N" is requests[N-1]);
+            only BatchRequest messages go as inline requests. Neither is checked here beyond
+            its shape: the daemon validates them.
         jsonl: an OpenAI batch input file's text, sent verbatim (the daemon validates it).
         path: the path of such a file.
+
+        A job with bad requests is refused as a whole: ClientError INVALID_ARGUMENT, the message
+        listing every bad line ("2 of 3 lines are invalid: line 2 (custom_id "b"): body.top_p:
+        must be in (0, 1], got 5; ...", docs/api.md).
 
         metadata: free-form string pairs kept with the job. model: empty or the daemon's model.
         Returns the accepted Job (stored durably before the daemon answers).
@@ -187,7 +193,11 @@ class Client:
         if requests is not None:
             if isinstance(requests, (str, bytes, Mapping)):
                 raise ValueError("requests: must be a list of dicts or BatchRequest messages")
-            request.requests.requests.extend(build_requests(requests))
+            items = list(requests)
+            if items and all(isinstance(r, pb.BatchRequest) for r in items):
+                request.requests.requests.extend(items)
+            else:
+                request.jsonl = to_jsonl(items)
         elif jsonl is not None:
             if not isinstance(jsonl, (str, bytes, bytearray)):
                 raise ValueError(f"jsonl: must be str or bytes, got {type(jsonl).__name__}")
