@@ -1,5 +1,5 @@
 // CPU decode attention against the host's memory bandwidth and the auto-vectorised baseline
-// (issue 4, MoE-Lens §6.6).
+// (MoE-Lens §6.6).
 //
 //   bench_attention_bandwidth [--repeats 7 --triad_mib 512 --shapes 256x512,64x4096
 //       --num_heads 32 --num_kv_heads 8 --head_dim 128 --dtype bf16 --block_size 16]
@@ -29,7 +29,7 @@
 //     library's portable kernel): on GCC 12 the AVX-512 baseline runs slower than the library's
 //     scalar (SSE2) build (-fopt-info-vec reports the q.K loop vectorised; with strict FP order
 //     that can only be an in-order reduction), so the second speed-up is the honest lower figure.
-// Then the acceptance bounds of issue 4: all threads, bf16 KV, the best ISA reads >= 85% of the
+// Then the bounds it is held to: all threads, bf16 KV, the best ISA reads >= 85% of the
 // triad bandwidth; single thread, the best ISA is >= 3x the baseline.
 #include <omp.h>
 #include <sys/mman.h>
@@ -47,13 +47,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cpu_attention/attention/decode_attention.h"
 #include "cpu_attention/attention/paged_attention.h"
-#include "engine/model/dtype.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/model/dtype.h"
+#include "engine/tools/program_flags.h"
 
 ABSL_FLAG(int64_t, repeats, 7, "timed calls per figure (best and median reported)");
 ABSL_FLAG(int64_t, triad_mib, 512, "size of each of the three triad arrays, MiB");
@@ -104,8 +104,8 @@ struct Triad {
 };
 
 // An uninitialised array of n T in its own anonymous mapping with transparent huge pages asked
-// for, like the KV cache (engine/kv/kv_cache.cc), so that the bound and the kernels see the same page
-// size; its pages are first touched by the threads that use them.
+// for, like the KV cache (engine/kv/kv_cache.cc), so that the bound and the kernels see the same
+// page size; its pages are first touched by the threads that use them.
 template <class T>
 struct HugeArray {
   explicit HugeArray(int64_t n) : bytes(static_cast<size_t>(n) * sizeof(T)) {
@@ -149,8 +149,9 @@ Triad MeasureTriad(int64_t mib, int64_t repeats) {
 // XOR of the n 64-bit words at w into acc[8] (8 independent lanes). Compiled for AVX-512, AVX2 and
 // baseline x86-64, picked at load time (target_clones), so the probe reads with the widest loads
 // the CPU has, like the kernels.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(
-    const uint64_t* w, size_t n, uint64_t* acc) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(const uint64_t* w,
+                                                                           size_t n,
+                                                                           uint64_t* acc) {
   uint64_t a[8] = {acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -254,9 +255,12 @@ std::unique_ptr<DecodeProblem> BuildProblem(int64_t num_seqs, int64_t tokens, in
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& x : p->q) x = u(qrng);
   p->out.assign(p->q.size(), 0.0f);
-  p->view = KvLayerView{p->cache->LayerBase(0),       dtype,
-                        num_kv_heads,                 head_dim,
-                        config.block_size,            p->cache->block_stride_bytes(),
+  p->view = KvLayerView{p->cache->LayerBase(0),
+                        dtype,
+                        num_kv_heads,
+                        head_dim,
+                        config.block_size,
+                        p->cache->block_stride_bytes(),
                         p->cache->value_offset_bytes()};
   p->tokens_per_call = num_seqs * tokens;
   p->kv_bytes_per_call =
@@ -325,9 +329,9 @@ uint64_t ReadKvOnly(const DecodeProblem& p, int64_t num_seqs, int64_t tokens, in
 
 // The same bytes in the order of the tiled kernels, which take every KV head of a sequence in one
 // work item (decode_attention_tiled.h): block by block, and in each block KV head 0's K run and V
-// run, then head 1's, ...; the K runs of a block are adjacent (engine/kv/kv_cache.h), so each block is
-// read as two 32 KiB sequential streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs far
-// apart. Split over sequences.
+// run, then head 1's, ...; the K runs of a block are adjacent (engine/kv/kv_cache.h), so each block
+// is read as two 32 KiB sequential streams (Mixtral's 8 KV heads) instead of 8 pairs of 4 KiB runs
+// far apart. Split over sequences.
 uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t tokens) {
   const KvLayerView& v = p.view;
   const size_t elem = DTypeSize(v.dtype);
@@ -370,7 +374,10 @@ struct Row {
 
 int main(int argc, char** argv) {
   using namespace moebatch;
-  absl::ParseCommandLine(argc, argv);
+  moebatch::ParseProgramFlags(
+      argc, argv,
+      "bench_attention_bandwidth [--repeats 7 --triad_mib 512 --shapes 256x512,64x4096 ...]\n"
+      "CPU decode attention against the memory bandwidth.");
   const int64_t repeats = std::max<int64_t>(1, absl::GetFlag(FLAGS_repeats));
   const int64_t num_heads = absl::GetFlag(FLAGS_num_heads);
   const int64_t num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
@@ -412,7 +419,8 @@ int main(int argc, char** argv) {
   if (has_avx512) {
     baselines.push_back({"baseline -O3 avx512", CpuIsa::kAvx512, PagedAttentionBaselineAvx512});
   }
-  if (has_avx2) baselines.push_back({"baseline -O3 avx2", CpuIsa::kAvx2, PagedAttentionBaselineAvx2});
+  if (has_avx2)
+    baselines.push_back({"baseline -O3 avx2", CpuIsa::kAvx2, PagedAttentionBaselineAvx2});
 
   const int all_threads = omp_get_max_threads();
   std::vector<int> thread_counts = {1};
@@ -438,13 +446,14 @@ int main(int argc, char** argv) {
     omp_set_num_threads(thread_counts[ti]);
     triad[ti] = MeasureTriad(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
     triad[ti].read = MeasureRead(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
-    std::printf("triad %d thread(s), 3 x %lld MiB f32: %.2f GB/s best (median %.2f; %.2f GB/s "
-                "counting the write-allocate read); read-only, 1 x %lld MiB contiguous: %.2f GB/s "
-                "(%.1f%% of the triad)\n",
-                thread_counts[ti], static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)),
-                triad[ti].gbs3, triad[ti].gbs3_median, triad[ti].gbs4,
-                static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)), triad[ti].read,
-                100.0 * triad[ti].read / triad[ti].gbs3);
+    std::printf(
+        "triad %d thread(s), 3 x %lld MiB f32: %.2f GB/s best (median %.2f; %.2f GB/s "
+        "counting the write-allocate read); read-only, 1 x %lld MiB contiguous: %.2f GB/s "
+        "(%.1f%% of the triad)\n",
+        thread_counts[ti], static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)), triad[ti].gbs3,
+        triad[ti].gbs3_median, triad[ti].gbs4,
+        static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)), triad[ti].read,
+        100.0 * triad[ti].read / triad[ti].gbs3);
     std::fflush(stdout);
   }
 
@@ -482,9 +491,8 @@ int main(int argc, char** argv) {
         r.gbs = p->kv_bytes_per_call / t.best / 1e9;
         r.pct_triad = 100.0 * r.gbs / triad[ti].gbs3;
         r.rel_diff = reference_out.empty() || is_probe ? 0 : MaxRelDiff(p->out, reference_out);
-        std::printf("  %-22s %d thr: %10.3f ms best (median %.3f, range %.3f-%.3f)\n",
-                    impl.c_str(), r.threads, t.best * 1e3, t.median * 1e3, t.best * 1e3,
-                    t.worst * 1e3);
+        std::printf("  %-22s %d thr: %10.3f ms best (median %.3f, range %.3f-%.3f)\n", impl.c_str(),
+                    r.threads, t.best * 1e3, t.median * 1e3, t.best * 1e3, t.worst * 1e3);
         std::fflush(stdout);
         rows.push_back(r);
       };
@@ -505,9 +513,8 @@ int main(int argc, char** argv) {
       }
       for (int interleave : {1, 8}) {
         uint64_t sink = 0;
-        const Timing t = TimeCalls(repeats, [&] {
-          sink ^= ReadKvOnly(*p, num_seqs, tokens, interleave);
-        });
+        const Timing t =
+            TimeCalls(repeats, [&] { sink ^= ReadKvOnly(*p, num_seqs, tokens, interleave); });
         if (sink == 0x5eed) std::printf(" ");  // keeps the reads
         add_row(interleave == 1 ? "read-only, runs whole" : "read-only, 8 runs by KiB",
                 CpuIsa::kPortable, false, t, true);
@@ -545,24 +552,27 @@ int main(int argc, char** argv) {
   }
 
   // 3. The table and the acceptance bounds.
-  std::printf("\n| shape | kernel | threads | KV tokens/s | KV GB/s | %% of triad | vs same-ISA "
-              "baseline | vs fastest compiled | ms/call best [median; range] | max rel diff |\n");
+  std::printf(
+      "\n| shape | kernel | threads | KV tokens/s | KV GB/s | %% of triad | vs same-ISA "
+      "baseline | vs fastest compiled | ms/call best [median; range] | max rel diff |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows) {
     if (r.is_probe) {  // no speed-ups or output to compare
-      std::printf("| %s | %s | %d | %.3g M | %.2f | %.1f%% | - | - | %.2f [%.2f; %.2f-%.2f] | - |\n",
-                  r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs,
-                  r.pct_triad, r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3, r.t.worst * 1e3);
+      std::printf(
+          "| %s | %s | %d | %.3g M | %.2f | %.1f%% | - | - | %.2f [%.2f; %.2f-%.2f] | - |\n",
+          r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs, r.pct_triad,
+          r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3, r.t.worst * 1e3);
       continue;
     }
     std::printf(
-        "| %s | %s | %d | %.3g M | %.2f | %.1f%% | %.2fx | %.2fx | %.2f [%.2f; %.2f-%.2f] | %.1e |\n",
+        "| %s | %s | %d | %.3g M | %.2f | %.1f%% | %.2fx | %.2fx | %.2f [%.2f; %.2f-%.2f] | %.1e "
+        "|\n",
         r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs, r.pct_triad,
         r.speedup, r.speedup_fastest, r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3,
-                r.t.worst * 1e3, r.rel_diff);
+        r.t.worst * 1e3, r.rel_diff);
   }
   const std::string best_isa = CpuIsaName(isas.back());
-  std::printf("\nacceptance (issue 4), kernel %s, %s KV:\n", best_isa.c_str(),
+  std::printf("\nbounds, kernel %s, %s KV:\n", best_isa.c_str(),
               std::string(DTypeName(*dtype)).c_str());
   bool all_ok = true;
   for (const Row& r : rows) {
@@ -570,10 +580,11 @@ int main(int argc, char** argv) {
     if (r.threads == all_threads && all_threads > 1) {
       const bool ok = r.pct_triad >= 85.0;
       all_ok &= ok;
-      std::printf("  %s, %d threads: %.2f GB/s = %.1f%% of the triad's %.2f GB/s (best seen in this "
-                  "run; bound >= 85%%): %s\n",
-                  r.shape.c_str(), r.threads, r.gbs, r.pct_triad, r.gbs / r.pct_triad * 100.0,
-                  ok ? "holds" : "FAILS");
+      std::printf(
+          "  %s, %d threads: %.2f GB/s = %.1f%% of the triad's %.2f GB/s (best seen in this "
+          "run; bound >= 85%%): %s\n",
+          r.shape.c_str(), r.threads, r.gbs, r.pct_triad, r.gbs / r.pct_triad * 100.0,
+          ok ? "holds" : "FAILS");
       double read_only = 0;
       for (const Row& o : rows) {
         if (o.is_probe && o.shape == r.shape && o.threads == r.threads) {
@@ -581,19 +592,21 @@ int main(int argc, char** argv) {
         }
       }
       if (read_only > 0) {
-        std::printf("    (the faster read-only pass over the same bytes: %.2f GB/s = %.1f%% of the "
-                    "triad; the kernel reaches %.1f%% of it)\n",
-                    read_only, 100.0 * read_only / (r.gbs / r.pct_triad * 100.0),
-                    100.0 * r.gbs / read_only);
+        std::printf(
+            "    (the faster read-only pass over the same bytes: %.2f GB/s = %.1f%% of the "
+            "triad; the kernel reaches %.1f%% of it)\n",
+            read_only, 100.0 * read_only / (r.gbs / r.pct_triad * 100.0),
+            100.0 * r.gbs / read_only);
       }
     }
     if (r.threads == 1) {
       const bool ok = r.speedup >= 3.0;
       all_ok &= ok;
-      std::printf("  %s, 1 thread: %.2fx the auto-vectorised baseline of its ISA (bound >= 3x): "
-                  "%s; %.2fx the fastest compiled build (%s)\n",
-                  r.shape.c_str(), r.speedup, ok ? "holds" : "FAILS", r.speedup_fastest,
-                  r.speedup_fastest >= 3.0 ? "also >= 3x" : "below 3x");
+      std::printf(
+          "  %s, 1 thread: %.2fx the auto-vectorised baseline of its ISA (bound >= 3x): "
+          "%s; %.2fx the fastest compiled build (%s)\n",
+          r.shape.c_str(), r.speedup, ok ? "holds" : "FAILS", r.speedup_fastest,
+          r.speedup_fastest >= 3.0 ? "also >= 3x" : "below 3x");
     }
   }
   std::printf("  overall: %s\n", all_ok ? "both bounds hold" : "a bound FAILS");

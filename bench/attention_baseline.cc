@@ -1,16 +1,16 @@
-// The auto-vectorised baseline of bench_attention_bandwidth (issue 4): a copy of the portable
-// decode attention (PagedAttentionReference, cpu_attention/attention/paged_attention.cc: scalar loops, fp32
-// accumulation, online softmax, parallel over (query, head) with OpenMP) that bench/CMakeLists.txt
-// compiles at -O3 once per vector ISA (AVX-512 F/BW/VL+FMA+F16C, and AVX2+FMA+F16C), each copy
-// under its own function name (MOEBATCH_BASELINE_NAME). That gives the compiler the same
-// instructions the hand kernel uses, so the comparison measures hand vectorisation, not ISA.
-// Strict IEEE order is kept (no -ffast-math, like the library build), so the q.K dot product stays
-// a sequential reduction; the acc updates vectorise.
+// The auto-vectorised baseline of bench_attention_bandwidth: a copy of the portable
+// decode attention (PagedAttentionReference, cpu_attention/attention/paged_attention.cc: scalar
+// loops, fp32 accumulation, online softmax, parallel over (query, head) with OpenMP) that
+// bench/CMakeLists.txt compiles at -O3 once per vector ISA (AVX-512 F/BW/VL+FMA+F16C, and
+// AVX2+FMA+F16C), each copy under its own function name (MOEBATCH_BASELINE_NAME). That gives the
+// compiler the same instructions the hand kernel uses, so the comparison measures hand
+// vectorisation, not ISA. Strict IEEE order is kept (no -ffast-math, like the library build), so
+// the q.K dot product stays a sequential reduction; the acc updates vectorise.
 //
 // Only the bench calls these, and only on a CPU that has the copy's ISA
 // (__builtin_cpu_supports). Everything here is file-local and uses no inline or template function
-// of a shared header (no std::vector, no std::optional, no BF16ToF32): a weak symbol compiled with AVX-512 flags could
-// otherwise be picked by the linker for the rest of the program.
+// of a shared header (no std::vector, no std::optional, no BF16ToF32): a weak symbol compiled with
+// AVX-512 flags could otherwise be picked by the linker for the rest of the program.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -43,7 +43,8 @@ inline float LoadElement(const std::byte* p, int64_t i) {
   } else if constexpr (T == Elem::kBF16) {
     return Bf16ToF32Local(reinterpret_cast<const uint16_t*>(p)[i]);
   } else {
-    return F16ToF32(reinterpret_cast<const uint16_t*>(p)[i]);  // out of line in engine/model/dtype.cc
+    return F16ToF32(
+        reinterpret_cast<const uint16_t*>(p)[i]);  // out of line in engine/model/dtype.cc
   }
 }
 
@@ -86,8 +87,9 @@ struct Row {
 
 }  // namespace
 
-// Same contract as PagedAttentionReference (cpu_attention/attention/paged_attention.h), except the window:
-// sliding_window <= 0 means none (a plain integer, so no std::optional code is emitted here).
+// Same contract as PagedAttentionReference (cpu_attention/attention/paged_attention.h), except the
+// window: sliding_window <= 0 means none (a plain integer, so no std::optional code is emitted
+// here).
 void MOEBATCH_BASELINE_NAME(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                             const float* q, int64_t num_heads, float scale, int64_t sliding_window,
                             float* out) {

@@ -1,4 +1,4 @@
-// The cuda backend's transfer and GEMM figures (issue 5; MoE-Lens §5 and §6.5), on a GPU host:
+// The cuda backend's transfer and GEMM figures (MoE-Lens §5 and §6.5), on a GPU host:
 //
 //   bench_cuda_backend [--config_dir bench/models/mixtral-8x7b --gpu_memory_gb 16 --dtype bf16
 //       --mover_layers 4 --decode_seqs 256 --context 512 --tokens 64,128,...,8192 --repeats 5
@@ -30,11 +30,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "engine/model_runner.h"
 #include "engine/model/weight_store.h"
+#include "engine/model_runner.h"
+#include "engine/tools/program_flags.h"
 
 ABSL_FLAG(std::string, config_dir, "bench/models/mixtral-8x7b", "directory of a config.json");
 ABSL_FLAG(double, gpu_memory_gb, 16.0, "GPU memory budget, GiB (16: T4, 24: L4)");
@@ -262,6 +262,9 @@ int Run() {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moebatch::ParseProgramFlags(
+      argc, argv,
+      "bench_cuda_backend [--config_dir bench/models/mixtral-8x7b --gpu_memory_gb 16 ...]\n"
+      "The cuda backend's transfer and GEMM figures.");
   return moebatch::Run();
 }

@@ -19,10 +19,10 @@
 #include <random>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "cpu_attention/backend/cpu_device.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/tools/program_flags.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "tests/fixtures/tiny-mixtral", "model directory");
@@ -189,10 +189,10 @@ int Run() {
   // The whole engine on a greedy job.
   EngineOptions o;
   o.model_dir = dir;
-  o.compute_dtype = dtype;
-  o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-  o.kv_cache_bytes = kc.bytes_per_block() * kc.num_blocks;
-  o.vslpipe = absl::GetFlag(FLAGS_vslpipe);
+  o.cpu.compute_dtype = dtype;
+  o.cpu.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  o.kv.bytes = kc.bytes_per_block() * kc.num_blocks;
+  o.schedule.vslpipe = absl::GetFlag(FLAGS_vslpipe);
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
@@ -227,7 +227,9 @@ int Run() {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moebatch::ParseProgramFlags(argc, argv,
+                              "bench_engine_throughput --model DIR [flags]\n"
+                              "A batch job through the engine on the cpu backend: throughput.");
   spdlog::set_level(spdlog::level::warn);
   return moebatch::Run();
 }

@@ -1,8 +1,8 @@
-// The CPU dense layer y = x · Wᵀ (cpu_attention/gemm/matmul.h) in its three forms, at Mixtral-8x7B expert
-// shapes: oneDNN f32 (bf16 weights widened once and cached), oneDNN bf16 (AMX / AVX512-BF16, where
-// the CPU has it), and the batch-invariant kernel (cpu_attention/gemm/invariant_linear.h, bf16 weights read in
-// place). For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight bytes read (the bound
-// at small M, when the layer streams its weights once).
+// The CPU dense layer y = x · Wᵀ (cpu_attention/gemm/matmul.h) in its three forms, at Mixtral-8x7B
+// expert shapes: oneDNN f32 (bf16 weights widened once and cached), oneDNN bf16 (AMX / AVX512-BF16,
+// where the CPU has it), and the batch-invariant kernel (cpu_attention/gemm/invariant_linear.h,
+// bf16 weights read in place). For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight
+// bytes read (the bound at small M, when the layer streams its weights once).
 //
 //   bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]
 #include <omp.h>
@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cpu_attention/gemm/invariant_linear.h"
 #include "cpu_attention/gemm/matmul.h"
+#include "engine/tools/program_flags.h"
 
 ABSL_FLAG(int64_t, k, 4096, "in_features (Mixtral-8x7B w1/w3: hidden 4096)");
 ABSL_FLAG(int64_t, n, 14336, "out_features (Mixtral-8x7B w1/w3: intermediate 14336)");
@@ -98,6 +98,8 @@ int Main() {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moebatch::ParseProgramFlags(argc, argv,
+                              "bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]\n"
+                              "The CPU dense layer in its three forms.");
   return moebatch::Main();
 }

@@ -20,8 +20,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "engine/tools/program_flags.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 
@@ -86,9 +86,9 @@ int AddEntry(const std::string& path, const nlohmann::json& entry) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moebatch::ParseProgramFlags(
+      argc, argv,
       "moebatch-token --tenant NAME [--role user|admin] [--tokens_file FILE] | --hash < token");
-  absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_hash)) {
     std::string token((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     token = Trim(token);
