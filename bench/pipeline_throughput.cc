@@ -1,15 +1,16 @@
-// Issue 6's benchmark: a whole batch job through the engine (scheduler, VSLPipe, data mover) on a
+// A whole batch job through the engine (scheduler, VSLPipe, data mover) on a
 // Mixtral-shaped model, its measured generation throughput next to the MoE-Lens Stage 2
-// prediction and Stage 1 bound (engine/plan/perf_model.h), with a per-pass CSV for the Fig. 13-style
-// plot (scripts/plot_throughput.py).
+// prediction and Stage 1 bound (engine/plan/perf_model.h), with a per-pass CSV for the Fig.
+// 13-style plot (scripts/plot_throughput.py).
 //
 //   bench_pipeline_throughput --model bench/models/mixtral-8x7b --weights synthetic
 //       --synthetic_layers 8 --backend cuda --gpu_memory_gb 16 --kv_cache_gb 64
 //       --requests 2000 --prompt_tokens 98 --gen_tokens 32,64,128,256
 //       --pcie_gbs 25 --gpu_tflops 65 --cpu_mem_gbs 80 --csv /tmp/passes.csv
 //
-// The engine flags are engine/tools/engine_flags.h's (--backend, --weights, --gpu_memory_gb, ...). The
-// prediction's delta is the bytes the engine moved per pass in the run (its streamed layers) over
+// The engine flags are engine/tools/engine_flags.h's (--backend, --weights, --gpu_memory_gb, ...).
+// The prediction's delta is the bytes the engine moved per pass in the run (its streamed layers)
+// over
 // --pcie_gbs (default: the data mover's measured rate in this run); it uses --gpu_tflops
 // (the GEMM rate, e.g. from bench_cuda_backend's task B timing) and --cpu_mem_gbs
 // (bench_attention_bandwidth's all-thread figure); with the cpu backend the prediction does not
@@ -24,12 +25,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
-#include "engine/tools/engine_flags.h"
 #include "engine/plan/perf_model.h"
+#include "engine/tools/engine_flags.h"
+#include "engine/tools/program_flags.h"
 
 ABSL_FLAG(std::string, model, "tests/fixtures/tiny-mixtral", "model directory (config.json)");
 ABSL_FLAG(int64_t, requests, 256, "requests in the job (K)");
@@ -132,9 +133,9 @@ int Run() {
             ? absl::GetFlag(FLAGS_pcie_gbs) * 1e9
             : (s.weight_transfer_seconds > 0 ? s.weight_bytes / s.weight_transfer_seconds : 0.0);
     if (pcie > 0 && absl::GetFlag(FLAGS_gpu_tflops) > 0) {
-      const DType kv_dtype = options->kv_dtype.value_or(options->compute_dtype);
+      const DType kv_dtype = options->kv.dtype.value_or(options->cpu.compute_dtype);
       auto shape =
-          ModelShapeFromConfig(e.config(), options->weight_dtype.value_or(DType::kBF16), kv_dtype);
+          ModelShapeFromConfig(e.config(), options->weights.dtype.value_or(DType::kBF16), kv_dtype);
       // delta from the bytes this engine moves per pass (the streamed layers: the embedding stays
       // on the host, lm_head and any resident layers on the GPU), not the whole Model Size.
       if (shape.ok() && s.passes > 0 && s.weight_bytes > 0) {
@@ -151,13 +152,13 @@ int Run() {
       hw.pcie_bytes_per_s = pcie;
       hw.gpu_flops = absl::GetFlag(FLAGS_gpu_tflops) * 1e12;
       hw.cpu_mem_bytes_per_s = absl::GetFlag(FLAGS_cpu_mem_gbs) * 1e9;
-      hw.kv_memory_bytes = static_cast<double>(options->kv_cache_bytes);
+      hw.kv_memory_bytes = static_cast<double>(options->kv.bytes);
       Workload w;
       w.prompt_tokens = p;
       w.gen_tokens = g;
       w.batch_size = k;
-      w.block_size = options->kv_block_size;
-      w.kv_budget_bytes = static_cast<double>(options->kv_cache_bytes);
+      w.block_size = options->kv.block_size;
+      w.kv_budget_bytes = static_cast<double>(options->kv.bytes);
       if (shape.ok()) {
         auto s1 = PredictStage1(*shape, hw, w);
         auto s2 = PredictStage2(*shape, hw, w);
@@ -195,6 +196,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   moebatch::ShowEngineFlagsInHelp();
-  absl::ParseCommandLine(argc, argv);
+  moebatch::ParseProgramFlags(
+      argc, argv,
+      "bench_pipeline_throughput --model DIR [engine flags] [--requests N --gen_tokens 32,64 ...]\n"
+      "A batch job against the MoE-Lens prediction.");
   return moebatch::Run();
 }

@@ -1,6 +1,6 @@
 // The cuda backend's Device (cuda/cuda_backend.h): tasks A and B with cuda/kernels.h and cuBLAS,
-// weights from resident layers or the two weight slots (engine/offload/weight_slots.h) the data mover
-// fills through cuda/cuda_memory.h's copy engine (MoE-Lens §6.4-6.5).
+// weights from resident layers or the two weight slots (engine/offload/weight_slots.h) the data
+// mover fills through cuda/cuda_memory.h's copy engine (MoE-Lens §6.4-6.5).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -59,7 +59,8 @@ cudaDataType_t CudaType(GpuDType t) {
 
 // --- The device ---------------------------------------------------------------------------------
 
-// Layer region layout (engine/model/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per expert.
+// Layer region layout (engine/model/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per
+// expert.
 enum LayerTensor { kInputNorm = 0, kQ, kK, kV, kO, kPostNorm, kRouter, kFirstExpert };
 
 class CudaDevice final : public Device {
@@ -183,7 +184,7 @@ class CudaDevice final : public Device {
   std::vector<std::byte*> resident_layers_;  // layers 0..r-1, on the device for good
   std::unique_ptr<WeightSlots> weight_slots_;
   std::unique_ptr<DevicePinnedAllocator> buffer_allocator_;
-  bool failed_ = false;   // a call failed since the last BeginPass
+  bool failed_ = false;  // a call failed since the last BeginPass
 
   // Resident.
   void* lm_head_ = nullptr;
@@ -224,20 +225,16 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->elem_ = gpu::GpuDTypeSize(d->dtype_);
   MB_RETURN_IF_ERROR(CudaError(cudaSetDevice(options.device), "cudaSetDevice"));
   // A host thread waiting for the GPU sleeps instead of spinning (CUDA spins by default with one
-  // context): the engine thread waits on the device while the CPU task's OpenMP team, one thread per
-  // core, attends; a spinning waiter would take a core from it and make a straggler of one thread.
+  // context): the engine thread waits on the device while the CPU task's OpenMP team, one thread
+  // per core, attends; a spinning waiter would take a core from it and make a straggler of one
+  // thread.
   MB_RETURN_IF_ERROR(CudaError(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync),
                                "cudaSetDeviceFlags (blocking sync)"));
   auto budget = CudaMemoryBudget(options);
   if (!budget.ok()) return budget.status();
-  const int64_t layer_bytes = static_cast<int64_t>(store.max_layer_bytes());
-  const int64_t resident =
-      options.resident_layers >= 0
-          ? std::min(options.resident_layers, std::max<int64_t>(0, store.num_layers() - 2))
-          : MaxResidentLayers(c, store.dtype(), layer_bytes, options.max_tokens_per_pass, *budget,
-                              store.num_layers());
-  auto plan =
-      PlanGpuMemory(c, store.dtype(), layer_bytes, options.max_tokens_per_pass, *budget, resident);
+  auto plan = PlanGpuDevice(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
+                            store.num_layers(), options.max_tokens_per_pass, *budget,
+                            options.resident_layers);
   if (!plan.ok()) return plan.status();
   d->plan_ = *plan;
   // The plan's workspace holds the cuBLAS workspace, the small buffers and the 256-byte alignment

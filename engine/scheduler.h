@@ -1,5 +1,5 @@
-// Forms each pass: which sequences run and how many of their tokens (MoE-Lens §6.2, first cut;
-// issue 6 adds the profiler-derived token budget and VSLPipe micro-batches).
+// Forms each pass: which sequences run and how many of their tokens (MoE-Lens §6.2), within the
+// token budget (on the cuda backend lowered to the pipeline profiler's n_real, §6.3).
 //
 // Policy, every pass:
 //   1. Decode first: every running sequence (oldest first) gets its one token, and a new KV block

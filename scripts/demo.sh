@@ -8,14 +8,17 @@
 # Mixtral tokenizer, so the text is meaningless while every token is real computation. For a real
 # model: MODEL=/path/to/Mixtral-8x7B-Instruct-v0.1 scripts/demo.sh
 #
-# Usage: scripts/demo.sh      env: MODEL, LIMIT (prompts, default all 805), MAX_TOKENS (default 32)
+# Usage: scripts/demo.sh      env: MODEL, LIMIT (prompts, default all 805), MAX_TOKENS (default 32),
+#                                  MOEBATCH_ENABLE_CUDA (default auto: scripts/build.sh)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${BUILD_DIR:-build}"
 model="${MODEL:-tests/fixtures/tiny-mixtral}"
 
-scripts/build.sh moebatchd
+# Every program the README names; CUDA code only where a GPU is (scripts/build.sh: auto).
+MOEBATCH_ENABLE_CUDA="${MOEBATCH_ENABLE_CUDA:-auto}" \
+  scripts/build.sh moebatchd moebatch-token moebatch-run moebatch-plan
 venv="$root/.deps/venv-client"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "$root/client/python"

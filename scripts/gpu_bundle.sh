@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what a lent GPU machine needs to run the GPU tests and benchmarks (issues 5 and 6) into one
+# Packs what a lent GPU machine needs to run the GPU tests and benchmarks into one
 # archive, .gpu/bundle.tar.xz, to travel with the working tree (device tool: `carry: [".gpu"]`).
 #
 # Why: the GPU machine has CUDA (nvcc, cuBLAS), CMake and PyTorch, but none of this project's

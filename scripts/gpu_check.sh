@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the GPU checks of issues 5 and 6 on a lent GPU machine from the bundle that
+# Runs the GPU checks (the cuda backend's tests, its benchmarks, the pipeline runs) on a lent GPU machine from the bundle that
 # scripts/gpu_bundle.sh made here (.gpu/bundle.tar.xz; the machine cannot build the project).
 # Phases, several per device call where they fit its 10 minutes:
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a small OpenAI-batch JSONL job through moebatch-run on the tiny golden Mixtral (random
 # weights, real Mixtral tokenizer): installs what it needs, builds, runs, prints the results.
-# (The gRPC daemon demo, scripts/demo.sh, arrives with issue 3.)
+# (The daemon's demo is scripts/demo.sh.)
 #
 # Usage: scripts/run_example.sh [MODEL_DIR]
 set -euo pipefail

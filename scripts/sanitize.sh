@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite under sanitizers (issue 7), in builds of their own (CUDA off: nvcc takes no
+# The test suite under sanitizers, in builds of their own (CUDA off: nvcc takes no
 # -fsanitize; the gpu tests skip anyway where there is no GPU):
 #   asan  build-asan, -fsanitize=address,undefined: every unit test (ctest), then the daemon's
 #         integration tests against the instrumented moebatchd. Any report fails the run.

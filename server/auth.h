@@ -1,4 +1,4 @@
-// Bearer-token authentication and tenancy for moebatchd (issue 7).
+// Bearer-token authentication and tenancy for moebatchd.
 //
 // Callers send `authorization: Bearer <token>` in gRPC metadata. The daemon never stores tokens:
 // the tokens file lists their SHA-256 digests (lower-case hex), each mapped to a tenant and a role:

@@ -1,6 +1,6 @@
 // The durable job store: SQLite in WAL mode at <data_dir>/moebatch.db.
 //
-// Guarantees (issue 3): CreateJob writes the job and all its requests in one transaction before
+// Guarantees: CreateJob writes the job and all its requests in one transaction before
 // returning; each result is committed on its own as its request finishes; a result is stored at
 // most once per (job, request index) (a second commit for the same index is ignored and reported),
 // so a request is never duplicated after a crash and restart; PendingRequests() lists exactly the

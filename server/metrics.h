@@ -1,4 +1,4 @@
-// The daemon's Prometheus endpoint (issue 7): a text exposition at http://<listen>/metrics, the
+// The daemon's Prometheus endpoint: a text exposition at http://<listen>/metrics, the
 // registry of prometheus-cpp's core serialized by its TextSerializer and served by cpp-httplib on
 // threads of default stack size (std::thread). Not civetweb (prometheus-cpp's Exposer): it creates
 // its threads with a fixed ~100 KB stack, and glibc refuses a stack smaller than the process's

@@ -34,13 +34,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "engine/engine.h"
 #include "engine/tools/engine_flags.h"
+#include "engine/tools/program_flags.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -93,27 +93,6 @@ ABSL_FLAG(double, drain_timeout_s, 60,
 namespace moebatch {
 namespace {
 
-// "--data-dir=x" -> "--data_dir=x": absl flags are spelt with underscores.
-std::vector<std::string> NormalizeFlagNames(int argc, char** argv, std::set<std::string>* given) {
-  std::vector<std::string> args;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.rfind("--", 0) == 0 && a.size() > 2) {
-      const size_t end = a.find('=') == std::string::npos ? a.size() : a.find('=');
-      for (size_t c = 2; c < end; ++c) {
-        if (a[c] == '-') a[c] = '_';
-      }
-      std::string name = a.substr(2, end - 2);
-      if (name.rfind("no", 0) == 0 && absl::FindCommandLineFlag(name) == nullptr) {
-        name = name.substr(2);  // --nofoo
-      }
-      given->insert(name);
-    }
-    args.push_back(std::move(a));
-  }
-  return args;
-}
-
 absl::Status ApplyConfigFile(const std::string& path, const std::set<std::string>& given) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot read ", path));
@@ -122,8 +101,7 @@ absl::Status ApplyConfigFile(const std::string& path, const std::set<std::string
     return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": not a JSON object"));
   }
   for (const auto& [key, value] : j.items()) {
-    std::string name = key;
-    for (char& c : name) c = c == '-' ? '_' : c;
+    const std::string name = FlagNameWithUnderscores(key);  // "kv-cache-gb" or "kv_cache_gb"
     if (given.count(name) != 0 || name == "config" || name.rfind('#', 0) == 0) continue;
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) {
@@ -224,6 +202,12 @@ int Run(const std::set<std::string>& given) {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (DryRunRequested() && !model_dir.empty()) {  // the plan from config.json; nothing is loaded
+    auto options = EngineOptionsFromFlags(model_dir);
+    absl::Status st = options.ok() ? PrintDryRun(*options) : options.status();
+    if (!st.ok()) std::cerr << "moebatchd: " << st.message() << "\n";
+    return st.ok() ? 0 : 1;
+  }
   if (model_dir.empty() || data_dir.empty()) {
     std::cerr << "moebatchd: --model and --data-dir are required (see --help)\n";
     return 2;
@@ -375,7 +359,7 @@ int Run(const std::set<std::string>& given) {
     return w->health().ok() && std::chrono::steady_clock::now() - w->last_loop() < interval;
   });
 
-  if (options->profile_dir.empty()) options->profile_dir = data_dir;
+  if (options->schedule.profile_dir.empty()) options->schedule.profile_dir = data_dir;
   auto engine = Engine::Create(*options);
   if (!engine.ok()) {
     std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
@@ -451,13 +435,10 @@ int Run(const std::set<std::string>& given) {
 int main(int argc, char** argv) {
   const sigset_t signals = moebatch::HandledSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before OpenMP, gRPC or the engine start threads
-  absl::SetProgramUsageMessage(
-      "moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]");
   moebatch::ShowEngineFlagsInHelp();
   std::set<std::string> given;
-  std::vector<std::string> args = moebatch::NormalizeFlagNames(argc, argv, &given);
-  std::vector<char*> ptrs;
-  for (std::string& a : args) ptrs.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(ptrs.size()), ptrs.data());
+  moebatch::ParseProgramFlags(
+      argc, argv, "moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]",
+      &given);
   return moebatch::Run(given);
 }

@@ -1,4 +1,4 @@
-// The KV append path of the CPU backend (issue 4): the K and V rows a forward pass computes for its
+// The KV append path of the CPU backend: the K and V rows a forward pass computes for its
 // tokens, stored into their slots of the paged KV cache (layout: engine/kv/kv_cache.h) with the
 // conversion to the cache dtype done in SIMD (the ISA of runtime/cpu_isa.h's SelectedCpuIsa()).
 //

@@ -2,8 +2,8 @@
 // sequences in one call, GQA, optional sliding window (MoE-Lens §6.6 runs decode attention here).
 //
 // This is the portable reference kernel: fp32 accumulation, online softmax (flash-decoding style:
-// one pass over the keys with a running max and sum). Issue 4 adds the AVX2 / AVX-512 kernels with
-// the same signature and checks them against this one.
+// one pass over the keys with a running max and sum). The AVX2 / AVX-512 kernels
+// (decode_attention.h) have the same contract and are checked against this one.
 //
 // Math (transformers' eager_attention_forward for Mixtral): for query token at absolute position p
 // of a sequence, head h, and its KV head g = h / (num_heads / num_kv_heads) (repeat_kv):

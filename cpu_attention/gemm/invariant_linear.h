@@ -9,7 +9,7 @@
 // request's output then depends in its last bits on what else shares the pass, and at a near-tie
 // the argmax flips: a request re-run after a crash or under another --max_num_seqs can come out
 // different. "Batch invariance" (H. He, Thinking Machines Lab, "Defeating Nondeterminism in LLM
-// Inference", 2025) removes that; issue 7's crash-safety test needs it.
+// Inference", 2025) removes that; the daemon's crash recovery needs it.
 //
 // Shapes and types: x [m, k] f32 row-major contiguous; w [n, k] row-major (PyTorch's Linear weight
 // layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or

@@ -1,4 +1,4 @@
-// The CPU task's thread pool (issue 4; MoE-Lens §6.6 runs decode attention on every core while the
+// The CPU task's thread pool (MoE-Lens §6.6 runs decode attention on every core while the
 // GPU works). It is OpenMP's pool of the thread that runs the engine: decode attention, the KV
 // append path, the CPU matmuls (oneDNN, built on the same libgomp runtime) and the rest of the cpu
 // backend all run their parallel regions on it, so the CPU work never oversubscribes the cores.

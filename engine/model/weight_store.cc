@@ -158,6 +158,16 @@ int64_t WeightStore::RequiredBytes(const ModelConfig& config, int64_t num_layers
   return total;
 }
 
+int64_t WeightStore::LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment) {
+  ModelWeights scratch;
+  const auto regions = PlanLayout(config, 1, &scratch);
+  size_t bytes = 0;
+  for (const PlannedTensor& t : regions[1]) {
+    bytes = AlignUp(bytes, alignment) + Numel(t.shape) * DTypeSize(dtype);
+  }
+  return static_cast<int64_t>(bytes);
+}
+
 WeightStore::~WeightStore() {
   if (!owns_memory_) return;
   for (size_t i = 0; i < layers_.size(); ++i) {

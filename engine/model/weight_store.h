@@ -93,6 +93,9 @@ class WeightStore {
   // Bytes the regions of `config` (num_layers layers) take in `dtype` with `alignment`.
   static int64_t RequiredBytes(const ModelConfig& config, int64_t num_layers, DType dtype,
                                size_t alignment = 256);
+  // Bytes of one decoder layer's region in `dtype` with `alignment`: max_layer_bytes() of a store
+  // of `config` (every layer has the same shape).
+  static int64_t LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment = 256);
 
   ~WeightStore();
   WeightStore(const WeightStore&) = delete;

@@ -121,7 +121,7 @@ class DataMover {
   CopyEngine* const engine_;
   const size_t packet_bytes_;
   // std::mutex rather than absl::Mutex: ThreadSanitizer understands it without an instrumented
-  // Abseil (issue 7 runs the data mover under TSan).
+  // Abseil (scripts/sanitize.sh tsan runs the data mover under TSan).
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the mover thread waits: queue, releases, stop
   std::condition_variable done_cv_;  // waiters of fills

@@ -37,17 +37,17 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size;
   int64_t bytes = 0;
   bytes += 2 * (hidden * f + 8 + 4);  // h, position, prefill segment offset, each micro-batch
-  bytes += hidden * e;               // x = RMSNorm(h), GEMM input
-  bytes += (q + 2 * kv) * f;         // q, k, v
-  bytes += q * f + q * e;            // attention output, and as GEMM input
-  bytes += hidden * f;               // o-proj output
-  bytes += c.num_local_experts * f;  // router logits
-  bytes += k * 16;                   // top-k ids, weights, slots; tokens sorted by expert
-  bytes += k * hidden * e;           // expert inputs (rows sorted by expert)
-  bytes += k * 2 * ffn * f;          // gate and up
-  bytes += k * ffn * e;              // silu(gate) * up, GEMM input
-  bytes += k * hidden * f;           // expert outputs
-  bytes += c.vocab_size * f + 4;     // logits and their row index
+  bytes += hidden * e;                // x = RMSNorm(h), GEMM input
+  bytes += (q + 2 * kv) * f;          // q, k, v
+  bytes += q * f + q * e;             // attention output, and as GEMM input
+  bytes += hidden * f;                // o-proj output
+  bytes += c.num_local_experts * f;   // router logits
+  bytes += k * 16;                    // top-k ids, weights, slots; tokens sorted by expert
+  bytes += k * hidden * e;            // expert inputs (rows sorted by expert)
+  bytes += k * 2 * ffn * f;           // gate and up
+  bytes += k * ffn * e;               // silu(gate) * up, GEMM input
+  bytes += k * hidden * f;            // expert outputs
+  bytes += c.vocab_size * f + 4;      // logits and their row index
   return bytes;
 }
 
@@ -115,6 +115,29 @@ int64_t MaxTokensPerPassForBudget(const ModelConfig& c, DType dtype, int64_t max
                        std::max<int64_t>(0, resident_layers) * AlignedLayerBytes(max_layer_bytes);
   if (left <= 0) return 0;
   return left / GpuActivationBytesPerToken(c, dtype);
+}
+
+absl::StatusOr<GpuMemoryPlan> PlanGpuDevice(const ModelConfig& config, DType compute_dtype,
+                                            int64_t max_layer_bytes, int64_t num_layers,
+                                            int64_t tokens_per_pass, int64_t budget_bytes,
+                                            int64_t resident_request) {
+  const int64_t clamped =
+      std::clamp<int64_t>(resident_request, 0, std::max<int64_t>(0, num_layers - 2));
+  int64_t tokens = tokens_per_pass;
+  if (tokens == 0) {
+    // Beside resident layers the user asked for; automatic ones take what the pass leaves.
+    tokens = AutomaticTokensPerPass(config, compute_dtype, max_layer_bytes, budget_bytes,
+                                    num_layers, resident_request);
+    if (tokens < 1) {  // PlanGpuMemory says what does not fit
+      return PlanGpuMemory(config, compute_dtype, max_layer_bytes, 1, budget_bytes, clamped)
+          .status();
+    }
+  }
+  const int64_t resident = resident_request >= 0
+                               ? clamped
+                               : MaxResidentLayers(config, compute_dtype, max_layer_bytes, tokens,
+                                                   budget_bytes, num_layers);
+  return PlanGpuMemory(config, compute_dtype, max_layer_bytes, tokens, budget_bytes, resident);
 }
 
 }  // namespace moebatch

@@ -74,6 +74,16 @@ int64_t AutomaticTokensPerPass(const ModelConfig& config, DType compute_dtype,
                                int64_t max_layer_bytes, int64_t budget_bytes, int64_t num_layers,
                                int64_t resident_layers);
 
+// The cuda backend's plan, one function for its start-up plan and its device: the tokens per pass
+// (`tokens_per_pass`, or AutomaticTokensPerPass when 0) and the resident layers (`resident_request`
+// >= 0 clamped to num_layers - 2, or MaxResidentLayers at those tokens when -1) in budget_bytes.
+// PlanGpuMemory's errors; ResourceExhausted (PlanGpuMemory's, at one token) when the automatic
+// tokens per pass leave no room at all.
+absl::StatusOr<GpuMemoryPlan> PlanGpuDevice(const ModelConfig& config, DType compute_dtype,
+                                            int64_t max_layer_bytes, int64_t num_layers,
+                                            int64_t tokens_per_pass, int64_t budget_bytes,
+                                            int64_t resident_request);
+
 // The most layers that can stay on the device next to the plan for tokens_per_pass within
 // budget_bytes, leaving at least two of num_layers to stream through the two slots (which then
 // hold them for good when exactly two are left): 0 for num_layers <= 2 or no room.

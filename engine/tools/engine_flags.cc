@@ -1,13 +1,17 @@
 #include "engine/tools/engine_flags.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cuda/device_probe.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, backend, "auto",
@@ -65,6 +69,9 @@ ABSL_FLAG(std::string, weight_dtype, "",
           "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
 ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
+ABSL_FLAG(bool, dry_run, false,
+          "print the engine's plan (backend, weights, tokens per pass, KV cache) from config.json "
+          "and the options, without loading the weights, and exit");
 ABSL_FLAG(double, host_memory_gb, 0.0,
           "host memory the weights (host|synthetic) and the KV cache must fit in, GiB (0: what "
           "the kernel reports available)");
@@ -87,85 +94,78 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
     return absl::InvalidArgumentError(absl::StrCat("--compute_dtype: must be f32 or bf16, got '",
                                                    absl::GetFlag(FLAGS_compute_dtype), "'"));
   }
-  options.compute_dtype = *compute;
-  options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  options.cpu.compute_dtype = *compute;
+  options.cpu.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
-    options.kv_dtype = DTypeFromString(kv);
-    if (!options.kv_dtype) {
+    options.kv.dtype = DTypeFromString(kv);
+    if (!options.kv.dtype) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_dtype: must be f32, bf16 or f16, got '", kv, "'"));
     }
   }
-  const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend != "auto" && backend != "cpu" && backend != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend: must be auto, cpu or cuda, got '", backend, "'"));
-  }
-  if (backend == "cuda") {
-    options.backend = EngineOptions::Backend::kCuda;
-  } else if (backend == "auto") {
-    auto gpus = ProbeGpus();
-    if (gpus.ok() && !gpus->empty()) {
-      spdlog::info(
-          "found {} GPU(s) ({}); --backend=auto runs the cpu backend until the cuda "
-          "backend is validated (--backend=cuda to use it)",
-          gpus->size(), (*gpus)[0].name);
-    } else {
-      spdlog::info("no GPU in use: cpu backend");
+  options.backend = absl::GetFlag(FLAGS_backend);
+  if (options.backend != "auto") {
+    std::vector<std::string> names;
+    for (const Backend* b : RegisteredBackends()) names.emplace_back(b->name());
+    if (std::find(names.begin(), names.end(), options.backend) == names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("--backend: must be auto or one of ",
+                                                     absl::StrJoin(names, ", "), ", got '",
+                                                     options.backend, "'"));
     }
   }
-  options.gpu_device = absl::GetFlag(FLAGS_gpu_device);
+  options.gpu.device = absl::GetFlag(FLAGS_gpu_device);
   const double gpu_gb = absl::GetFlag(FLAGS_gpu_memory_gb);
   if (gpu_gb < 0 || !std::isfinite(gpu_gb)) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu_memory_gb: must be >= 0, got ", gpu_gb));
   }
-  options.gpu_memory_bytes = static_cast<int64_t>(gpu_gb * (int64_t{1} << 30));
+  options.gpu.memory_bytes = static_cast<int64_t>(gpu_gb * (int64_t{1} << 30));
   const int64_t packet_mb = absl::GetFlag(FLAGS_weight_packet_mb);
   if (packet_mb <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--weight_packet_mb: must be positive, got ", packet_mb));
   }
-  options.weight_packet_bytes = packet_mb << 20;
-  options.gpu_resident_layers = absl::GetFlag(FLAGS_gpu_resident_layers);
-  if (options.gpu_resident_layers < -1) {
+  options.gpu.packet_bytes = packet_mb << 20;
+  options.gpu.resident_layers = absl::GetFlag(FLAGS_gpu_resident_layers);
+  if (options.gpu.resident_layers < -1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--gpu_resident_layers: must be >= -1 (-1: automatic), got ", options.gpu_resident_layers));
+        "--gpu_resident_layers: must be >= -1 (-1: automatic), got ", options.gpu.resident_layers));
   }
   if (const std::string v = absl::GetFlag(FLAGS_vslpipe); v == "on") {
-    options.vslpipe = true;
+    options.schedule.vslpipe = true;
   } else if (v == "off") {
-    options.vslpipe = false;
+    options.schedule.vslpipe = false;
   } else if (v != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--vslpipe: must be on, off or auto, got '", v, "'"));
   }
-  options.trace_file = absl::GetFlag(FLAGS_trace_file);
-  options.profile_token_budget = absl::GetFlag(FLAGS_profile_token_budget);
-  options.profile_dir = absl::GetFlag(FLAGS_profile_dir);
+  options.metrics.trace_file = absl::GetFlag(FLAGS_trace_file);
+  options.schedule.profile_token_budget = absl::GetFlag(FLAGS_profile_token_budget);
+  options.schedule.profile_dir = absl::GetFlag(FLAGS_profile_dir);
   const double peak_gbs = absl::GetFlag(FLAGS_peak_memory_gbs);
   const double peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
   if (peak_gbs < 0 || peak_tflops < 0 || !std::isfinite(peak_gbs) || !std::isfinite(peak_tflops)) {
     return absl::InvalidArgumentError("--peak_memory_gbs and --peak_tflops: must be >= 0");
   }
-  options.peak_memory_bytes_per_second = peak_gbs * 1e9;
-  options.peak_flops = peak_tflops * 1e12;
+  options.metrics.peak_memory_bytes_per_second = peak_gbs * 1e9;
+  options.metrics.peak_flops = peak_tflops * 1e12;
   const double kv_gb = absl::GetFlag(FLAGS_kv_cache_gb);
   if (!(kv_gb >= 0) || !std::isfinite(kv_gb)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv_cache_gb: must be >= 0 (0: automatic), got ", kv_gb));
   }
-  options.kv_cache_bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
-  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  options.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
-  if (options.max_num_seqs < 0 || options.max_tokens_per_pass < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.max_num_seqs < 0 ? "--max_num_seqs" : "--max_tokens_per_pass",
-        ": must be >= 0 (0: automatic), got ",
-        options.max_num_seqs < 0 ? options.max_num_seqs : options.max_tokens_per_pass));
+  options.kv.bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
+  options.kv.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.schedule.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  options.schedule.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
+  if (options.schedule.max_num_seqs < 0 || options.schedule.max_tokens_per_pass < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.schedule.max_num_seqs < 0 ? "--max_num_seqs" : "--max_tokens_per_pass",
+                     ": must be >= 0 (0: automatic), got ",
+                     options.schedule.max_num_seqs < 0 ? options.schedule.max_num_seqs
+                                                       : options.schedule.max_tokens_per_pass));
   }
-  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  options.pin_cpu_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
+  options.cpu.threads = absl::GetFlag(FLAGS_cpu_threads);
+  options.cpu.pin_threads = absl::GetFlag(FLAGS_pin_cpu_threads);
 
   const std::string weights = absl::GetFlag(FLAGS_weights);
   auto source = WeightSourceFromString(weights);
@@ -173,25 +173,25 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
     return absl::InvalidArgumentError(
         absl::StrCat("--weights: must be mapped, host or synthetic, got '", weights, "'"));
   }
-  options.weights = *source;
+  options.weights.source = *source;
   if (const std::string wd = absl::GetFlag(FLAGS_weight_dtype); !wd.empty()) {
-    options.weight_dtype = DTypeFromString(wd);
-    if (!options.weight_dtype) {
+    options.weights.dtype = DTypeFromString(wd);
+    if (!options.weights.dtype) {
       return absl::InvalidArgumentError(
           absl::StrCat("--weight_dtype: must be bf16, f16 or f32, got '", wd, "'"));
     }
-    if (options.weights == EngineOptions::WeightSource::kMapped) {
+    if (options.weights.source == WeightSource::kMapped) {
       return absl::InvalidArgumentError(
           "--weight_dtype: needs --weights=host or --weights=synthetic (mapped weights are read "
           "as stored)");
     }
   }
-  options.synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
-  if (options.synthetic_layers < 0) {
+  options.weights.synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
+  if (options.weights.synthetic_layers < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--synthetic_layers: must be >= 0, got ", options.synthetic_layers));
+        absl::StrCat("--synthetic_layers: must be >= 0, got ", options.weights.synthetic_layers));
   }
-  options.synthetic_seed = absl::GetFlag(FLAGS_synthetic_seed);
+  options.weights.synthetic_seed = absl::GetFlag(FLAGS_synthetic_seed);
   const double host_gb = absl::GetFlag(FLAGS_host_memory_gb);
   if (host_gb < 0 || !std::isfinite(host_gb)) {
     return absl::InvalidArgumentError(
@@ -199,6 +199,15 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   }
   options.host_memory_bytes = static_cast<int64_t>(host_gb * (int64_t{1} << 30));
   return options;
+}
+
+bool DryRunRequested() { return absl::GetFlag(FLAGS_dry_run); }
+
+absl::Status PrintDryRun(const EngineOptions& options) {
+  auto plan = Engine::Plan(options);
+  if (!plan.ok()) return plan.status();
+  std::printf("%s\n", plan->ToString().c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace moebatch

@@ -5,7 +5,7 @@
 //   --max_tokens_per_pass --cpu_threads --pin_cpu_threads --weights --weight_dtype
 //   --synthetic_layers --synthetic_seed --host_memory_gb --gpu_device --gpu_memory_gb
 //   --weight_packet_mb --vslpipe --trace_file --profile_token_budget --profile_dir
-//   --peak_memory_gbs --peak_tflops
+//   --peak_memory_gbs --peak_tflops --dry_run
 // `<program> --help` lists them with their help text.
 #pragma once
 
@@ -18,8 +18,12 @@ namespace moebatch {
 
 // EngineOptions for `model_dir` from the flags' values. InvalidArgument naming the flag and the
 // reason for a bad value (e.g. "--weights: must be mapped, host or synthetic, got 'disk'").
-// Logs which backend runs (with --backend=auto, the GPUs found).
 absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_dir);
+
+// --dry_run: the program prints the engine's plan (PrintDryRun) and exits instead of loading.
+bool DryRunRequested();
+// Prints Engine::Plan(options) to stdout; its errors otherwise.
+absl::Status PrintDryRun(const EngineOptions& options);
 
 // Makes --help list the program's own flags (files ending in _main.cc) and these; call before
 // absl::ParseCommandLine.

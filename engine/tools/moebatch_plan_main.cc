@@ -1,16 +1,19 @@
-// moebatch-plan: the MoE-Lens performance model (§5, engine/plan/perf_model.h) for a model, a host and
-// a batch workload. Prints the Stage 1 bound and the Stage 2 prediction (tokens/s), the bound that
-// limits each (PCIe, GPU compute, KV capacity, CPU attention) and the KV budgets at which it
+// moebatch-plan: the MoE-Lens performance model (§5, engine/plan/perf_model.h) for a model, a host
+// and a batch workload. Prints the Stage 1 bound and the Stage 2 prediction (tokens/s), the bound
+// that limits each (PCIe, GPU compute, KV capacity, CPU attention) and the KV budgets at which it
 // changes.
 //
-//   moebatch-plan --preset mixtral-8x7b --gpu a40 [--pcie_gbs 19.5] [--kv_gb 70]
-//       [--prompt_tokens 98 --gen_tokens 128 --batch 20000 --block_size 16]
-//   moebatch-plan --model DIR --pcie_gbs 12.3 --gpu_tflops 50 --cpu_mem_gbs 80 --kv_gb 100
+//   moebatch-plan --preset mixtral-8x7b --gpu a40 [--pcie_gbs 19.5] [--kv_cache_gb 70]
+//       [--prompt_tokens 98 --gen_tokens 128 --batch 20000 --kv_block_size 16]
+//   moebatch-plan --model DIR --pcie_gbs 12.3 --gpu_tflops 50 --cpu_mem_gbs 80 --kv_cache_gb 100
 //
+// Flags are the engine's where the idea is the same (engine/tools/engine_flags.cc): --kv_cache_gb
+// in GiB, --kv_block_size in tokens; dashes or underscores (engine/tools/program_flags.h).
 // Hardware figures: --gpu gives datasheet figures (below); measured ones are better and override
 // them: --pcie_gbs from bench_cuda_backend's pinned H2D bandwidth (the paper measured 19.5 GB/s on
 // its A40 host, §8, against the link's 32), --gpu_tflops from its GEMM timings, --cpu_mem_gbs from
-// bench_attention_bandwidth (what CPU attention reaches, not the DIMMs' peak). GB = 1e9 bytes.
+// bench_attention_bandwidth (what CPU attention reaches, not the DIMMs' peak). Rates: GB/s with
+// GB = 1e9 bytes (as the engine's --peak_memory_gbs), TFLOP/s; KV memory: GiB = 2^30 bytes.
 // Exit status: 0 on success, 2 on bad flag values (including a --model directory without a
 // readable, valid config.json), with a message on stderr; Abseil's own parser exits 1 on an unknown
 // or malformed flag (and on --help).
@@ -24,32 +27,36 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model/model_config.h"
+#include "engine/model/weight_store.h"
+#include "engine/offload/gpu_memory_plan.h"
 #include "engine/plan/perf_model.h"
+#include "engine/tools/program_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (its config.json is read)");
 ABSL_FLAG(std::string, preset, "", "model preset instead of --model: mixtral-8x7b | mixtral-8x22b");
 ABSL_FLAG(std::string, gpu, "",
           "GPU preset for --pcie_gbs and --gpu_tflops: t4 | l4 | a40 | l40 | a100 (datasheet "
           "figures; explicit flags override them)");
-ABSL_FLAG(double, pcie_gbs, 0, "B_IO, CPU->GPU bandwidth, GB/s (0: the --gpu preset's)");
+ABSL_FLAG(double, pcie_gbs, 0,
+          "B_IO, CPU->GPU bandwidth, GB/s, GB = 1e9 bytes (0: the --gpu preset's)");
 ABSL_FLAG(double, gpu_tflops, 0,
           "C_GPU, dense GEMM rate in the weights' dtype, TFLOP/s (0: the --gpu preset's)");
 ABSL_FLAG(double, cpu_mem_gbs, 150,
-          "CPU memory bandwidth available to CPU attention and the weight transfer, GB/s (150: "
-          "the paper's Xeon 8380 socket, §7)");
-ABSL_FLAG(double, kv_gb, 70, "CPU memory for the KV cache, GB (70: the paper's smallest, §7)");
+          "CPU memory bandwidth available to CPU attention and the weight transfer, GB/s, "
+          "GB = 1e9 bytes (150: the paper's Xeon 8380 socket, §7)");
+ABSL_FLAG(double, kv_cache_gb, 70,
+          "host memory for the KV cache, GiB, as the engine's --kv_cache_gb (70: the paper's "
+          "smallest, §7)");
 ABSL_FLAG(int64_t, prompt_tokens, 98, "p, average prompt length, tokens (98: MTBench, Table 3)");
 ABSL_FLAG(int64_t, gen_tokens, 128, "g, generated tokens per sequence");
 ABSL_FLAG(int64_t, batch, 20000, "K, sequences in the batch (20000: the paper's MTBench runs)");
-ABSL_FLAG(int64_t, block_size, 16, "b, token slots per KV block (the engine's --kv_block_size)");
+ABSL_FLAG(int64_t, kv_block_size, 16, "b, token slots per KV block, as the engine's");
 ABSL_FLAG(int64_t, resident_layers, -1,
           "-1: delta moves Model Size, every parameter, as §5.2 has it; N >= 0: what moebatch "
           "moves, the decoder layers but N (the embedding stays on the host, lm_head and N layers "
@@ -59,12 +66,15 @@ namespace moebatch {
 namespace {
 
 constexpr double kGB = 1e9;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct GpuPreset {
   const char* name;
   const char* description;
   double pcie_gbs;    // one direction of the host link, GB/s
   double gpu_tflops;  // dense tensor-core rate in the dtype the engine uses there, TFLOP/s
+  double memory_gib;  // device memory, GiB
+  DType dtype;        // what the cuda backend computes in there (bf16 from sm_80; f16 on the T4)
 };
 
 // Sources. PCIe: the link's nominal rate per direction, as the paper's eq. 2 example uses it for
@@ -77,11 +87,11 @@ struct GpuPreset {
 //       149.7, 181.05 and 312 dense); PCIe Gen4 x16 (the A100 PCIe card; an SXM board's host link
 //       is Gen4 x16 too).
 constexpr GpuPreset kGpuPresets[] = {
-    {"t4", "NVIDIA T4 (datasheet)", 16, 65},
-    {"l4", "NVIDIA L4 (datasheet)", 32, 121},
-    {"a40", "NVIDIA A40 (paper Table 2)", 32, 150},
-    {"l40", "NVIDIA L40 (paper Table 2)", 32, 181},
-    {"a100", "NVIDIA A100 (paper Table 2)", 32, 312},
+    {"t4", "NVIDIA T4 (datasheet)", 16, 65, 16, DType::kF16},
+    {"l4", "NVIDIA L4 (datasheet)", 32, 121, 24, DType::kBF16},
+    {"a40", "NVIDIA A40 (paper Table 2)", 32, 150, 48, DType::kBF16},
+    {"l40", "NVIDIA L40 (paper Table 2)", 32, 181, 48, DType::kBF16},
+    {"a100", "NVIDIA A100 (paper Table 2)", 32, 312, 80, DType::kBF16},
 };
 
 std::string Bytes(double bytes) {
@@ -92,6 +102,37 @@ std::string Bytes(double bytes) {
   return absl::StrFormat("%.0f B", bytes);
 }
 
+// A KV size as --kv_cache_gb takes it, GiB, and in GB: "70.0 GiB (75.2 GB)".
+std::string KvBytes(double bytes) {
+  if (std::isinf(bytes)) return "never";
+  return absl::StrFormat("%.1f GiB (%s)", bytes / kGiB, Bytes(bytes));
+}
+
+// What moebatch's cuda backend would put on `gpu` for `config`: the plan it makes at start-up
+// (PlanGpuDevice: the budget the device's memory leaves after 1 GiB for CUDA, the tokens per pass
+// that budget holds activations for, the layers kept resident beside them), before the pipeline
+// profiler lowers the tokens per pass to n_real.
+void PrintDevicePlan(const ModelConfig& config, const GpuPreset& gpu) {
+  const int64_t budget = static_cast<int64_t>(gpu.memory_gib * kGiB) - (int64_t{1} << 30);
+  const int64_t layer_bytes = WeightStore::LayerRegionBytes(config, gpu.dtype);
+  auto plan =
+      PlanGpuDevice(config, gpu.dtype, layer_bytes, config.num_hidden_layers, 0, budget, -1);
+  std::printf("\nmoebatch on this GPU (the cuda backend's start-up plan, GiB = 2^30 bytes)\n");
+  std::printf(
+      "  budget              %.1f GiB (%.0f GiB less 1 GiB for CUDA), %s weights, %.2f GiB "
+      "per layer\n",
+      budget / kGiB, gpu.memory_gib, std::string(DTypeName(gpu.dtype)).c_str(), layer_bytes / kGiB);
+  if (!plan.ok()) {
+    std::printf("  does not fit        %s\n", std::string(plan.status().message()).c_str());
+    return;
+  }
+  std::printf("  tokens per pass     %lld (automatic; the profiler lowers it to n_real)\n",
+              static_cast<long long>(plan->tokens_per_pass));
+  std::printf("  resident layers     %lld of %lld\n", static_cast<long long>(plan->resident_layers),
+              static_cast<long long>(config.num_hidden_layers));
+  std::printf("  device memory       %s\n", plan->ToString().c_str());
+}
+
 void PrintTransitions(const absl::StatusOr<std::vector<BoundTransition>>& transitions,
                       double budget, double lo, double hi) {
   if (!transitions.ok()) {
@@ -100,15 +141,15 @@ void PrintTransitions(const absl::StatusOr<std::vector<BoundTransition>>& transi
     return;
   }
   if (transitions->empty()) {
-    std::printf("  bound changes       none for KV budgets from %s to %s\n", Bytes(lo).c_str(),
-                Bytes(hi).c_str());
+    std::printf("  bound changes       none for KV budgets from %s to %s\n", KvBytes(lo).c_str(),
+                KvBytes(hi).c_str());
     return;
   }
   bool first = true;
   for (const BoundTransition& t : *transitions) {
     std::printf(
         "  %-19s at %s: %s -> %s%s\n", first ? "bound changes" : "",
-        Bytes(t.kv_budget_bytes).c_str(), std::string(LimitingBoundName(t.below)).c_str(),
+        KvBytes(t.kv_budget_bytes).c_str(), std::string(LimitingBoundName(t.below)).c_str(),
         std::string(LimitingBoundName(t.above)).c_str(),
         t.kv_budget_bytes > budget
             ? (t.within_kv_memory ? " (a larger budget)" : " (more than this host's KV memory)")
@@ -179,7 +220,7 @@ int Run(int argc, char** argv) {
   double pcie_gbs = absl::GetFlag(FLAGS_pcie_gbs);
   double gpu_tflops = absl::GetFlag(FLAGS_gpu_tflops);
   const double cpu_mem_gbs = absl::GetFlag(FLAGS_cpu_mem_gbs);
-  const double kv_gb = absl::GetFlag(FLAGS_kv_gb);
+  const double kv_cache_gb = absl::GetFlag(FLAGS_kv_cache_gb);  // GiB
   for (const auto& [flag, value] :
        {std::pair<const char*, double>{"pcie_gbs", pcie_gbs}, {"gpu_tflops", gpu_tflops}}) {
     if (!(value >= 0) || !std::isfinite(value)) {
@@ -198,13 +239,13 @@ int Run(int argc, char** argv) {
   hw.pcie_bytes_per_s = pcie_gbs * kGB;
   hw.gpu_flops = gpu_tflops * 1e12;
   hw.cpu_mem_bytes_per_s = cpu_mem_gbs * kGB;
-  hw.kv_memory_bytes = kv_gb * kGB;
+  hw.kv_memory_bytes = kv_cache_gb * kGiB;
 
   Workload w;
   w.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
   w.gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
   w.batch_size = absl::GetFlag(FLAGS_batch);
-  w.block_size = absl::GetFlag(FLAGS_block_size);
+  w.block_size = absl::GetFlag(FLAGS_kv_block_size);
   w.kv_budget_bytes = hw.kv_memory_bytes;
 
   // Validation errors name the struct field; say which flag that is.
@@ -214,12 +255,12 @@ int Run(int argc, char** argv) {
         {"hardware.pcie_bytes_per_s", "--pcie_gbs"},
         {"hardware.gpu_flops", "--gpu_tflops"},
         {"hardware.cpu_mem_bytes_per_s", "--cpu_mem_gbs"},
-        {"hardware.kv_memory_bytes", "--kv_gb"},
-        {"workload.kv_budget_bytes", "--kv_gb"},
+        {"hardware.kv_memory_bytes", "--kv_cache_gb"},
+        {"workload.kv_budget_bytes", "--kv_cache_gb"},
         {"workload.prompt_tokens", "--prompt_tokens"},
         {"workload.gen_tokens", "--gen_tokens"},
         {"workload.batch_size", "--batch"},
-        {"workload.block_size", "--block_size"}};
+        {"workload.block_size", "--kv_block_size"}};
     for (const auto& [field, flag] : flag_of) {
       if (message.rfind(field, 0) == 0) message = absl::StrCat(flag, " (", message, ")");
     }
@@ -235,7 +276,7 @@ int Run(int argc, char** argv) {
   const auto t2 = FindBoundTransitions(*shape, hw, w, PerfStage::kStage2, lo, hi);
 
   const ModelShape& m = *shape;
-  std::printf("MoE-Lens performance model (§5); GB = 1e9 bytes, tokens/s\n");
+  std::printf("MoE-Lens performance model (§5); GB = 1e9 bytes, GiB = 2^30 bytes, tokens/s\n");
   std::printf(
       "model     %s: %lld layers, h %lld, h_i %lld, %lld experts top-%lld, %lld/%lld heads "
       "x %lld\n",
@@ -257,11 +298,11 @@ int Run(int argc, char** argv) {
   std::printf(
       "hardware  %sB_IO %.1f GB/s, C_GPU %.1f TFLOP/s, CPU memory %.1f GB/s, KV memory %s\n",
       gpu_preset ? absl::StrCat(gpu_preset->description, ": ").c_str() : "", pcie_gbs, gpu_tflops,
-      cpu_mem_gbs, Bytes(hw.kv_memory_bytes).c_str());
+      cpu_mem_gbs, KvBytes(hw.kv_memory_bytes).c_str());
   std::printf("workload  p %lld, g %lld, K %lld sequences, b %lld tokens/block, KV budget %s\n\n",
               static_cast<long long>(w.prompt_tokens), static_cast<long long>(w.gen_tokens),
               static_cast<long long>(w.batch_size), static_cast<long long>(w.block_size),
-              Bytes(w.kv_budget_bytes).c_str());
+              KvBytes(w.kv_budget_bytes).c_str());
 
   std::printf("Stage 1: upper bound (§5.2, K -> inf, b = 1)\n");
   std::printf("  delta               %.3f s per weight transfer\n", s1->delta_s);
@@ -295,6 +336,7 @@ int Run(int argc, char** argv) {
               100 * s2->gpu_utilization);
   std::printf("  limiting bound      %s\n", std::string(LimitingBoundName(s2->bound)).c_str());
   PrintTransitions(t2, w.kv_budget_bytes, lo, hi);
+  if (gpu_preset != nullptr) PrintDevicePlan(config, *gpu_preset);
   return 0;
 }
 
@@ -302,10 +344,6 @@ int Run(int argc, char** argv) {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "the MoE-Lens performance model: predicted throughput, its limiting bound, and the KV "
-      "budget at which the bound changes.\n  moebatch-plan --preset mixtral-8x7b --gpu a40 "
-      "[--pcie_gbs 19.5 --kv_gb 70 --prompt_tokens 98 --gen_tokens 128 --batch 20000]");
   // --help lists the flags of this file (Abseil's default looks for a file named after the
   // program).
   absl::FlagsUsageConfig usage_config;
@@ -314,6 +352,10 @@ int main(int argc, char** argv) {
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = moebatch::ParseProgramFlags(
+      argc, argv,
+      "the MoE-Lens performance model: predicted throughput, its limiting bound, and the KV "
+      "budget at which the bound changes.\n  moebatch-plan --preset mixtral-8x7b --gpu a40 "
+      "[--pcie_gbs 19.5 --kv_cache_gb 70 --prompt_tokens 98 --gen_tokens 128 --batch 20000]");
   return moebatch::Run(static_cast<int>(args.size()), args.data());
 }

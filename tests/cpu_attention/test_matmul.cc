@@ -1,6 +1,6 @@
-// cpu_attention/gemm/matmul.h: y = x Wᵀ through oneDNN against a float64 loop, for every weight dtype and every
-// compute mode, M from 1 to 300 (the run-time dimension), with the widened-weight cache on and
-// off.
+// cpu_attention/gemm/matmul.h: y = x Wᵀ through oneDNN against a float64 loop, for every weight
+// dtype and every compute mode, M from 1 to 300 (the run-time dimension), with the widened-weight
+// cache on and off.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -146,9 +146,9 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
 
 // A row's result must not depend on how many rows share the call, where the row sits among them,
 // what the others hold, or the thread count, bit for bit. Otherwise a greedy request's output
-// depends on what else was batched with it (a restart after a crash changes the batch: issue 7's
-// crash-safety test). oneDNN's matmul fails this (its kernel changes with M; M 1 vs 2 and M 13
-// vs 16 differ), which is why the engine runs batch-invariant by default.
+// depends on what else was batched with it (a restart after a crash changes the batch:
+// tests/integration/test_crash_safety.py). oneDNN's matmul fails this (its kernel changes with M; M
+// 1 vs 2 and M 13 vs 16 differ), which is why the engine runs batch-invariant by default.
 TEST_CASE("batch-invariant Matmul: a row's bits do not depend on M, the other rows or threads") {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;

@@ -1,5 +1,5 @@
-// The cuda backend on a GPU (label gpu; tests/cuda/gpu_catch_main.cc skips the binary without one), and
-// the same program on the CUDA emulator (label emulated, tests/cuda_emulation/):
+// The cuda backend on a GPU (label gpu; tests/cuda/gpu_catch_main.cc skips the binary without one),
+// and the same program on the CUDA emulator (label emulated, tests/cuda_emulation/):
 //  * the golden fixtures through the Engine with --backend=cuda: greedy tokens identical to
 //    transformers' with f32 weights (f32 accumulation everywhere), last logits within 1e-4 of
 //    transformers' with f32 weights and within 2e-2 relative in the GPU's compute dtype (bf16 on
@@ -22,12 +22,12 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/cuda_backend.h"
 #include "cpu_attention/backend/cpu_device.h"
+#include "cuda/cuda_backend.h"
 #include "engine/engine.h"
+#include "engine/model/weight_store.h"
 #include "engine/model_runner.h"
 #include "engine/offload/pipeline_profiler.h"
-#include "engine/model/weight_store.h"
 #include "tests/support/golden.h"
 
 namespace moebatch {
@@ -40,13 +40,13 @@ using testing::LoadGolden;
 EngineOptions CudaOptions(const std::string& dir, std::optional<DType> weight_dtype) {
   EngineOptions o;
   o.model_dir = dir;
-  o.backend = EngineOptions::Backend::kCuda;
-  o.weight_dtype = weight_dtype;
-  o.kv_cache_bytes = int64_t{64} << 20;
-  o.max_tokens_per_pass = 512;
-  o.gpu_memory_bytes = int64_t{2} << 30;
-  o.weight_packet_bytes = int64_t{1} << 20;  // several packets per layer even on the tiny model
-  o.gpu_resident_layers = 0;                 // every layer streams
+  o.backend = "cuda";
+  o.weights.dtype = weight_dtype;
+  o.kv.bytes = int64_t{64} << 20;
+  o.schedule.max_tokens_per_pass = 512;
+  o.gpu.memory_bytes = int64_t{2} << 30;
+  o.gpu.packet_bytes = int64_t{1} << 20;  // several packets per layer even on the tiny model
+  o.gpu.resident_layers = 0;              // every layer streams
   return o;
 }
 
@@ -56,7 +56,7 @@ void CheckGreedy(const std::string& fixture, int64_t resident = 0) {
   const std::string dir = FixtureDir(fixture);
   const auto golden = LoadGolden(dir);
   EngineOptions options = CudaOptions(dir, DType::kF32);
-  options.gpu_resident_layers = resident;
+  options.gpu.resident_layers = resident;
   auto engine = Engine::Create(options);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
@@ -353,7 +353,7 @@ TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refuse
 
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {
   EngineOptions o = CudaOptions(FixtureDir("tiny-mixtral"), std::nullopt);
-  o.gpu_memory_bytes = 1 << 20;
+  o.gpu.memory_bytes = 1 << 20;
   auto engine = Engine::Create(o);
   REQUIRE(engine.status().code() == absl::StatusCode::kResourceExhausted);
 }

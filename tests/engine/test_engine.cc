@@ -187,7 +187,7 @@ std::string TinyDir() { return std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtr
 std::unique_ptr<Engine> TinyEngine(int64_t kv_bytes = int64_t{32} << 20) {
   EngineOptions o;
   o.model_dir = TinyDir();
-  o.kv_cache_bytes = kv_bytes;
+  o.kv.bytes = kv_bytes;
   auto e = Engine::Create(o);
   INFO(e.status().ToString() << " (run scripts/fetch_tokenizer.sh for tokenizer.model)");
   REQUIRE(e.ok());
@@ -296,7 +296,7 @@ TEST_CASE("engine: EOS ends a request (token kept, no text) unless ignore_eos") 
   }
   EngineOptions o;
   o.model_dir = dir.string();
-  o.kv_cache_bytes = int64_t{8} << 20;
+  o.kv.bytes = int64_t{8} << 20;
   auto e = *Engine::Create(o);
   p.ignore_eos = false;
   const int64_t id = *e->AddRequest(Prompt(*e, "The river", p));
@@ -411,19 +411,20 @@ TEST_CASE("engine: automatic tokens per pass and sequences; negative values refu
   REQUIRE(e->schedule().max_num_seqs == kCpuTokensPerPass);
   EngineOptions o;
   o.model_dir = TinyDir();
-  o.kv_cache_bytes = int64_t{32} << 20;
-  o.max_tokens_per_pass = 96;
+  o.kv.bytes = int64_t{32} << 20;
+  o.schedule.max_tokens_per_pass = 96;
   auto given = Engine::Create(o);
   REQUIRE(given.ok());
   REQUIRE((*given)->schedule().max_tokens_per_pass == 96);
   REQUIRE((*given)->schedule().max_num_seqs == 96);
-  o.max_num_seqs = 7;
+  o.schedule.max_num_seqs = 7;
   given = Engine::Create(o);
   REQUIRE(given.ok());
   REQUIRE((*given)->schedule().max_num_seqs == 7);
   for (const char* field : {"max_num_seqs", "max_tokens_per_pass"}) {
     EngineOptions bad = o;
-    (std::string(field) == "max_num_seqs" ? bad.max_num_seqs : bad.max_tokens_per_pass) = -1;
+    (std::string(field) == "max_num_seqs" ? bad.schedule.max_num_seqs
+                                          : bad.schedule.max_tokens_per_pass) = -1;
     auto refused = Engine::Create(bad);
     REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE(std::string(refused.status().message()).find(field) == 0);

@@ -33,9 +33,9 @@ std::unique_ptr<Engine> MakeEngine(const std::string& dir, int64_t kv_bytes = in
                                    int64_t max_tokens_per_pass = 2048) {
   EngineOptions o;
   o.model_dir = dir;
-  o.compute_dtype = DType::kF32;
-  o.kv_cache_bytes = kv_bytes;
-  o.max_tokens_per_pass = max_tokens_per_pass;
+  o.cpu.compute_dtype = DType::kF32;
+  o.kv.bytes = kv_bytes;
+  o.schedule.max_tokens_per_pass = max_tokens_per_pass;
   auto e = Engine::Create(o);
   INFO(e.status().ToString() << " (is tokenizer.model there? run scripts/fetch_tokenizer.sh)");
   REQUIRE(e.ok());
@@ -227,7 +227,7 @@ TEST_CASE("golden tiny-mixtral-swa (sliding window, tied): greedy tokens and tex
 // Batch invariance of the cpu backend (CpuDeviceOptions::batch_invariant, the default): a prompt's
 // last-position logits are bitwise the same when it runs alone in one pass, beside the other golden
 // prompts (VSLPipe's two micro-batches on), and prefilled in two chunks that share their passes
-// with others. The engine's crash recovery and any max_num_seqs rely on this (issue 7).
+// with others. The daemon's crash recovery and any max_num_seqs rely on this.
 TEST_CASE("cpu backend, batch-invariant: a prompt's logits do not depend on its pass-mates") {
   const std::string dir = FixtureDir("tiny-mixtral");
   const auto golden = LoadGolden(dir);

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/checkpoint.h"
 #include "cpu_attention/backend/cpu_device.h"
 #include "engine/engine.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model_runner.h"
 #include "engine/pipeline_trace.h"
 #include "tests/support/mixed_passes.h"
@@ -200,12 +200,13 @@ TEST_CASE("model runner: greedy rows get their logits' argmax, the others their 
 
 TEST_CASE("VSLPipe: golden greedy tokens with the pipeline off and on", "[vslpipe]") {
   // Several requests at once, so passes hold two micro-batches; the pipeline must not change a
-  // token. (tests/engine/test_golden.cc checks the tokens against transformers with the default, on.)
+  // token. (tests/engine/test_golden.cc checks the tokens against transformers with the default,
+  // on.)
   EngineOptions options;
   options.model_dir = Fixture("tiny-mixtral");
-  options.kv_cache_bytes = int64_t{16} << 20;
+  options.kv.bytes = int64_t{16} << 20;
   auto run = [&](bool vslpipe) {
-    options.vslpipe = vslpipe;
+    options.schedule.vslpipe = vslpipe;
     auto engine = Engine::Create(options);
     REQUIRE(engine.ok());
     std::vector<std::vector<int32_t>> out(6);
@@ -238,9 +239,9 @@ TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[v
   const std::string path = "/tmp/moebatch_test_trace_" + std::to_string(getpid()) + ".json";
   EngineOptions options;
   options.model_dir = Fixture("tiny-mixtral");
-  options.kv_cache_bytes = int64_t{16} << 20;
-  options.trace_file = path;
-  options.vslpipe = true;  // the cpu backend's default is off
+  options.kv.bytes = int64_t{16} << 20;
+  options.metrics.trace_file = path;
+  options.schedule.vslpipe = true;  // the cpu backend's default is off
   EngineStats stats;
   {
     auto engine = Engine::Create(options);

@@ -1,4 +1,4 @@
-"""Issue 7 acceptance, crash safety: kill -9 at 10 random moments across a 1,000-request job,
+"""Crash safety: kill -9 at 10 random moments across a 1,000-request job,
 restarting each time: 1,000 results, each custom_id exactly once, greedy outputs identical to an
 uninterrupted run.
 

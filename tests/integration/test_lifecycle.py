@@ -1,4 +1,4 @@
-"""The daemon's life cycle (issue 7): NOT_SERVING while the model loads, graceful drain on SIGTERM
+"""The daemon's life cycle: NOT_SERVING while the model loads, graceful drain on SIGTERM
 (in-flight sequences finish and commit, exit 0, the next start resumes), a drain that times out,
 and no new jobs while draining.
 """

@@ -1,4 +1,4 @@
-"""Each limit of a real moebatchd tripped in turn (issue 7): the status code, the limit named in
+"""Each limit of a real moebatchd tripped in turn: the status code, the limit named in
 the message, nothing stored, and the daemon keeps serving everyone else.
 
 Limits: message size (RESOURCE_EXHAUSTED from gRPC), requests per job and max_tokens per request

@@ -1,4 +1,4 @@
-"""Issue 7 acceptance, load: 64 concurrent clients submitting, watching and fetching for 60 s: zero
+"""Load: 64 concurrent clients submitting, watching and fetching for 60 s: zero
 failed calls, stable memory (the daemon's peak RSS is reported).
 
 Each client is a thread with its own Client, on its own channel and TCP connection (a local

@@ -1,4 +1,4 @@
-"""Authentication, tenancy and TLS of a real moebatchd on loopback (issue 7).
+"""Authentication, tenancy and TLS of a real moebatchd on loopback.
 
 Tokens come from the real `moebatch-token` tool into a real tokens file; certificates from the
 openssl command line (a throw-away CA, a server certificate for localhost / 127.0.0.1, a client

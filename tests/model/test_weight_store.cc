@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_probe.h"
-#include "engine/model/checkpoint.h"
 #include "cpu_attention/backend/cpu_device.h"
+#include "cuda/device_probe.h"
 #include "engine/engine.h"
-#include "engine/model_runner.h"
+#include "engine/model/checkpoint.h"
 #include "engine/model/weight_store.h"
+#include "engine/model_runner.h"
 
 namespace moebatch {
 namespace {
@@ -341,7 +341,7 @@ TEST_CASE("weight store: synthetic weights are deterministic, shaped like the co
 TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
   EngineOptions options;
   options.model_dir = Fixture("tiny-mixtral");
-  options.kv_cache_bytes = int64_t{8} << 20;
+  options.kv.bytes = int64_t{8} << 20;
   GenerationRequest request;
   request.prompt_token_ids = {1, 415, 2936, 9060, 285, 1142};
   request.sampling.max_tokens = 8;
@@ -361,12 +361,12 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
   };
   const auto mapped = run(options);
   REQUIRE(mapped.size() == 8);
-  options.weights = EngineOptions::WeightSource::kHostCopy;
+  options.weights.source = WeightSource::kHostCopy;
   REQUIRE(run(options) == mapped);
 
-  options.weights = EngineOptions::WeightSource::kSynthetic;
-  options.synthetic_layers = 1;
-  options.synthetic_seed = 7;
+  options.weights.source = WeightSource::kSynthetic;
+  options.weights.synthetic_layers = 1;
+  options.weights.synthetic_seed = 7;
   {
     auto engine = Engine::Create(options);
     REQUIRE(engine.ok());
@@ -383,7 +383,7 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
   // The cuda backend without a usable GPU (this machine, CI): a clear Unavailable, nothing loaded.
   options = EngineOptions{};
   options.model_dir = Fixture("tiny-mixtral");
-  options.backend = EngineOptions::Backend::kCuda;
+  options.backend = "cuda";
   if (auto gpus = ProbeGpus(); !gpus.ok() || gpus->empty()) {
     auto no_gpu = Engine::Create(options);
     INFO(no_gpu.status().ToString());
@@ -402,7 +402,7 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
         kCpuTokensPerPass * (2 * (2 * c.q_size() + 2 * c.kv_size()) * 4 + 2 * c.vocab_size * 4);
     EngineOptions automatic;
     automatic.model_dir = Fixture("tiny-mixtral");
-    automatic.kv_cache_bytes = 0;
+    automatic.kv.bytes = 0;
     automatic.host_memory_bytes = weights + (int64_t{1} << 30) + pass + (int64_t{64} << 20);
     auto engine = Engine::Create(automatic);
     REQUIRE(engine.ok());
@@ -412,7 +412,7 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
     REQUIRE(Engine::Create(automatic).status().code() == absl::StatusCode::kInvalidArgument);
   }
 
-  REQUIRE(WeightSourceFromString("host") == EngineOptions::WeightSource::kHostCopy);
+  REQUIRE(WeightSourceFromString("host") == WeightSource::kHostCopy);
   REQUIRE(!WeightSourceFromString("disk").has_value());
 }
 
