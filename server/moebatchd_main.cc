@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -53,6 +54,7 @@
 #include "server/engine_worker.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/startup_checks.h"
 #include "server/systemd_notify.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -87,6 +89,10 @@ ABSL_FLAG(int64_t, max_queued_tokens_per_tenant, 0,
           "prompt + max_tokens of a tenant's requests without a result, at most (0: none)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of the Prometheus endpoint (GET /metrics; server/metrics.h); empty: off");
+ABSL_FLAG(int64_t, max_streams, 256,
+          "WatchJob and GetResults streams open at once, at most; each holds a server thread "
+          "while it waits; one more gets RESOURCE_EXHAUSTED. The server's threads are capped at "
+          "this plus 64 for the other calls");
 ABSL_FLAG(double, drain_timeout_s, 60,
           "on SIGTERM, seconds to let in-flight sequences finish before stopping");
 
@@ -167,6 +173,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls_reload_s: must be at least 1 second, got ", reload_s));
   }
+  std::map<std::string, std::string> pems;
   for (const auto& [flag, path] :
        {std::pair{"tls_cert", cert}, std::pair{"tls_key", key}, std::pair{"tls_client_ca", ca}}) {
     if (path.empty()) continue;
@@ -175,6 +182,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
     if (pem->find("-----BEGIN") == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is not PEM"));
     }
+    pems[flag] = *std::move(pem);
+  }
+  // The pair and its dates now: gRPC would otherwise start, log the key error and fail every
+  // handshake while reporting SERVING.
+  if (absl::Status st = CheckServerCertificate(pems["tls_cert"], pems["tls_key"]); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (", cert, ", ", key, ")"));
   }
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       key, cert, ca, static_cast<unsigned int>(reload_s));
@@ -228,6 +241,11 @@ int Run(const std::set<std::string>& given) {
       return 2;
     }
   }
+  const int64_t max_streams = absl::GetFlag(FLAGS_max_streams);
+  if (max_streams < 1 || max_streams > 100000) {
+    std::cerr << "moebatchd: --max_streams must be in [1, 100000], got " << max_streams << "\n";
+    return 2;
+  }
   const int32_t max_tokens_per_request = absl::GetFlag(FLAGS_max_tokens_per_request);
   if (max_tokens_per_request < 0 || absl::GetFlag(FLAGS_max_pending_jobs_per_tenant) < 0 ||
       absl::GetFlag(FLAGS_max_queued_tokens_per_tenant) < 0 ||
@@ -271,6 +289,12 @@ int Run(const std::set<std::string>& given) {
     return 2;
   }
 
+  // One daemon per data dir: a second one would run the first one's pending requests too.
+  auto data_dir_lock = DataDirLock::Acquire(data_dir);
+  if (!data_dir_lock.ok()) {
+    std::cerr << "moebatchd: " << data_dir_lock.status().message() << "\n";
+    return 1;
+  }
   auto store = JobStore::Open(data_dir);
   if (!store.ok()) {
     std::cerr << "moebatchd: job store: " << store.status() << "\n";
@@ -297,6 +321,7 @@ int Run(const std::set<std::string>& given) {
 
   // Serve first (health NOT_SERVING, the BatchService UNAVAILABLE) while the model loads.
   BatchServiceImpl service(store->get(), auth.get());
+  service.set_max_streams(max_streams);
   if (metrics != nullptr) {
     // Requests that failed validation against the context are results at once.
     service.set_on_job_created([m = metrics.get()](const JobRecord& job) {
@@ -307,12 +332,21 @@ int Run(const std::set<std::string>& given) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
+  // Without SO_REUSEPORT (gRPC's default sets it): a second daemon on a port in use must fail
+  // here, not share the port and split the clients between two job stores.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_request_bytes)));
+  // The sync server's threads, capped: streams beyond --max_streams are refused before they
+  // wait, so the other 64 stay for unary calls.
+  grpc::ResourceQuota thread_quota("moebatchd");
+  thread_quota.SetMaxThreads(static_cast<int>(max_streams + 64));
+  builder.SetResourceQuota(thread_quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::cerr << "moebatchd: cannot listen on " << listen << "\n";
+    std::cerr << "moebatchd: --listen " << listen
+              << ": cannot listen there (the port is in use, or the address is not this host's)\n";
     return 1;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -329,6 +363,7 @@ int Run(const std::set<std::string>& given) {
 
   // The signal thread: SIGHUP reloads the tokens file; the first SIGTERM/SIGINT starts the stop.
   std::atomic<bool> stopping{false};
+  std::atomic<bool> self_stop{false};  // the daemon stops itself (a failed load), no signal came
   absl::Notification stop_requested;
   std::thread signal_thread([&] {
     for (;;) {
@@ -345,7 +380,7 @@ int Run(const std::set<std::string>& given) {
         }
         continue;
       }
-      spdlog::info("moebatchd: signal {}, stopping", sig);
+      if (!self_stop) spdlog::info("moebatchd: signal {}, stopping", sig);
       stopping = true;
       stop_requested.Notify();
       return;
@@ -362,11 +397,14 @@ int Run(const std::set<std::string>& given) {
   if (options->schedule.profile_dir.empty()) options->schedule.profile_dir = data_dir;
   auto engine = Engine::Create(*options);
   if (!engine.ok()) {
-    std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
     server->Shutdown(std::chrono::system_clock::now());
     server->Wait();
+    self_stop = true;
     ::kill(::getpid(), SIGTERM);  // pending until the signal thread takes it and returns
     signal_thread.join();
+    // The reason, last.
+    spdlog::error("moebatchd: cannot load model: {}", engine.status().ToString());
+    std::cerr << "moebatchd: cannot load model: " << engine.status() << "\n";
     return 1;
   }
   // A cancellation an earlier run did not finish.
@@ -402,8 +440,30 @@ int Run(const std::set<std::string>& given) {
                listen, port, data_dir);
   NotifyReady(absl::StrCat("serving ", limits.model_name, " on ", listen));
 
+  // Health follows the job store and the engine: NOT_SERVING while the store refuses writes (the
+  // disk full, a damaged file; the worker holds its results meanwhile) or the engine has failed,
+  // SERVING again once they recover. Checked every second until the stop.
+  std::thread health_monitor([&] {
+    bool serving = !stopping;
+    while (!stop_requested.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      absl::Status st = (*store)->health();
+      if (!st.ok()) st = (*store)->ProbeWrite();  // space again? (a write sets health)
+      if (st.ok()) st = worker.health();
+      if (st.ok() != serving) {
+        serving = st.ok();
+        set_serving(serving);
+        if (serving) {
+          spdlog::info("moebatchd: SERVING again");
+        } else {
+          spdlog::error("moebatchd: NOT_SERVING: {}", st.ToString());
+        }
+      }
+    }
+  });
+
   // Graceful stop: no new jobs, in-flight sequences finish (up to the timeout) and commit.
   stop_requested.WaitForNotification();
+  health_monitor.join();
   NotifyStopping("draining");
   service.StopAccepting();
   set_serving(false);
