@@ -5,26 +5,85 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "engine/batch/batch_reader.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
 namespace {
 
+// The largest ListJobs reply, bytes (gRPC clients receive up to 4 MiB by default).
+constexpr size_t kMaxListReplyBytes = size_t{3} << 20;
+
+// `s` with every ill-formed UTF-8 sequence replaced by U+FFFD: a proto3 string field must be valid
+// UTF-8, or the client cannot parse the reply ("Exception deserializing response"), and a damaged
+// store may hold anything.
+std::string ValidUtf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t min = 0;
+    if (c < 0x80) {
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, min = 0x10000;
+    }
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len == 1 ? c : (c & (0xFF >> (len + 1)));
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      ok = (cc & 0xC0) == 0x80;
+      cp = cp << 6 | (cc & 0x3F);
+    }
+    if (ok && len > 1 && (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the first byte; the rest is read again
+      ++i;
+    }
+  }
+  return out;
+}
+
+// `s` cut to at most `chars` Unicode code points.
+std::string CutChars(const std::string& s, int64_t chars) {
+  size_t i = 0;
+  for (int64_t n = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && n++ == chars) break;
+  }
+  return s.substr(0, i);
+}
+
 void ToProto(const JobRecord& r, v1::Job* job) {
-  job->set_id(r.id);
+  job->set_id(ValidUtf8(r.id));
   job->set_state(static_cast<v1::JobState>(r.state));
-  job->set_model(r.model);
-  job->mutable_metadata()->insert(r.metadata.begin(), r.metadata.end());
+  job->set_model(ValidUtf8(r.model));
+  // Metadata as CreateJob accepts it (CheckJobMetadata); a store written before those limits may
+  // hold more, which is not returned, so that a reply stays within the message size.
+  int64_t pairs = 0;
+  for (const auto& [key, value] : r.metadata) {
+    if (pairs++ == kMaxMetadataPairs) break;
+    (*job->mutable_metadata())[ValidUtf8(CutChars(key, kMaxMetadataKeyChars))] =
+        ValidUtf8(CutChars(value, kMaxMetadataValueChars));
+  }
   job->mutable_request_counts()->set_total(r.total);
   job->mutable_request_counts()->set_completed(r.completed);
   job->mutable_request_counts()->set_failed(r.failed);
   job->set_created_at(r.created_at);
   job->set_finished_at(r.finished_at);
-  job->set_error(r.error);
+  job->set_error(ValidUtf8(r.error));
   job->set_started_at(r.started_at);
   job->set_prompt_tokens(r.prompt_tokens);
   job->set_generated_tokens(r.generated_tokens);
-  job->set_tenant(r.tenant);
+  job->set_tenant(ValidUtf8(r.tenant));
 }
 
 grpc::Status MissingJobId() {
@@ -41,7 +100,23 @@ grpc::Status Loading() {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Whatever a message quotes, it must fit gRPC's 16 KiB of metadata once percent-encoded, or the
+  // client sees RESOURCE_EXHAUSTED instead of the error: cut at 8 KiB as encoded.
+  constexpr size_t kMaxMessageBytes = 8192;
+  std::string message(status.message());
+  if (GrpcMessageBytes(message) > kMaxMessageBytes) {
+    size_t keep = 0, encoded = 0;
+    const std::string tail = " ... (message cut)";
+    while (keep < message.size()) {
+      const size_t cost = GrpcMessageBytes(std::string_view(message).substr(keep, 1));
+      if (encoded + cost > kMaxMessageBytes - tail.size()) break;
+      encoded += cost;
+      ++keep;
+    }
+    while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+    message = message.substr(0, keep) + tail;
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 BatchServiceImpl::BatchServiceImpl(JobStore* store, const TokenAuthenticator* auth)
@@ -72,7 +147,7 @@ absl::StatusOr<JobRecord> BatchServiceImpl::VisibleJob(const Principal& who,
   if (!job.ok()) return job.status();
   // Another tenant's job answers exactly as an unknown id does.
   if (!who.admin && job->tenant != who.tenant) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));  // a real id: short
   }
   return job;
 }
@@ -161,7 +236,19 @@ grpc::Status BatchServiceImpl::ListJobs(grpc::ServerContext* context,
   }
   auto page = store_->ListJobs(page_size, request->page_token(), state, tenant);
   if (!page.ok()) return ToGrpc(page.status());
-  for (const JobRecord& r : page->jobs) ToProto(r, response->add_jobs());
+  // At most kMaxListReplyBytes a page (clients take 4 MiB by default), whatever the page size:
+  // the page ends early, with the token of its last job, when the next one would pass it.
+  size_t bytes = 0;
+  for (size_t i = 0; i < page->jobs.size(); ++i) {
+    v1::Job* job = response->add_jobs();
+    ToProto(page->jobs[i], job);
+    bytes += job->ByteSizeLong() + 8;  // the field's tag and length
+    if (i > 0 && bytes > kMaxListReplyBytes) {
+      response->mutable_jobs()->RemoveLast();
+      response->set_next_page_token(store_->ResumeToken(*page, i - 1, tenant));
+      return grpc::Status::OK;
+    }
+  }
   response->set_next_page_token(page->next_page_token);
   return grpc::Status::OK;
 }
@@ -192,8 +279,8 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext* context,
 
 void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1::JobProgress* p) {
   const JobLive live = at.worker->Live(job.id);
-  p->set_job_id(job.id);
-  p->set_error(job.error);
+  p->set_job_id(ValidUtf8(job.id));
+  p->set_error(ValidUtf8(job.error));
   p->set_state(static_cast<v1::JobState>(job.state));
   p->mutable_request_counts()->set_total(job.total);
   p->mutable_request_counts()->set_completed(job.completed);
@@ -232,6 +319,28 @@ void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1
                          : 0.0);
 }
 
+class BatchServiceImpl::StreamSlot {
+ public:
+  explicit StreamSlot(BatchServiceImpl* service) : service_(service) {
+    taken_ = service_->open_streams_.fetch_add(1) < service_->max_streams_;
+    if (!taken_) service_->open_streams_.fetch_sub(1);
+  }
+  ~StreamSlot() {
+    if (taken_) service_->open_streams_.fetch_sub(1);
+  }
+  bool taken() const { return taken_; }
+  grpc::Status Refusal() const {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("moebatchd has ", service_->max_streams_,
+                                     " WatchJob/GetResults streams open, its --max_streams; close "
+                                     "one or try again later"));
+  }
+
+ private:
+  BatchServiceImpl* service_;
+  bool taken_ = false;
+};
+
 grpc::Status BatchServiceImpl::WatchJob(grpc::ServerContext* context,
                                         const v1::WatchJobRequest* request,
                                         grpc::ServerWriter<v1::JobProgress>* writer) {
@@ -240,9 +349,14 @@ grpc::Status BatchServiceImpl::WatchJob(grpc::ServerContext* context,
   const Attached* a = attached();
   if (a == nullptr) return Loading();
   if (request->job_id().empty()) return MissingJobId();
+  const StreamSlot slot(this);
+  if (!slot.taken()) return slot.Refusal();
   int64_t seen = a->worker->version();
   std::string last;
   while (!context->IsCancelled()) {
+    // The credentials again at every turn (at least twice a second): a token revoked by SIGHUP
+    // ends its open streams.
+    if (auto again = Authenticate(*context); !again.ok()) return ToGrpc(again.status());
     auto job = VisibleJob(*who, request->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     v1::JobProgress progress;
@@ -264,10 +378,13 @@ grpc::Status BatchServiceImpl::GetResults(grpc::ServerContext* context,
   auto who = Authenticate(*context);
   if (!who.ok()) return ToGrpc(who.status());
   if (request->job_id().empty()) return MissingJobId();
+  const StreamSlot slot(this);
+  if (!slot.taken()) return slot.Refusal();
   int64_t next = 0;  // results stream in input order: the next index to send
   const Attached* a = attached();
   int64_t seen = a != nullptr ? a->worker->version() : 0;
   while (!context->IsCancelled()) {
+    if (auto again = Authenticate(*context); !again.ok()) return ToGrpc(again.status());
     auto job = VisibleJob(*who, request->job_id());
     if (!job.ok()) return ToGrpc(job.status());
     const bool terminal = IsTerminal(job->state);
@@ -279,8 +396,8 @@ grpc::Status BatchServiceImpl::GetResults(grpc::ServerContext* context,
       if (r.index != next && !terminal) break;
       v1::Result out;
       out.set_index(r.index);
-      out.set_custom_id(r.custom_id);
-      out.set_line(r.line);
+      out.set_custom_id(ValidUtf8(r.custom_id));
+      out.set_line(ValidUtf8(r.line));
       if (!writer->Write(out)) return grpc::Status::CANCELLED;
       next = r.index + 1;
     }

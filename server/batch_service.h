@@ -36,6 +36,9 @@ class BatchServiceImpl final : public v1::BatchService::Service {
               TenantQuota quota);
   // Shutting down: CreateJob answers UNAVAILABLE from now on.
   void StopAccepting() { accepting_ = false; }
+  // WatchJob and GetResults streams open at once, at most (each holds a server thread while it
+  // waits); one more answers RESOURCE_EXHAUSTED at once. Set before serving.
+  void set_max_streams(int64_t n) { max_streams_ = n; }
   // Called after each job is stored (for metrics); set before serving.
   void set_on_job_created(std::function<void(const JobRecord&)> f) {
     on_job_created_ = std::move(f);
@@ -76,6 +79,10 @@ class BatchServiceImpl final : public v1::BatchService::Service {
   std::atomic<const Attached*> attached_{nullptr};
   std::unique_ptr<Attached> attached_storage_;
   std::atomic<bool> accepting_{true};
+  int64_t max_streams_ = 256;
+  std::atomic<int64_t> open_streams_{0};
+  // Counts a stream for its lifetime; false (and counts nothing) when max_streams_ are open.
+  class StreamSlot;
   std::function<void(const JobRecord&)> on_job_created_;
   std::mutex rng_mu_;
   std::mt19937_64 rng_;

@@ -108,6 +108,39 @@ absl::StatusOr<std::vector<int32_t>> TokenizeRequest(const BatchRequest& request
   return tokenizer.Encode(request.prompt, /*add_bos=*/true);
 }
 
+absl::Status CheckJobMetadata(const google::protobuf::Map<std::string, std::string>& metadata) {
+  if (static_cast<int64_t>(metadata.size()) > kMaxMetadataPairs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata: at most ", kMaxMetadataPairs, " pairs, got ", metadata.size()));
+  }
+  // Characters are Unicode code points, as OpenAI counts them (the strings are valid UTF-8:
+  // protobuf checks string fields).
+  auto chars = [](const std::string& s) {
+    int64_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  for (const auto& [key, value] : metadata) {
+    const std::string quoted = QuoteBounded(key, kMaxQuotedBytes);
+    if (key.empty()) return absl::InvalidArgumentError("metadata: a key is empty");
+    if (key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata[", quoted, "]: keys and values may not contain NUL"));
+    }
+    if (chars(key) > kMaxMetadataKeyChars) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata: key ", quoted, " has ", chars(key),
+                                                     " characters, at most ",
+                                                     kMaxMetadataKeyChars));
+    }
+    if (chars(value) > kMaxMetadataValueChars) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata[", quoted, "]: the value has ",
+                                                     chars(value), " characters, at most ",
+                                                     kMaxMetadataValueChars));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                        const Tokenizer& tokenizer, const JobLimits& limits,
                                        const std::string& job_tag) {
@@ -116,6 +149,7 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
         absl::StrCat("model: this daemon serves ", QuoteBounded(limits.model_name, kMaxQuotedBytes),
                      ", not ", QuoteBounded(request.model(), kMaxQuotedBytes)));
   }
+  if (absl::Status st = CheckJobMetadata(request.metadata()); !st.ok()) return st;
   BatchReadOptions options;
   options.invalid_lines = InvalidLinePolicy::kRefuseJob;
   options.model = ModelPolicy::kCheck;

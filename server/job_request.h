@@ -37,6 +37,13 @@ struct JobLimits {
   std::string model_name;              // CreateJob.model / body.model must be empty or this
 };
 
+// Job metadata as OpenAI limits it: at most 16 pairs, keys of 1 to 64 characters, values of up to
+// 512 (Unicode code points), no NUL. InvalidArgument naming the key (a bounded prefix) otherwise.
+inline constexpr int64_t kMaxMetadataPairs = 16;
+inline constexpr int64_t kMaxMetadataKeyChars = 64;
+inline constexpr int64_t kMaxMetadataValueChars = 512;
+absl::Status CheckJobMetadata(const google::protobuf::Map<std::string, std::string>& metadata);
+
 struct PreparedJob {
   std::vector<StoredRequest> requests;
   std::vector<PrefailedRequest> prefailed;

@@ -187,6 +187,28 @@ def test_without_a_tokens_file_it_listens_on_loopback_only(tmp_path):
         d.stop()
 
 
+def test_revoking_a_token_ends_its_open_streams(tenants):
+    """A WatchJob opened before SIGHUP removed its token ends with UNAUTHENTICATED within a few
+    seconds (streams check their credentials again at least every half second)."""
+    daemon, tokens, tokens_file = tenants
+    a = client(daemon, tokens["a"])
+    long_job = a.create_job(requests=[{
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+        "body": {"prompt": [1, 2, 3], "max_tokens": 4000, "ignore_eos": True}}
+        for i in range(32)])
+    stream = a.watch(long_job.id)
+    next(stream)  # open
+    entries = json.loads(tokens_file.read_text())["tokens"]
+    json.dump({"tokens": [e for e in entries if e["tenant"] != "team-a"]}, open(tokens_file, "w"))
+    daemon.proc.send_signal(signal.SIGHUP)
+    t0 = time.time()
+    code, _ = code_of(lambda: list(stream))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert time.time() - t0 < 30  # not the job's end (32 x 4000 tokens)
+    assert client(daemon, tokens["admin"]).get_job(long_job.id).state == 2  # still in progress
+    client(daemon, tokens["admin"]).cancel(long_job.id)
+
+
 def test_a_bad_tokens_file_stops_the_start(tmp_path):
     tokens = tmp_path / "tokens.json"
     tokens.write_text('{"tokens": [{"sha256": "00", "tenant": "a"}]}')
