@@ -1,5 +1,6 @@
 #include "server/engine_worker.h"
 
+#include <algorithm>
 #include <ctime>
 #include <limits>
 #include <vector>
@@ -185,17 +186,54 @@ absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
       f.index, f.request.custom_id,
       FormatBatchOutput(f.request, rid, f.completion, static_cast<int64_t>(std::time(nullptr))),
       false};
+  if (!f.error.ok()) {  // a failed request: an error line, counted as failed
+    ParsedBatchLine line;
+    line.custom_id = f.request.custom_id;
+    line.json_ok = true;
+    line.request = f.error;
+    r.line = FormatBatchError(line, rid, f.error);
+    r.failed = true;
+    spdlog::warn("job {} request {} ({}): {}", f.job_id, f.index, f.request.custom_id,
+                 f.error.ToString());
+  }
   auto committed =
       store_->CommitResult(f.job_id, r, f.completion.prompt_tokens, f.completion.completion_tokens);
   if (!committed.ok()) return committed.status();
   if (*committed && options_.metrics != nullptr) {
-    options_.metrics->ObserveResult(false, f.completion.prompt_tokens,
+    options_.metrics->ObserveResult(r.failed, f.completion.prompt_tokens,
                                     f.completion.completion_tokens);
   }
   absl::MutexLock lock(&mu_);
   JobLive& live = live_[f.job_id];
   live.prompt_tokens -= f.completion.prompt_tokens;
   live.generated_tokens -= f.completion.completion_tokens;
+  return absl::OkStatus();
+}
+
+void EngineWorker::Committed(const InFlight& f) {
+  keys_.erase({f.job_id, f.index});
+  clocks_[f.job_id].AddRequests(1);
+  LogIfJobDone(f.job_id);
+}
+
+absl::Status EngineWorker::RetryUnsaved() {
+  if (unsaved_.empty() || std::chrono::steady_clock::now() < next_commit_retry_) {
+    return absl::OkStatus();
+  }
+  while (!unsaved_.empty()) {
+    InFlight& f = unsaved_.front();
+    if (absl::Status st = Finish(0, f); !st.ok()) {
+      if (!JobStore::IsStorageFailure(st)) return st;
+      commit_backoff_ = std::min(commit_backoff_ * 2, std::chrono::milliseconds(10000));
+      next_commit_retry_ = std::chrono::steady_clock::now() + commit_backoff_;
+      return absl::OkStatus();
+    }
+    Committed(f);
+    unsaved_.pop_front();
+    Bump();
+  }
+  spdlog::info("engine worker: every held result is committed; feeding requests again");
+  commit_backoff_ = std::chrono::milliseconds(500);
   return absl::OkStatus();
 }
 
@@ -221,20 +259,22 @@ void EngineWorker::Run() {
   while (!stop_) {
     last_loop_.store(std::chrono::steady_clock::now().time_since_epoch().count());
     absl::Status st = HandleCancels();
+    if (st.ok()) st = RetryUnsaved();
     {
       absl::MutexLock lock(&mu_);
       feed = feed || wake_;
       wake_ = false;
     }
-    if (st.ok() && feed && !draining_) {
+    if (st.ok() && feed && !draining_ && unsaved_.empty()) {
       st = Feed();
       feed = false;
     }
     {
       absl::MutexLock lock(&mu_);
       const bool seen = draining_.load();
-      if (in_flight_count_ != static_cast<int64_t>(in_flight_.size()) || seen != drain_seen_) {
-        in_flight_count_ = static_cast<int64_t>(in_flight_.size());
+      const int64_t held = static_cast<int64_t>(in_flight_.size() + unsaved_.size());
+      if (in_flight_count_ != held || seen != drain_seen_) {
+        in_flight_count_ = held;
         drain_seen_ = seen;
         cv_.SignalAll();
       }
@@ -242,6 +282,7 @@ void EngineWorker::Run() {
     if (st.ok() && !engine_->HasUnfinished()) {
       absl::MutexLock lock(&mu_);
       if (!wake_ && cancels_.empty() && !stop_) {
+        // (Held results are retried at the top of the loop, at least once a second.)
         // Idle: look at the store again at least once a second, whatever woke us or not.
         cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
         feed = true;
@@ -280,19 +321,31 @@ void EngineWorker::Run() {
       }
       clocks_[f.job_id].AddTokens(static_cast<int64_t>(o.new_token_ids.size()));
       if (!o.finished) continue;
+      f.error = o.error;
       c.finish_reason = FinishReasonName(o.finish_reason);
       c.completion_tokens = o.completion_tokens;
       if (absl::Status fs = Finish(o.request_id, f); !fs.ok()) {
+        if (JobStore::IsStorageFailure(fs)) {
+          // The disk is full (or failing): keep the result and go on; it is committed once the
+          // storage takes writes again (RetryUnsaved).
+          if (unsaved_.empty()) {
+            spdlog::error(
+                "engine worker: the job store refused a result ({}); holding results "
+                "and retrying",
+                fs.ToString());
+            next_commit_retry_ = std::chrono::steady_clock::now() + commit_backoff_;
+          }
+          unsaved_.push_back(std::move(f));
+          in_flight_.erase(it);
+          continue;
+        }
         spdlog::error("engine worker: committing a result failed: {}", fs.ToString());
         absl::MutexLock lock(&mu_);
         health_ = fs;
         return;
       }
-      keys_.erase({f.job_id, f.index});
-      const std::string job = f.job_id;
+      Committed(f);
       in_flight_.erase(it);
-      clocks_[job].AddRequests(1);
-      LogIfJobDone(job);
       committed = true;
       feed = true;
     }

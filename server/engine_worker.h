@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -81,6 +82,7 @@ class EngineWorker {
     int64_t index = 0;
     BatchRequest request;
     Completion completion;
+    absl::Status error;  // the engine failed the request (FinishReason::kError)
   };
   void Run();
   void Bump();
@@ -90,6 +92,11 @@ class EngineWorker {
   // After a request of `job` finished: when none of its requests is in flight and the store says
   // it ended, logs its duration, requests, tokens and rate (from its JobClock) and drops the clock.
   void LogIfJobDone(const std::string& job);
+  // After a request's result was committed: the bookkeeping of a finished request.
+  void Committed(const InFlight& f);
+  // Commits the results the storage refused before (the disk full, an I/O error), in order, when
+  // their back-off has passed; keeps the rest. Errors other than the storage's are returned.
+  absl::Status RetryUnsaved();
 
   Engine* engine_;
   JobStore* store_;
@@ -112,7 +119,15 @@ class EngineWorker {
   bool drain_seen_ ABSL_GUARDED_BY(mu_) = false;      // that loop skipped feeding: draining
 
   // Engine thread only.
-  std::map<int64_t, InFlight> in_flight_;           // engine request id -> request
+  std::map<int64_t, InFlight> in_flight_;  // engine request id -> request
+  // Finished requests whose result the storage refused (JobStore::IsStorageFailure): kept in
+  // order, their keys_ kept, committed again with a back-off (0.5 s doubling to 10 s) until the
+  // storage takes them; nothing new is fed meanwhile. Nothing is lost or committed twice: a result
+  // is in the store once (CommitResult is idempotent per index) or still here, or, after a stop,
+  // its request is still pending in the store and runs again.
+  std::deque<InFlight> unsaved_;
+  std::chrono::steady_clock::time_point next_commit_retry_{};
+  std::chrono::milliseconds commit_backoff_{500};
   std::set<std::pair<std::string, int64_t>> keys_;  // (job, index) in flight
   // The clock of every job this process has run requests of, from the first one fed (after a
   // restart: from the restart).

@@ -17,8 +17,8 @@
 // (BEGIN IMMEDIATE ... COMMIT) on a connection in WAL mode with synchronous=FULL: a write that
 // returned OK is on disk, and a crash at any point leaves all of it or none of it. A result is
 // inserted with ON CONFLICT DO NOTHING and the counters move only when a row was inserted, so they
-// always equal the number of result rows. Column encodings (token BLOBs, metadata JSON, page tokens)
-// are in job_store_codec.h.
+// always equal the number of result rows. Column encodings (token BLOBs, metadata JSON, page
+// tokens) are in job_store_codec.h.
 #include "server/job_store.h"
 
 #include <sqlite3.h>
@@ -32,11 +32,13 @@
 #include <random>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "server/job_store_codec.h"
 #include "server/sqlite_db.h"
@@ -58,6 +60,8 @@ constexpr int kBusyTimeoutMs = 10000;           // waiting for another process's
 constexpr int32_t kMaxPageSize = 1000;
 constexpr int kIdHexChars = 24;
 constexpr const char* kDbFileName = "moebatch.db";
+// The key that seals ListJobs page tokens (job_store_codec.h), beside the database.
+constexpr const char* kPageTokenKeyFileName = "page_token.key";
 
 constexpr const char* kSchemaSql = R"sql(
 CREATE TABLE jobs (
@@ -128,8 +132,17 @@ bool IsKnownState(JobState s) {
          v <= static_cast<int>(JobState::kCancelled);
 }
 
+// The id as the caller gave it, cut: a message quoting a 100 KB id would exceed gRPC's metadata
+// limit and hide the error behind RESOURCE_EXHAUSTED.
 absl::Status NotFound(const std::string& job_id) {
-  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  constexpr size_t kMaxIdBytes = 64;
+  std::string id = job_id.substr(0, kMaxIdBytes);
+  while (!id.empty() && id.size() < job_id.size() &&
+         (static_cast<unsigned char>(job_id[id.size()]) & 0xC0) == 0x80) {
+    id.pop_back();  // not inside a UTF-8 character
+  }
+  return absl::NotFoundError(
+      absl::StrCat("job ", id, id.size() < job_id.size() ? "..." : "", " not found"));
 }
 
 // Reads a row of kSelectJob; `seq` receives the job's creation number when not null.
@@ -193,9 +206,24 @@ absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
 
 }  // namespace
 
+// Connections: `db` writes (and reads inside its write transactions), under `mu`; `reader` serves
+// the read-only calls (GetJob, ListJobs, Results, ...) under its own `read_mu`, so that a reader
+// never waits for a write's fsync (WAL mode: readers see the last committed snapshot); and the
+// checkpointer thread moves the WAL into the database file in the background (PASSIVE: it waits
+// for neither), instead of SQLite's automatic checkpoint inside a commit, which held `mu` across
+// the database file's fsync and stalled every call for seconds under load.
 struct JobStore::Impl {
   absl::Mutex mu;
+  absl::Mutex read_mu;
+  sqlite3* reader ABSL_GUARDED_BY(read_mu) = nullptr;
+  absl::Mutex checkpoint_mu;
+  sqlite3* checkpointer ABSL_GUARDED_BY(checkpoint_mu) = nullptr;
+  bool stopping ABSL_GUARDED_BY(checkpoint_mu) = false;
+  std::thread checkpoint_thread;
+  mutable absl::Mutex health_mu;
+  absl::Status health ABSL_GUARDED_BY(health_mu);
   sqlite3* db ABSL_GUARDED_BY(mu) = nullptr;
+  std::optional<PageTokenCodec> page_tokens;  // set by Open; read-only afterwards
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
 
   // "job_" + 24 random hex characters.
@@ -211,8 +239,9 @@ struct JobStore::Impl {
     return id;
   }
 
-  absl::StatusOr<bool> JobExists(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    absl::StatusOr<Statement> stmt = Statement::Prepare(db, "SELECT 1 FROM jobs WHERE id = ?");
+  // On `conn` (db under mu, or reader under read_mu).
+  static absl::StatusOr<bool> JobExists(sqlite3* conn, const std::string& job_id) {
+    absl::StatusOr<Statement> stmt = Statement::Prepare(conn, "SELECT 1 FROM jobs WHERE id = ?");
     if (!stmt.ok()) return stmt.status();
     if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
     return stmt->Step();
@@ -222,6 +251,21 @@ struct JobStore::Impl {
 JobStore::JobStore() : impl_(std::make_unique<Impl>()) {}
 
 JobStore::~JobStore() {
+  {
+    absl::MutexLock lock(&impl_->checkpoint_mu);
+    impl_->stopping = true;
+  }
+  if (impl_->checkpoint_thread.joinable()) impl_->checkpoint_thread.join();
+  {
+    absl::MutexLock lock(&impl_->checkpoint_mu);
+    if (impl_->checkpointer != nullptr) sqlite3_close_v2(impl_->checkpointer);
+    impl_->checkpointer = nullptr;
+  }
+  {
+    absl::MutexLock lock(&impl_->read_mu);
+    if (impl_->reader != nullptr) sqlite3_close_v2(impl_->reader);
+    impl_->reader = nullptr;
+  }
   absl::MutexLock lock(&impl_->mu);
   // The last connection to close checkpoints the WAL into the database file.
   if (impl_->db != nullptr && sqlite3_close_v2(impl_->db) != SQLITE_OK) {
@@ -229,6 +273,30 @@ JobStore::~JobStore() {
   }
   impl_->db = nullptr;
 }
+
+namespace {
+
+// A second connection to the store's file: read-only (the reader) or for checkpoints.
+absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, bool read_only) {
+  sqlite3* db = nullptr;
+  const int flags =
+      (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) | SQLITE_OPEN_NOMUTEX;
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+    std::string message = db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    if (db != nullptr) sqlite3_close_v2(db);
+    return absl::InternalError(absl::StrCat("job store: cannot open ", path, ": ", message));
+  }
+  sqlite3_busy_timeout(db, kBusyTimeoutMs);
+  if (read_only) {
+    if (absl::Status s = Exec(db, "PRAGMA query_only = ON"); !s.ok()) {
+      sqlite3_close_v2(db);
+      return s;
+    }
+  }
+  return db;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data_dir) {
   std::error_code ec;
@@ -238,6 +306,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
         absl::StrCat("cannot create the data directory ", data_dir, ": ", ec.message()));
   }
   const std::string path = (std::filesystem::path(data_dir) / kDbFileName).string();
+  // A store file that exists but is empty held jobs once, or was truncated: worth a warning, since
+  // it opens as a new, empty store.
+  std::error_code size_ec;
+  if (std::filesystem::exists(path, size_ec) && std::filesystem::file_size(path, size_ec) == 0 &&
+      !size_ec) {
+    spdlog::warn(
+        "job store: {} exists but is empty (0 bytes): if this daemon had jobs, they are gone (was "
+        "the file truncated, or the disk full when it was made?); starting with an empty store",
+        path);
+  }
 
   std::unique_ptr<JobStore> store(new JobStore());
   Impl& impl = *store->impl_;
@@ -261,6 +339,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
     return absl::InternalError(absl::StrCat("job store: cannot open ", path, ": ", message));
   }
   sqlite3_busy_timeout(impl.db, kBusyTimeoutMs);
+  auto codec = PageTokenCodec::FromKeyFile(
+      (std::filesystem::path(data_dir) / kPageTokenKeyFileName).string());
+  if (!codec.ok()) return codec.status();
+  impl.page_tokens = *std::move(codec);
 
   // Check what the file is before changing anything in it.
   absl::StatusOr<SchemaCheck> schema = CheckSchema(impl.db, path);
@@ -284,6 +366,27 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
           absl::StrCat("job store: ", path, " cannot use WAL mode (journal_mode is ", mode, ")"));
     }
   }
+  // SQLite's own check of the file (b-trees, pages, freelist; no index contents): a damaged page
+  // found now, with the file named, rather than as INTERNAL on some later CreateJob.
+  {
+    absl::StatusOr<Statement> check = Statement::Prepare(impl.db, "PRAGMA quick_check(5)");
+    if (!check.ok()) return check.status();
+    std::vector<std::string> problems;
+    for (;;) {
+      absl::StatusOr<bool> row = check->Step();
+      if (!row.ok()) {
+        problems.push_back(std::string(row.status().message()));
+        break;
+      }
+      if (!*row) break;
+      if (const std::string text = check->Text(0); text != "ok") problems.push_back(text);
+    }
+    if (!problems.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          "job store ", path, " is damaged (SQLite quick_check: ", absl::StrJoin(problems, "; "),
+          "); restore it from a backup, or move it away to start with an empty store"));
+    }
+  }
   if (absl::Status s = Exec(impl.db, "PRAGMA synchronous = FULL"); !s.ok()) return s;
   if (absl::Status s = Exec(impl.db, "PRAGMA foreign_keys = ON"); !s.ok()) return s;
 
@@ -301,6 +404,34 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
     }
     if (absl::Status s = txn.Commit(); !s.ok()) return s;
   }
+  // No checkpoint inside a commit (see Impl): the checkpointer thread does them.
+  if (absl::Status s = Exec(impl.db, "PRAGMA wal_autocheckpoint = 0"); !s.ok()) return s;
+  {
+    absl::MutexLock read_lock(&impl.read_mu);
+    auto reader = OpenConnection(path, /*read_only=*/true);
+    if (!reader.ok()) return reader.status();
+    impl.reader = *reader;
+  }
+  {
+    absl::MutexLock checkpoint_lock(&impl.checkpoint_mu);
+    auto checkpointer = OpenConnection(path, /*read_only=*/false);
+    if (!checkpointer.ok()) return checkpointer.status();
+    impl.checkpointer = *checkpointer;
+  }
+  impl.checkpoint_thread = std::thread([&impl] {
+    // Every second, or sooner when stopped: a passive checkpoint (copies what no reader needs
+    // from the WAL into the database file; never waits, never blocks a reader or the writer).
+    absl::MutexLock lock(&impl.checkpoint_mu);
+    while (
+        !impl.checkpoint_mu.AwaitWithTimeout(absl::Condition(&impl.stopping), absl::Seconds(1))) {
+      int wal_frames = 0, copied = 0;
+      const int rc = sqlite3_wal_checkpoint_v2(impl.checkpointer, nullptr,
+                                               SQLITE_CHECKPOINT_PASSIVE, &wal_frames, &copied);
+      if (rc != SQLITE_OK && rc != SQLITE_BUSY) {
+        spdlog::warn("job store: checkpoint: {}", sqlite3_errmsg(impl.checkpointer));
+      }
+    }
+  });
   return store;
 }
 
@@ -331,14 +462,13 @@ absl::StatusOr<TenantUsage> ReadUsage(sqlite3* db, const std::string& tenant) {
 }  // namespace
 
 absl::StatusOr<TenantUsage> JobStore::Usage(const std::string& tenant) {
-  absl::MutexLock lock(&impl_->mu);
-  return ReadUsage(impl_->db, tenant);
+  absl::MutexLock lock(&impl_->read_mu);
+  return ReadUsage(impl_->reader, tenant);
 }
 
-absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
-                                              const std::vector<StoredRequest>& requests,
-                                              const std::vector<PrefailedRequest>& prefailed,
-                                              const TenantQuota& quota) {
+absl::StatusOr<JobRecord> JobStore::CreateJobUntracked(
+    JobRecord job, const std::vector<StoredRequest>& requests,
+    const std::vector<PrefailedRequest>& prefailed, const TenantQuota& quota) {
   const int64_t total = static_cast<int64_t>(requests.size() + prefailed.size());
   if (total == 0) return absl::InvalidArgumentError("a job needs at least one request");
   if (job.state != JobState::kValidating && job.state != JobState::kInProgress) {
@@ -391,13 +521,13 @@ absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
     constexpr int kAttempts = 8;  // a collision of 96 random bits is not expected even once
     for (int attempt = 0; attempt < kAttempts && job.id.empty(); ++attempt) {
       std::string id = impl_->NewJobId();
-      absl::StatusOr<bool> exists = impl_->JobExists(id);
+      absl::StatusOr<bool> exists = Impl::JobExists(impl_->db, id);
       if (!exists.ok()) return exists.status();
       if (!*exists) job.id = std::move(id);
     }
     if (job.id.empty()) return absl::InternalError("job store: could not draw an unused job id");
   } else {
-    absl::StatusOr<bool> exists = impl_->JobExists(job.id);
+    absl::StatusOr<bool> exists = Impl::JobExists(impl_->db, job.id);
     if (!exists.ok()) return exists.status();
     if (*exists) return absl::AlreadyExistsError(absl::StrCat("job ", job.id, " already exists"));
   }
@@ -474,9 +604,9 @@ absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
 }
 
 absl::StatusOr<JobRecord> JobStore::GetJob(const std::string& job_id) {
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->read_mu);
   absl::StatusOr<Statement> stmt =
-      Statement::Prepare(impl_->db, std::string(kSelectJob) + "WHERE id = ?");
+      Statement::Prepare(impl_->reader, std::string(kSelectJob) + "WHERE id = ?");
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
   absl::StatusOr<bool> row = stmt->Step();
@@ -499,16 +629,18 @@ absl::StatusOr<JobStore::Page> JobStore::ListJobs(int32_t page_size, const std::
   std::pair<int64_t, int64_t> after(std::numeric_limits<int64_t>::max(),
                                     std::numeric_limits<int64_t>::max());
   if (!page_token.empty()) {
-    std::optional<std::pair<int64_t, int64_t>> decoded = DecodePageToken(page_token);
+    std::optional<std::pair<int64_t, int64_t>> decoded =
+        impl_->page_tokens->Decode(page_token, tenant);
     if (!decoded.has_value()) return absl::InvalidArgumentError("invalid page_token");
     after = *decoded;
   }
 
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->read_mu);
   absl::StatusOr<Statement> stmt = Statement::Prepare(
-      impl_->db, std::string(kSelectJob) +
-                     "WHERE (?1 = 0 OR state = ?1) AND (created_at, seq) < (?2, ?3) "
-                     "AND (?5 = '' OR tenant = ?5) ORDER BY created_at DESC, seq DESC LIMIT ?4");
+      impl_->reader,
+      std::string(kSelectJob) +
+          "WHERE (?1 = 0 OR state = ?1) AND (created_at, seq) < (?2, ?3) "
+          "AND (?5 = '' OR tenant = ?5) ORDER BY created_at DESC, seq DESC LIMIT ?4");
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s = stmt->BindAll(state.has_value() ? static_cast<int64_t>(*state) : int64_t{0},
                                      after.first, after.second, int64_t{page_size} + 1, tenant);
@@ -522,18 +654,26 @@ absl::StatusOr<JobStore::Page> JobStore::ListJobs(int32_t page_size, const std::
     if (!row.ok()) return row.status();
     if (!*row) break;
     if (static_cast<int64_t>(page.jobs.size()) == page_size) {  // there is a next page
-      page.next_page_token = EncodePageToken(page.jobs.back().created_at, last_seq);
+      page.next_page_token =
+          impl_->page_tokens->Encode(page.cursors.back().first, page.cursors.back().second, tenant);
       break;
     }
     absl::StatusOr<JobRecord> job = ReadJob(*stmt, &last_seq);
     if (!job.ok()) return job.status();
+    page.cursors.emplace_back(job->created_at, last_seq);
     page.jobs.push_back(*std::move(job));
   }
   return page;
 }
 
-absl::StatusOr<bool> JobStore::CommitResult(const std::string& job_id, const StoredResult& result,
-                                            int64_t prompt_tokens, int64_t generated_tokens) {
+std::string JobStore::ResumeToken(const Page& page, size_t i, const std::string& tenant) const {
+  return impl_->page_tokens->Encode(page.cursors[i].first, page.cursors[i].second, tenant);
+}
+
+absl::StatusOr<bool> JobStore::CommitResultUntracked(const std::string& job_id,
+                                                     const StoredResult& result,
+                                                     int64_t prompt_tokens,
+                                                     int64_t generated_tokens) {
   if (prompt_tokens < 0 || generated_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative token count (prompt ", prompt_tokens,
                                                    ", generated ", generated_tokens, ")"));
@@ -607,8 +747,8 @@ absl::StatusOr<bool> JobStore::CommitResult(const std::string& job_id, const Sto
   return true;
 }
 
-absl::Status JobStore::SetJobState(const std::string& job_id, JobState state,
-                                   const std::string& error) {
+absl::Status JobStore::SetJobStateUntracked(const std::string& job_id, JobState state,
+                                            const std::string& error) {
   if (!IsKnownState(state)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(state)));
   }
@@ -738,16 +878,16 @@ absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& j
     return absl::InvalidArgumentError(
         absl::StrCat("negative from_index or limit (", from_index, ", ", limit, ")"));
   }
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->read_mu);
   // One read transaction: the job's existence and its results from the same snapshot.
-  Transaction txn(impl_->db);
+  Transaction txn(impl_->reader);
   if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
-  absl::StatusOr<bool> exists = impl_->JobExists(job_id);
+  absl::StatusOr<bool> exists = Impl::JobExists(impl_->reader, job_id);
   if (!exists.ok()) return exists.status();
   if (!*exists) return NotFound(job_id);
 
   absl::StatusOr<Statement> stmt = Statement::Prepare(
-      impl_->db,
+      impl_->reader,
       "SELECT idx, custom_id, line, failed FROM results WHERE job_id = ? AND idx >= ? "
       "ORDER BY idx LIMIT ?");
   if (!stmt.ok()) return stmt.status();
@@ -772,9 +912,9 @@ absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& j
 }
 
 absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountJobsByState() {
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->read_mu);
   absl::StatusOr<Statement> stmt =
-      Statement::Prepare(impl_->db, "SELECT state, count(*) FROM jobs GROUP BY state");
+      Statement::Prepare(impl_->reader, "SELECT state, count(*) FROM jobs GROUP BY state");
   if (!stmt.ok()) return stmt.status();
   std::map<JobState, int64_t> counts;
   for (;;) {
@@ -790,9 +930,9 @@ absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
   if (!IsKnownState(state)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(state)));
   }
-  absl::MutexLock lock(&impl_->mu);
+  absl::MutexLock lock(&impl_->read_mu);
   absl::StatusOr<Statement> stmt =
-      Statement::Prepare(impl_->db, "SELECT id FROM jobs WHERE state = ? ORDER BY seq");
+      Statement::Prepare(impl_->reader, "SELECT id FROM jobs WHERE state = ? ORDER BY seq");
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s = stmt->BindAll(static_cast<int64_t>(state)); !s.ok()) return s;
   std::vector<std::string> ids;
@@ -803,6 +943,63 @@ absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
     ids.push_back(stmt->Text(0));
   }
   return ids;
+}
+
+bool JobStore::IsStorageFailure(const absl::Status& status) {
+  return status.GetPayload(sqlite::kStorageFailurePayload).has_value();
+}
+
+void JobStore::Track(const absl::Status& status) {
+  if (!status.ok() && !IsStorageFailure(status)) return;  // the caller's argument, not the disk
+  absl::MutexLock lock(&impl_->health_mu);
+  if (status.ok() != impl_->health.ok()) {
+    if (status.ok()) {
+      spdlog::info("job store: writes succeed again");
+    } else {
+      spdlog::error("job store: {}", status.ToString());
+    }
+  }
+  impl_->health = status;
+}
+
+absl::Status JobStore::ProbeWrite() {
+  absl::Status st;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    st = Exec(impl_->db,
+              "CREATE TABLE IF NOT EXISTS health_probe(id INTEGER PRIMARY KEY, at INTEGER); "
+              "INSERT OR REPLACE INTO health_probe(id, at) VALUES (1, strftime('%s', 'now'))");
+  }
+  Track(st);
+  return st;
+}
+
+absl::Status JobStore::health() const {
+  absl::MutexLock lock(&impl_->health_mu);
+  return impl_->health;
+}
+
+absl::StatusOr<JobRecord> JobStore::CreateJob(JobRecord job,
+                                              const std::vector<StoredRequest>& requests,
+                                              const std::vector<PrefailedRequest>& prefailed,
+                                              const TenantQuota& quota) {
+  auto created = CreateJobUntracked(std::move(job), requests, prefailed, quota);
+  Track(created.status());
+  return created;
+}
+
+absl::StatusOr<bool> JobStore::CommitResult(const std::string& job_id, const StoredResult& result,
+                                            int64_t prompt_tokens, int64_t generated_tokens) {
+  auto committed = CommitResultUntracked(job_id, result, prompt_tokens, generated_tokens);
+  Track(committed.status());
+  return committed;
+}
+
+absl::Status JobStore::SetJobState(const std::string& job_id, JobState state,
+                                   const std::string& error) {
+  absl::Status st = SetJobStateUntracked(job_id, state, error);
+  Track(st);
+  return st;
 }
 
 }  // namespace moebatch

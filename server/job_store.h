@@ -115,9 +115,14 @@ class JobStore {
   struct Page {
     std::vector<JobRecord> jobs;
     std::string next_page_token;  // "" on the last page
+    // cursors[i]: where the page after jobs[i] starts, (created_at, creation number); ResumeToken
+    // seals one for a caller that returns only the first i + 1 jobs (e.g. to bound a reply).
+    std::vector<std::pair<int64_t, int64_t>> cursors;
   };
   absl::StatusOr<Page> ListJobs(int32_t page_size, const std::string& page_token,
                                 std::optional<JobState> state, const std::string& tenant = "");
+  // The page token of the page that starts after page.jobs[i], for the same `tenant` as ListJobs.
+  std::string ResumeToken(const Page& page, size_t i, const std::string& tenant) const;
 
   // Stores the result of request `index` and updates the job's counters and token sums in one
   // transaction. Returns false (and changes nothing) when that index already has a result.
@@ -130,6 +135,17 @@ class JobStore {
   // FailedPrecondition when the job is already in another terminal state (it stays there).
   absl::Status SetJobState(const std::string& job_id, JobState state,
                            const std::string& error = "");
+
+  // Whether the storage works: OK, or the failure of the last write the disk or the file caused
+  // (ResourceExhausted: the disk is full; DataLoss: the file is damaged; Unavailable: an I/O
+  // error), until a write succeeds again. The daemon reports NOT_SERVING while it is not OK.
+  absl::Status health() const;
+  // A small write (a row of its own table) that updates health() like any write: how the daemon
+  // notices that the disk has space again when nothing else is writing.
+  absl::Status ProbeWrite();
+  // Whether `status` came from the storage (disk full, damaged file, I/O error), so retrying later
+  // may succeed, rather than from the arguments.
+  static bool IsStorageFailure(const absl::Status& status);
 
   // Requests without a result, of jobs in IN_PROGRESS or VALIDATING: round robin over the tenants
   // in name order, starting with the first tenant after `after_tenant` (wrapping around; "" starts
@@ -154,6 +170,16 @@ class JobStore {
  private:
   struct Impl;
   JobStore();
+  // The writes, as the public ones but without updating health(), which those do with the result.
+  absl::StatusOr<JobRecord> CreateJobUntracked(JobRecord job,
+                                               const std::vector<StoredRequest>& requests,
+                                               const std::vector<PrefailedRequest>& prefailed,
+                                               const TenantQuota& quota);
+  absl::StatusOr<bool> CommitResultUntracked(const std::string& job_id, const StoredResult& result,
+                                             int64_t prompt_tokens, int64_t generated_tokens);
+  absl::Status SetJobStateUntracked(const std::string& job_id, JobState state,
+                                    const std::string& error);
+  void Track(const absl::Status& status);
   std::unique_ptr<Impl> impl_;
 };
 

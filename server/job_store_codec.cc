@@ -1,8 +1,17 @@
 // Column encodings of the job store (job_store_codec.h).
 #include "server/job_store_codec.h"
 
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -62,55 +71,97 @@ absl::StatusOr<std::map<std::string, std::string>> DecodeMetadata(const std::str
 
 namespace {
 
-// FNV-1a (salted) of a page token's 16 payload bytes.
-uint32_t TokenCheck(const uint8_t* bytes, size_t n) {
-  uint32_t h = 0x811c9dc5u ^ 0x6d6f6562u;  // FNV-1a, salted
+constexpr size_t kNonceBytes = 12, kTagBytes = 16, kPayloadBytes = 16;
+
+std::string Hex(const unsigned char* bytes, size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
   for (size_t i = 0; i < n; ++i) {
-    h ^= bytes[i];
-    h *= 0x01000193u;
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 0xf];
   }
-  return h;
+  return out;
 }
 
 }  // namespace
 
-std::string EncodePageToken(int64_t created_at, int64_t seq) {
-  std::array<uint8_t, 20> bytes{};
-  for (int i = 0; i < 8; ++i) {
-    bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(created_at) >> (56 - 8 * i));
-    bytes[8 + i] = static_cast<uint8_t>(static_cast<uint64_t>(seq) >> (56 - 8 * i));
+absl::StatusOr<PageTokenCodec> PageTokenCodec::FromKeyFile(const std::string& path) {
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string key((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.good() || in.eof()) {
+      if (key.size() == kKeyBytes) return PageTokenCodec(key);
+    }
   }
-  uint32_t check = TokenCheck(bytes.data(), 16);
-  for (int i = 0; i < 4; ++i) bytes[16 + i] = static_cast<uint8_t>(check >> (24 - 8 * i));
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (uint8_t b : bytes) {
-    token += kHex[b >> 4];
-    token += kHex[b & 0xf];
+  std::string key(kKeyBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(kKeyBytes)) != 1) {
+    return absl::InternalError("job store: no random bytes for the page token key");
   }
-  return token;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || ::write(fd, key.data(), key.size()) != static_cast<ssize_t>(key.size()) ||
+      ::fsync(fd) != 0) {
+    const std::string error = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return absl::InternalError(absl::StrCat("job store: cannot write ", path, ": ", error));
+  }
+  ::close(fd);
+  return PageTokenCodec(key);
 }
 
-std::optional<std::pair<int64_t, int64_t>> DecodePageToken(const std::string& token) {
-  std::array<uint8_t, 20> bytes{};
-  if (token.size() != bytes.size() * 2) return std::nullopt;
+std::string PageTokenCodec::Encode(int64_t created_at, int64_t seq,
+                                   const std::string& tenant) const {
+  unsigned char plain[kPayloadBytes];
+  for (int i = 0; i < 8; ++i) {
+    plain[i] = static_cast<unsigned char>(static_cast<uint64_t>(created_at) >> (56 - 8 * i));
+    plain[8 + i] = static_cast<unsigned char>(static_cast<uint64_t>(seq) >> (56 - 8 * i));
+  }
+  unsigned char out[kNonceBytes + kPayloadBytes + kTagBytes];
+  RAND_bytes(out, kNonceBytes);
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  int n = 0;
+  EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr,
+                     reinterpret_cast<const unsigned char*>(key_.data()), out);
+  EVP_EncryptUpdate(ctx, nullptr, &n, reinterpret_cast<const unsigned char*>(tenant.data()),
+                    static_cast<int>(tenant.size()));
+  EVP_EncryptUpdate(ctx, out + kNonceBytes, &n, plain, kPayloadBytes);
+  EVP_EncryptFinal_ex(ctx, out + kNonceBytes + n, &n);
+  EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kTagBytes, out + kNonceBytes + kPayloadBytes);
+  EVP_CIPHER_CTX_free(ctx);
+  return Hex(out, sizeof(out));
+}
+
+std::optional<std::pair<int64_t, int64_t>> PageTokenCodec::Decode(const std::string& token,
+                                                                  const std::string& tenant) const {
+  unsigned char in[kNonceBytes + kPayloadBytes + kTagBytes];
+  if (token.size() != sizeof(in) * 2) return std::nullopt;
   auto nibble = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     return -1;
   };
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    int hi = nibble(token[2 * i]), lo = nibble(token[2 * i + 1]);
+  for (size_t i = 0; i < sizeof(in); ++i) {
+    const int hi = nibble(token[2 * i]), lo = nibble(token[2 * i + 1]);
     if (hi < 0 || lo < 0) return std::nullopt;
-    bytes[i] = static_cast<uint8_t>(hi << 4 | lo);
+    in[i] = static_cast<unsigned char>(hi << 4 | lo);
   }
-  uint32_t check = 0;
-  for (int i = 0; i < 4; ++i) check = check << 8 | bytes[16 + i];
-  if (check != TokenCheck(bytes.data(), 16)) return std::nullopt;
+  unsigned char plain[kPayloadBytes];
+  EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+  int n = 0;
+  bool ok =
+      EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr,
+                         reinterpret_cast<const unsigned char*>(key_.data()), in) == 1 &&
+      EVP_DecryptUpdate(ctx, nullptr, &n, reinterpret_cast<const unsigned char*>(tenant.data()),
+                        static_cast<int>(tenant.size())) == 1 &&
+      EVP_DecryptUpdate(ctx, plain, &n, in + kNonceBytes, kPayloadBytes) == 1 &&
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kTagBytes, in + kNonceBytes + kPayloadBytes) ==
+          1 &&
+      EVP_DecryptFinal_ex(ctx, plain + n, &n) == 1;
+  EVP_CIPHER_CTX_free(ctx);
+  if (!ok) return std::nullopt;
   uint64_t created_at = 0, seq = 0;
   for (int i = 0; i < 8; ++i) {
-    created_at = created_at << 8 | bytes[i];
-    seq = seq << 8 | bytes[8 + i];
+    created_at = created_at << 8 | plain[i];
+    seq = seq << 8 | plain[8 + i];
   }
   if (static_cast<int64_t>(seq) < 1) return std::nullopt;
   return std::make_pair(static_cast<int64_t>(created_at), static_cast<int64_t>(seq));

@@ -23,10 +23,27 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokenIds(const std::string& bytes);
 absl::StatusOr<std::string> EncodeMetadata(const std::map<std::string, std::string>& metadata);
 absl::StatusOr<std::map<std::string, std::string>> DecodeMetadata(const std::string& text);
 
-// ListJobs page tokens: 40 lowercase hex digits = created_at and seq (big-endian int64 each) of
-// the page's last job, then a 32-bit check, so that a token this store did not produce is refused
-// (nullopt) rather than misread. Decoding also refuses seq < 1.
-std::string EncodePageToken(int64_t created_at, int64_t seq);
-std::optional<std::pair<int64_t, int64_t>> DecodePageToken(const std::string& token);
+// ListJobs page tokens, opaque per tenant: created_at and seq of the page's last job (big-endian
+// int64 each) sealed with AES-256-GCM under the store's key (a 12-byte random nonce, the 16-byte
+// tag; the listing's tenant as associated data), as lowercase hex. A tenant learns nothing from a
+// token (the global job sequence is hidden), cannot forge one, and a token made for one tenant's
+// listing is refused for another's. Decoding refuses (nullopt) anything this key did not seal for
+// that tenant, and seq < 1.
+class PageTokenCodec {
+ public:
+  static constexpr size_t kKeyBytes = 32;
+  // The key file under the data dir: read when it holds kKeyBytes bytes, else (missing, or a
+  // damaged one) made anew from OpenSSL's RAND_bytes with mode 0600 (tokens handed out earlier are
+  // then refused). Internal when it can be neither read nor written.
+  static absl::StatusOr<PageTokenCodec> FromKeyFile(const std::string& path);
+  explicit PageTokenCodec(const std::string& key) : key_(key) {}
+
+  std::string Encode(int64_t created_at, int64_t seq, const std::string& tenant) const;
+  std::optional<std::pair<int64_t, int64_t>> Decode(const std::string& token,
+                                                    const std::string& tenant) const;
+
+ private:
+  std::string key_;  // kKeyBytes
+};
 
 }  // namespace moebatch

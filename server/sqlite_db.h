@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -21,9 +22,38 @@ namespace moebatch::sqlite {
 // Debian's Abseil has its own absl::string_view, which std::string_view does not convert to.
 inline absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// The payload key marking a status that the storage caused (disk full, damaged file, I/O error),
+// as opposed to a bad argument or a missing job: JobStore::health() follows those.
+inline constexpr char kStorageFailurePayload[] = "moebatch.job_store.storage";
+
+// An SQLite failure as a status whose code says what the caller can do about it: the disk full
+// (ResourceExhausted, naming the database's file: the data dir needs space), the file damaged
+// (DataLoss), an I/O error (Unavailable: it may pass), anything else Internal.
 inline absl::Status SqliteError(sqlite3* db, std::string_view what) {
-  return absl::InternalError(absl::StrCat("job store: ", Sv(what), ": ", sqlite3_errmsg(db),
-                                          " (SQLite code ", sqlite3_extended_errcode(db), ")"));
+  const int code = sqlite3_extended_errcode(db);
+  const char* file = sqlite3_db_filename(db, "main");
+  const std::string message =
+      absl::StrCat("job store: ", Sv(what), ": ", sqlite3_errmsg(db), " (SQLite code ", code, ")");
+  absl::Status status;
+  switch (code & 0xff) {
+    case SQLITE_FULL:
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          message, "; the disk of ", file != nullptr ? file : "the data dir",
+          " is full: free space there (nothing is lost; committing resumes by itself)"));
+      break;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      status = absl::DataLossError(
+          absl::StrCat(message, "; ", file != nullptr ? file : "the store", " is damaged"));
+      break;
+    case SQLITE_IOERR:
+      status = absl::UnavailableError(message);
+      break;
+    default:
+      return absl::InternalError(message);
+  }
+  status.SetPayload(kStorageFailurePayload, absl::Cord("1"));
+  return status;
 }
 
 // The start of a statement, to name it in an error message.

@@ -27,6 +27,7 @@ class Tally:
     def __init__(self):
         self.lock = threading.Lock()
         self.calls = {}      # RPC name -> calls made
+        self.seconds = {}    # unary RPC name -> the latency of each call, seconds
         self.failures = []   # (seconds since the start, RPC, status code, message)
         self.bad = []        # wrong answers: (seconds, description)
         self.jobs = self.requests = self.tokens = 0
@@ -34,8 +35,13 @@ class Tally:
     def call(self, t0, name, fn, *args, **kwargs):
         with self.lock:
             self.calls[name] = self.calls.get(name, 0) + 1
+        start = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if name in ("CreateJob", "GetJob", "ListJobs"):  # unary: the latency a caller sees
+                with self.lock:
+                    self.seconds.setdefault(name, []).append(time.perf_counter() - start)
+            return result
         except ClientError as e:
             with self.lock:
                 self.failures.append((round(time.time() - t0, 2), name, e.code.name, e.message))
@@ -142,6 +148,11 @@ def test_64_clients_for_60s_no_failures_stable_memory(daemon):
     print(f"\nRSS samples (s, MiB): "
           f"{[(round(s[0]), round(s[1] / MIB, 1)) for s in samples[::max(1, len(samples) // 20)]]}")
     print(f"calls by RPC: {dict(sorted(tally.calls.items()))}; daemon CPU {cpu:.1f} s")
+    for name, secs in sorted(tally.seconds.items()):
+        secs = sorted(secs)
+        pct = lambda q: secs[min(len(secs) - 1, int(q * len(secs)))] * 1e3  # noqa: E731
+        print(f"LATENCY {name}: {len(secs)} calls, p50 {pct(0.5):.1f} ms, p99 {pct(0.99):.1f} ms, "
+              f"max {secs[-1] * 1e3:.1f} ms")
     print(f"LOAD SUMMARY: {N_CLIENTS} clients x {SECONDS:g} s (ran {elapsed:.1f} s): "
           f"{calls} calls, {len(tally.failures)} failed, {len(tally.bad)} wrong answers; "
           f"{tally.jobs} jobs, {tally.requests} requests, {tally.tokens} generated tokens; "

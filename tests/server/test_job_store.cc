@@ -498,6 +498,40 @@ TEST_CASE("JobStore: unknown job ids are NotFound", "[job_store]") {
   CHECK(none->empty());
 }
 
+TEST_CASE("JobStore: a damaged file is found at Open, named, and left as it was", "[job_store]") {
+  TempDir dir;
+  {
+    std::unique_ptr<JobStore> store = OpenOk(dir.str());
+    for (int i = 0; i < 40; ++i) CreateOk(*store, 20);
+  }  // the last close checkpoints the WAL into the file
+  const uintmax_t size = fs::file_size(dir.db());
+  REQUIRE(size > 16 * 4096);
+  {
+    // A zeroed 4 KiB page in the middle (SQLite's default page size).
+    std::fstream f(dir.db(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>((size / 4096 / 2) * 4096));
+    const std::string zeros(4096, '\0');
+    f.write(zeros.data(), zeros.size());
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.str());
+  CHECK(store.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(store.status().message(), "moebatch.db"));
+  CHECK(absl::StrContains(store.status().message(), "quick_check"));
+  CHECK(fs::file_size(dir.db()) == size);
+}
+
+TEST_CASE("JobStore: health follows the storage, not the callers' mistakes", "[job_store]") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  CHECK(store->health().ok());
+  // A refused argument or an unknown job says nothing about the disk.
+  CHECK(store->CreateJob(JobRecord{}, {}, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(store->SetJobState("job_nope", JobState::kCancelled).code() == absl::StatusCode::kNotFound);
+  CHECK(store->health().ok());
+  CHECK_FALSE(JobStore::IsStorageFailure(absl::ResourceExhaustedError("quota")));
+}
+
 TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_store]") {
   TempDir dir;
   SECTION("a text file") {
@@ -578,6 +612,42 @@ TEST_CASE("JobStore: jobs belong to a tenant; ListJobs filters by tenant", "[job
   REQUIRE(second->jobs.size() == 1);
   CHECK(second->jobs[0].id == a1.id);
   CHECK(second->next_page_token.empty());
+}
+
+TEST_CASE("JobStore: page tokens are opaque and bound to their tenant", "[job_store][tenant]") {
+  TempDir dir;
+  JobRecord a, b;
+  a.tenant = "team-a";
+  b.tenant = "team-b";
+  std::string token_a, token_b;
+  {
+    std::unique_ptr<JobStore> store = OpenOk(dir.str());
+    for (int i = 0; i < 3; ++i) CreateOk(*store, 1, a);
+    for (int i = 0; i < 3; ++i) CreateOk(*store, 1, b);
+    absl::StatusOr<JobStore::Page> pa = store->ListJobs(1, "", std::nullopt, "team-a");
+    absl::StatusOr<JobStore::Page> pb = store->ListJobs(1, "", std::nullopt, "team-b");
+    REQUIRE((pa.ok() && pb.ok()));
+    token_a = pa->next_page_token;
+    token_b = pb->next_page_token;
+    // The same position listed twice gives two different tokens (a fresh nonce each): nothing in
+    // a token counts jobs.
+    CHECK(store->ListJobs(1, "", std::nullopt, "team-a")->next_page_token != token_a);
+    // Another tenant's token, a token with one digit changed, and a made-up one are refused.
+    for (const std::string& bad :
+         {token_b, token_a.substr(0, token_a.size() - 1) + (token_a.back() == '0' ? "1" : "0"),
+          std::string(token_a.size(), '0')}) {
+      absl::StatusOr<JobStore::Page> refused = store->ListJobs(1, bad, std::nullopt, "team-a");
+      CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    }
+  }
+  // The key lives in the data dir: tokens outlive a restart.
+  std::unique_ptr<JobStore> reopened = OpenOk(dir.str());
+  absl::StatusOr<JobStore::Page> next = reopened->ListJobs(1, token_a, std::nullopt, "team-a");
+  REQUIRE(next.ok());
+  REQUIRE(next->jobs.size() == 1);
+  CHECK(next->jobs[0].tenant == "team-a");
+  CHECK((fs::status(fs::path(dir.str()) / "page_token.key").permissions() &
+         fs::perms::others_read) == fs::perms::none);
 }
 
 TEST_CASE("JobStore: pending requests take turns across tenants", "[job_store][tenant]") {
