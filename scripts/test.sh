@@ -19,6 +19,15 @@ ctest --test-dir "$build" --output-on-failure -j "${JOBS:-$(nproc)}"
 client/python/run_tests.sh "$root/.deps/venv-client"
 # The Go client: Debian's Go packages, generated code, moebatch-go, go vet and its unit tests.
 client/go/build.sh "$build/client-go"
+# promtool (Debian's prometheus package) lints the daemon's metrics in the integration tests.
+if ! command -v promtool >/dev/null; then
+  sudo_cmd=(); [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  install_promtool() {
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
+      --no-install-recommends prometheus >/dev/null
+  }
+  install_promtool || { "${sudo_cmd[@]}" apt-get update -qq && install_promtool; }
+fi
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
   "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
 # libFuzzer targets (tests/fuzz): clang build in build-fuzz, 60 s each, fails on any crash.

@@ -160,7 +160,12 @@ void ListenSocketOptions(socket_t fd) {
 
 // The HTTP worker threads (std::thread: default stacks). httplib::ThreadPool, but its constructor
 // would std::terminate when a thread cannot be started (a joinable std::thread destroyed) and its
-// destructor does not join; this one throws, and joins in both.
+// destructor does not join; this one throws, and joins in both. And it serves the newest
+// connection first: each connection holds a thread until its request has arrived or the read
+// timeout (2 s) passes, so with connections served in arrival order, a few hundred that send part
+// of a request and wait would hold a scrape behind them for minutes; newest first, a scrape waits
+// for one thread to come free, 2 s at most, whatever is queued. The older ones are still served
+// (or time out) when the threads are idle.
 class WorkerPool : public httplib::TaskQueue {
  public:
   explicit WorkerPool(size_t n) {
@@ -199,9 +204,9 @@ class WorkerPool : public httplib::TaskQueue {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        if (jobs_.empty()) return;      // stopping
+        job = std::move(jobs_.back());  // newest first
+        jobs_.pop_back();
       }
       try {
         job();  // httplib catches the handler's exceptions; this is for anything else
@@ -355,12 +360,12 @@ struct DaemonMetrics::Impl {
     last_pass_micro_batches = &Build(prometheus::BuildGauge(), "moebatch_last_pass_micro_batches",
                                      "Micro-batches of the last pass (2 when VSLPipe split it)", r)
                                    .Add({});
-    s_mbu = &Build(prometheus::BuildGauge(), "moebatch_s_mbu",
+    s_mbu = &Build(prometheus::BuildGauge(), "moebatch_sparse_mbu_ratio",
                    "Sparse memory-bandwidth utilisation (MoE-CAP S-MBU) of the last pass; 0 when "
                    "the memory peak is unknown",
                    r)
                  .Add({});
-    s_mfu = &Build(prometheus::BuildGauge(), "moebatch_s_mfu",
+    s_mfu = &Build(prometheus::BuildGauge(), "moebatch_sparse_mfu_ratio",
                    "Sparse FLOP utilisation (MoE-CAP S-MFU) of the last pass; 0 when the compute "
                    "peak is unknown",
                    r)

@@ -50,7 +50,8 @@
 //     moebatch_engine_sequences{state}      gauge    sequences in the engine, "waiting"|"running"
 //     moebatch_last_pass_tokens             gauge    tokens in the last pass
 //     moebatch_last_pass_micro_batches      gauge    its micro-batches (2 when VSLPipe split it)
-//     moebatch_s_mbu, moebatch_s_mfu        gauge    MoE-CAP sparse memory-bandwidth / FLOP
+//     moebatch_sparse_mbu_ratio, moebatch_sparse_mfu_ratio
+//                                           gauge    MoE-CAP sparse memory-bandwidth / FLOP
 //                                                    utilisation of the last pass, 0..1 (0 when the
 //                                                    peak is unknown: --peak_memory_gbs,
 //                                                    --peak_tflops)

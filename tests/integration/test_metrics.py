@@ -2,6 +2,8 @@
 jobs by state, results, tokens, passes and the pass-time histogram, KV blocks, readiness."""
 import json
 import re
+import shutil
+import subprocess
 import urllib.request
 
 from conftest import MODEL, Daemon, free_port
@@ -9,8 +11,12 @@ from conftest import MODEL, Daemon, free_port
 GOLDEN = [json.loads(l) for l in open(MODEL / "golden.jsonl")]
 
 
+def scrape_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = scrape_text(port)
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -55,3 +61,26 @@ def test_metrics_endpoint_counts_a_job(tmp_path):
     finally:
         d.stop()
     assert d.proc.returncode == 0
+
+
+def test_promtool_accepts_the_exposition(tmp_path):
+    """Prometheus' own linter (promtool, Debian's prometheus package, installed by
+    scripts/test.sh) passes the daemon's metrics: names, units, types, help."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not installed (Debian package prometheus; scripts/test.sh installs it)"
+    port = free_port()
+    d = Daemon(tmp_path / "data", ["--metrics_listen", f"127.0.0.1:{port}"]).start()
+    try:
+        from moebatch import Client
+        c = Client(d.addr, timeout=30)
+        job = c.create_job(requests=[{"custom_id": "a", "method": "POST",
+                                      "url": "/v1/completions",
+                                      "body": {"prompt": [1, 2], "max_tokens": 2}}])
+        c.wait(job.id)
+        text = scrape_text(port)
+    finally:
+        d.stop()
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), \
+        out.stdout + out.stderr

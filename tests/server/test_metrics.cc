@@ -4,6 +4,7 @@
 #include <link.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -296,8 +297,8 @@ TEST_CASE("metrics: counters are the engine's deltas, gauges its last pass") {
   CHECK(s.at("moebatch_busy_fraction{unit=\"device\"}") == Approx(0.8));
   CHECK(s.at("moebatch_busy_fraction{unit=\"cpu_attention\"}") == Approx(0.4));
   CHECK(s.at("moebatch_busy_fraction{unit=\"weight_transfer\"}") == Approx(0.2));
-  CHECK(s.at("moebatch_s_mbu") == Approx(0.5));
-  CHECK(s.at("moebatch_s_mfu") == Approx(0.0625));
+  CHECK(s.at("moebatch_sparse_mbu_ratio") == Approx(0.5));
+  CHECK(s.at("moebatch_sparse_mfu_ratio") == Approx(0.0625));
   CHECK(s.at("moebatch_achieved_memory_bytes_per_second") == Approx(2e9));
   CHECK(s.at("moebatch_achieved_flops_per_second") == Approx(3e12));
 
@@ -442,11 +443,27 @@ TEST_CASE("metrics: an address that cannot be bound or parsed is a clear error")
   // The first endpoint is unharmed.
   CHECK(ScrapeHttp(*first).at("moebatch_ready") == 0);
 
-  for (const char* bad :
-       {"", "::1", "::1:9464", "127.0.0.1:70000", "127.0.0.1:", ":9464", "999.1.1.1:80",
-        "127.0.0.1:9464s", "127.0.0.1:1,127.0.0.1:2", "local host:1", "[::1]", "[::1", "[::1]9464",
-        "[::1]:", "[]:9464", "[127.0.0.1]:9464", "[zz::1]:9464", "[fe80::1%lo]:9464",
-        "[::1]:9464x", "-1", "1.2:80"}) {
+  for (const char* bad : {"",
+                          "::1",
+                          "::1:9464",
+                          "127.0.0.1:70000",
+                          "127.0.0.1:",
+                          ":9464",
+                          "999.1.1.1:80",
+                          "127.0.0.1:9464s",
+                          "127.0.0.1:1,127.0.0.1:2",
+                          "local host:1",
+                          "[::1]",
+                          "[::1",
+                          "[::1]9464",
+                          "[::1]:",
+                          "[]:9464",
+                          "[127.0.0.1]:9464",
+                          "[zz::1]:9464",
+                          "[fe80::1%lo]:9464",
+                          "[::1]:9464x",
+                          "-1",
+                          "1.2:80"}) {
     INFO("address \"" << bad << "\"");
     auto m = DaemonMetrics::Create(bad);
     REQUIRE_FALSE(m.ok());
@@ -504,6 +521,35 @@ TEST_CASE("metrics: more concurrent scrapes than HTTP threads") {
   }
   for (std::thread& t : scrapers) t.join();
   for (int n : served) CHECK(n == 10);
+}
+
+TEST_CASE("metrics: a scrape answers while hundreds of connections send half a request") {
+  auto m = DaemonMetrics::Create("127.0.0.1:0", MetricsOptions{});
+  REQUIRE(m.ok());
+  // 300 connections that each send the start of a request and then wait, holding what they get.
+  std::vector<int> stalled;
+  for (int i = 0; i < 300; ++i) {
+    const int fd = TryConnectLoopback((*m)->port(), AF_INET);
+    REQUIRE(fd >= 0);
+    const std::string partial = "GET /metr";
+    REQUIRE(send(fd, partial.data(), partial.size(), 0) == static_cast<ssize_t>(partial.size()));
+    stalled.push_back(fd);
+  }
+  // A normal scrape, which gives up after 8 s without an answer (Prometheus' default scrape
+  // timeout is 10 s).
+  const int fd = TryConnectLoopback((*m)->port(), AF_INET);
+  REQUIRE(fd >= 0);
+  timeval timeout{8, 0};
+  REQUIRE(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout)) == 0);
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  REQUIRE(send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
+  close(fd);
+  CHECK(StatusCode(response) == 200);
+  CHECK(response.find("moebatch_ready") != std::string::npos);
+  for (int s : stalled) close(s);
 }
 
 TEST_CASE("metrics: the destructor stops the server promptly") {
@@ -566,8 +612,7 @@ TEST_CASE("metrics: serves with cuBLAS's static TLS in every thread") {
   INFO("static TLS " << StaticTlsBytes() << " bytes");
   REQUIRE(StaticTlsBytes() > 96 * 1024);
 #else
-  WARN("built without CUDA: the static TLS here is " << StaticTlsBytes()
-                                                     << " bytes, not cuBLAS's");
+  WARN("built without CUDA: the static TLS here is " << StaticTlsBytes() << " bytes, not cuBLAS's");
 #endif
   FakeClock clock;
   auto m = Make(&clock);
