@@ -155,8 +155,8 @@ absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, con
 // --- Greedy decoding -----------------------------------------------------------------------------
 
 // torch.argmax(logits, dim=-1), as Sampler's greedy path (std::max_element): ids[r] = the index of
-// the largest of x[r, 0..n), the first maximum winning (ties go to the lower index). Which index
-// wins when a row holds NaN is unspecified. x [rows, n] f32, ids [rows] int32;
+// the largest of x[r, 0..n), the first maximum winning (ties go to the lower index); -1 for a row
+// that holds a NaN or an infinity. x [rows, n] f32, ids [rows] int32;
 // 1 <= n < 2^31. One block per row, so the result does not depend on how many rows there are.
 absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids, cudaStream_t stream);
 

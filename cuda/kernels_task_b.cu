@@ -235,24 +235,33 @@ __global__ void __launch_bounds__(kRowThreads)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Each thread's first maximum over its strided indices (visited in increasing order); a thread
   // with no index holds (-inf, n), which any real element beats or ties with a lower index.
+  __shared__ int warp_bad[kRowThreads / 32];
   float v = -INFINITY;
   int i = n;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) TakeBetter(v, i, row[j], j);
+  int bad = 0;  // a NaN or an infinity seen
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    bad |= !isfinite(row[j]);
+    TakeBetter(v, i, row[j], j);
+  }
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other_v = __shfl_xor_sync(0xffffffffu, v, offset);
     const int other_i = __shfl_xor_sync(0xffffffffu, i, offset);
+    bad |= __shfl_xor_sync(0xffffffffu, bad, offset);
     TakeBetter(v, i, other_v, other_i);
   }
   if (lane == 0) {
     warp_v[warp] = v;
     warp_i[warp] = i;
+    warp_bad[warp] = bad;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
       TakeBetter(v, i, warp_v[w], warp_i[w]);
-    ids[blockIdx.x] = i < n ? i : 0;  // a row of NaN only: index 0, as std::max_element
+      bad |= warp_bad[w];
+    }
+    ids[blockIdx.x] = bad ? -1 : i;
   }
 }
 

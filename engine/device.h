@@ -6,8 +6,8 @@
 //   task B (device):  h += attn Woᵀ; x = RMSNorm(h); router softmax -> top-k -> experts; h += moe
 // and, around the layers, the embedding gather and the final RMSNorm + lm_head. A Device does the
 // device side of that; engine/model_runner.h drives the layer loop and the CPU task, the same code
-// for every backend (the cpu backend, cpu_attention/backend/cpu_device.h, and the cuda backend in cuda/). Nothing
-// here names CUDA.
+// for every backend (the cpu backend, cpu_attention/backend/cpu_device.h, and the cuda backend in
+// cuda/). Nothing here names CUDA.
 //
 // Micro-batches: a pass may be split into up to kMaxMicroBatches micro-batches (VSLPipe's alpha and
 // beta, MoE-Lens §6.4), each with its own hidden state on the device, so that task A/B of one can
@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -42,12 +43,12 @@ struct ForwardStats {
   int64_t expert_token_pairs = 0;  // sum over layers of tokens routed to each expert (top-k each)
   int64_t experts_touched = 0;     // sum over layers of experts with at least one token
   int micro_batches = 0;
-  double pass_seconds = 0;             // the whole Forward
-  double device_seconds = 0;           // inside Device calls (tasks A/B, embedding, lm_head)
-  double cpu_attention_seconds = 0;    // inside the CPU task (K/V append + attention)
-  double weight_transfer_seconds = 0;  // weight copies in flight (Device::counters)
-  int64_t weight_bytes = 0;            // weight bytes copied to the device
-  int64_t kv_tokens_read = 0;          // sum of the sequences' context lengths (per layer)
+  double pass_seconds = 0;              // the whole Forward
+  double device_seconds = 0;            // inside Device calls (tasks A/B, embedding, lm_head)
+  double cpu_attention_seconds = 0;     // inside the CPU task (K/V append + attention)
+  double weight_transfer_seconds = 0;   // weight copies in flight (Device::counters)
+  int64_t weight_bytes = 0;             // weight bytes copied to the device
+  int64_t kv_tokens_read = 0;           // sum of the sequences' context lengths (per layer)
   int64_t device_attention_tokens = 0;  // rows whose attention the device computed (prefill)
 };
 
@@ -104,9 +105,9 @@ class Device {
   // Task A of `layer` for the micro-batch: writes q [tokens, num_heads, head_dim] and
   // k, v [tokens, num_kv_heads, head_dim] (f32, RoPE applied to q and k), and attends the rows of
   // the prefill segments (SetPrefillSegments): causal over the segment, GQA, the model's sliding
-  // window, scale head_dim^-0.5 (the math of cpu_attention/attention/paged_attention.h). The device either
-  // writes their attention output into attn [tokens, num_heads, head_dim] f32, which its TaskB
-  // then reads, or keeps and applies it itself (the cuda backend: it never crosses PCIe), in
+  // window, scale head_dim^-0.5 (the math of cpu_attention/attention/paged_attention.h). The device
+  // either writes their attention output into attn [tokens, num_heads, head_dim] f32, which its
+  // TaskB then reads, or keeps and applies it itself (the cuda backend: it never crosses PCIe), in
   // which case TaskB ignores those rows of attn. Either way the caller leaves the segments' rows
   // of attn alone; q of those rows may be left unwritten (nothing reads it). attn may be null when
   // there are no segments.
@@ -123,9 +124,10 @@ class Device {
   virtual absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) = 0;
 
   // Greedy decoding's next tokens: token_ids [n] int32, token_ids[i] = the argmax of Logits' row i,
-  // the first maximum winning (torch.argmax; Sampler with temperature 0). Which row wins among NaN
-  // logits is unspecified. A device that computes logits away from the host overrides it to move n
-  // token ids instead of n x vocab_size logits; this default scans Logits on the host.
+  // the first maximum winning (torch.argmax; Sampler with temperature 0), or -1 when the row holds
+  // a NaN or an infinity (the engine fails that request). A device that computes logits away from
+  // the host overrides it to move n token ids instead of n x vocab_size logits; this default scans
+  // Logits on the host.
   virtual absl::Status GreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
                                     int32_t* token_ids) {
     const int64_t vocab = config().vocab_size;
@@ -133,7 +135,8 @@ class Device {
     if (absl::Status st = Logits(micro_batch, rows, n, logits.data()); !st.ok()) return st;
     for (int64_t i = 0; i < n; ++i) {
       const float* row = logits.data() + i * vocab;
-      token_ids[i] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      const bool finite = std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); });
+      token_ids[i] = finite ? static_cast<int32_t>(std::max_element(row, row + vocab) - row) : -1;
     }
     return absl::OkStatus();
   }

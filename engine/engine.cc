@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -10,6 +11,7 @@
 #include "engine/kv/block_allocator.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/weight_check.h"
 #include "engine/model/weight_store.h"
 #include "engine/model_runner.h"
 #include "engine/pipeline_trace.h"
@@ -27,6 +29,8 @@ const char* FinishReasonName(FinishReason reason) {
       return "length";
     case FinishReason::kAborted:
       return "aborted";
+    case FinishReason::kError:
+      return "error";
     case FinishReason::kNone:
       break;
   }
@@ -103,9 +107,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     for (const Backend* other : RegisteredBackends()) {
       if (other == &backend || other->automatic()) continue;
       if (auto found = other->Probe(options); found.ok()) {
-        spdlog::info("backend {} has a device ({}) but --backend=auto does not choose it yet; "
-                     "--backend={} runs it",
-                     other->name(), *found, other->name());
+        spdlog::info(
+            "backend {} has a device ({}) but --backend=auto does not choose it yet; "
+            "--backend={} runs it",
+            other->name(), *found, other->name());
       }
     }
   }
@@ -146,6 +151,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     loaded = {&engine->checkpoint_->config(), &engine->checkpoint_->weights(), nullptr};
   }
   const ModelConfig& c = *loaded.config;
+  if (options.weights.verify) {
+    const auto start = std::chrono::steady_clock::now();
+    if (absl::Status st = CheckAllTensorsFinite(*loaded.weights); !st.ok()) return st;
+    spdlog::info("verify_weights: every weight is finite ({:.1f} s)",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
 
   auto tokenizer =
       Tokenizer::Load(options.model_dir + "/tokenizer.model", c.bos_token_id, c.eos_token_id);
@@ -353,14 +364,28 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
 #pragma omp parallel for schedule(dynamic, 4) if (sampled > 8)
   for (int64_t i = 0; i < n; ++i) {
     if (logits_row[i] < 0) continue;
-    tokens[i] = seqs[i]->sampler.Sample(logits_.data() + logits_row[i] * vocab,
-                                        static_cast<int32_t>(vocab));
+    const float* row = logits_.data() + logits_row[i] * vocab;
+    // -1, as the device's greedy argmax says it, for a row that is not finite.
+    tokens[i] = std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })
+                    ? seqs[i]->sampler.Sample(row, static_cast<int32_t>(vocab))
+                    : -1;
   }
   for (int64_t i = 0; i < n; ++i) {
     GenerationOutput out;
     out.request_id = seqs[i]->slots.id;
     out.prompt_tokens = seqs[i]->prompt_tokens;
-    AcceptToken(seqs[i], tokens[i], &out);
+    if (tokens[i] < 0) {
+      ++stats_.requests_failed;
+      out.error = absl::InternalError(
+          absl::StrCat("the model's logits for this request are not finite (NaN or inf) after ",
+                       seqs[i]->completion_tokens(),
+                       " generated tokens: its weights or their computation "
+                       "are broken (moebatch-run/moebatchd --verify_weights checks every weight)"));
+      out.completion_tokens = seqs[i]->completion_tokens();
+      Finish(seqs[i], FinishReason::kError, &out);
+    } else {
+      AcceptToken(seqs[i], tokens[i], &out);
+    }
     outputs->push_back(std::move(out));
   }
   return absl::OkStatus();

@@ -28,8 +28,9 @@
 
 namespace moebatch {
 
-enum class FinishReason { kNone, kStop, kLength, kAborted };
-// "stop", "length", "aborted" ("" for kNone): the OpenAI spelling.
+// kError: the request failed (GenerationOutput::error says why); its output is an error line.
+enum class FinishReason { kNone, kStop, kLength, kAborted, kError };
+// "stop", "length", "aborted", "error" ("" for kNone): the OpenAI spelling where it has one.
 const char* FinishReasonName(FinishReason reason);
 
 // What one Step produced for one request.
@@ -42,6 +43,9 @@ struct GenerationOutput {
   FinishReason finish_reason = FinishReason::kNone;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // generated so far
+  // With FinishReason::kError: Internal, e.g. logits that were not finite (NaN or inf: broken
+  // weights or computation; Engine::Step never samples from them).
+  absl::Status error;
 };
 
 struct GenerationRequest {
@@ -57,6 +61,7 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t requests_finished = 0;
+  int64_t requests_failed = 0;  // finished with FinishReason::kError (non-finite logits)
   int64_t waiting = 0, running = 0;
   int64_t kv_blocks_total = 0, kv_blocks_free = 0;
   double forward_seconds = 0.0;  // wall time inside the model forward

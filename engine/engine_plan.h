@@ -38,6 +38,9 @@ struct EngineOptions {
     std::optional<DType> dtype;
     int64_t synthetic_layers = 0;  // kSynthetic: layers generated (0: all)
     uint64_t synthetic_seed = 0;   // kSynthetic: the values are a function of it
+    // Check every weight for NaN and infinity at load (engine/model/weight_check.h: one pass over
+    // the weights' bytes); the loader checks the small tensors always.
+    bool verify = false;
   } weights;
 
   // The cpu backend's math and the CPU thread pool every CPU task shares (attention included).

@@ -125,8 +125,9 @@ absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, con
 // --- Greedy decoding -----------------------------------------------------------------------------
 
 // torch.argmax(logits, dim=-1) as Sampler's greedy path: ids[r] = std::max_element(x[r, 0..n)),
-// the first maximum winning; a row whose first element is NaN gives 0 (which index wins when a row
-// holds NaN is unspecified, as on the GPU). x [rows, n] f32; ids [rows] int32; 1 <= n < 2^31.
+// the first maximum winning; -1 for a row holding a NaN or an infinity (logits that are not
+// finite: the request fails rather than emit an arbitrary token). x [rows, n] f32; ids [rows]
+// int32; 1 <= n < 2^31.
 absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids);
 
 // --- Elementwise ---------------------------------------------------------------------------------

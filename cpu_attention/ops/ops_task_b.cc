@@ -199,7 +199,8 @@ absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids) {
   if (x == nullptr || ids == nullptr) return Invalid(kFn, "null pointer");
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * n;
-    ids[r] = static_cast<int32_t>(std::max_element(row, row + n) - row);
+    const bool finite = std::all_of(row, row + n, [](float v) { return std::isfinite(v); });
+    ids[r] = finite ? static_cast<int32_t>(std::max_element(row, row + n) - row) : -1;
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/weight_check.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -124,6 +125,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Load(const std::string& 
 
   TensorChecker check(model_dir, *ckpt->store_, ckpt->config_.torch_dtype);
   if (absl::Status s = LoadWeights(ckpt->config_, check, &ckpt->weights_); !s.ok()) return s;
+  // What is cheap to read whole (norms, routers, the first rows of the embedding and lm_head) must
+  // be finite: a NaN there makes every answer garbage (engine/model/weight_check.h).
+  if (absl::Status s = CheckSmallTensorsFinite(ckpt->weights_); !s.ok()) return s;
   check.LogUnused();
 
   const ModelConfig& c = ckpt->config_;

@@ -55,7 +55,9 @@ class Checkpoint {
   // Loads config.json, opens the tensors (TensorStore::Open) and validates every expected tensor.
   // Errors name the tensor and file at fault:
   //   NotFound         missing config.json, missing weights file or shard, missing tensor
-  //   InvalidArgument  bad config, wrong shape ("expected [64, 32000], found [64, 31999]"), wrong
+  //   InvalidArgument  a NaN or infinity in a norm, a router or the first rows of the embedding
+  //                    or lm_head (engine/model/weight_check.h), bad config, wrong shape
+  //                    ("expected [64, 32000], found [64, 31999]"), wrong
   //                    dtype ("expected BF16 (config torch_dtype), found F32"), unknown
   //                    architecture
   //   DataLoss         truncated file

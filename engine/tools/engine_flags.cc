@@ -69,6 +69,9 @@ ABSL_FLAG(std::string, weight_dtype, "",
           "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
 ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
+ABSL_FLAG(bool, verify_weights, false,
+          "check every weight for NaN and infinity at load (one pass over the weights; the small "
+          "tensors are always checked) and refuse a checkpoint that holds one, naming the tensor");
 ABSL_FLAG(bool, dry_run, false,
           "print the engine's plan (backend, weights, tokens per pass, KV cache) from config.json "
           "and the options, without loading the weights, and exit");
@@ -192,6 +195,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
         absl::StrCat("--synthetic_layers: must be >= 0, got ", options.weights.synthetic_layers));
   }
   options.weights.synthetic_seed = absl::GetFlag(FLAGS_synthetic_seed);
+  options.weights.verify = absl::GetFlag(FLAGS_verify_weights);
   const double host_gb = absl::GetFlag(FLAGS_host_memory_gb);
   if (host_gb < 0 || !std::isfinite(host_gb)) {
     return absl::InvalidArgumentError(

@@ -5,7 +5,7 @@
 //   --max_tokens_per_pass --cpu_threads --pin_cpu_threads --weights --weight_dtype
 //   --synthetic_layers --synthetic_seed --host_memory_gb --gpu_device --gpu_memory_gb
 //   --weight_packet_mb --vslpipe --trace_file --profile_token_budget --profile_dir
-//   --peak_memory_gbs --peak_tflops --dry_run
+//   --peak_memory_gbs --peak_tflops --verify_weights --dry_run
 // `<program> --help` lists them with their help text.
 #pragma once
 

@@ -283,7 +283,9 @@ int Run() {
       if (o.finished) {
         c.finish_reason = FinishReasonName(o.finish_reason);
         c.completion_tokens = o.completion_tokens;
-        line.output = FormatBatchOutput(*line.line.parsed.request, request_id(index), c, created);
+        line.output = o.error.ok() ? FormatBatchOutput(*line.line.parsed.request, request_id(index),
+                                                       c, created)
+                                   : FormatBatchError(line.line.parsed, request_id(index), o.error);
         clock.AddRequests(1);
       }
     }

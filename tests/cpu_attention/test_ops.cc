@@ -561,7 +561,7 @@ TEST_CASE("cpu_ops::ArgmaxRows: the first maximum wins", "[ops]") {
   std::vector<float> x = Normal(rng, rows * n);
   x[1 * n + 1] = x[1 * n + n - 1] = 100.0f;                    // row 1: 1
   x[2 * n + 500] = x[2 * n + 501] = 50.0f;                     // row 2: 500
-  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -INFINITY);  // row 3: 0
+  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -INFINITY);  // row 3: not finite, -1
   x[4 * n + n - 1] = 1000.0f;                                  // row 4: n - 1
   std::fill(x.begin() + 5 * n, x.begin() + 6 * n, 2.0f);       // row 5: 0
   std::vector<int32_t> ids(rows, -1);
@@ -570,7 +570,15 @@ TEST_CASE("cpu_ops::ArgmaxRows: the first maximum wins", "[ops]") {
   for (int32_t i = 1; i < n; ++i) {
     if (x[i] > x[first]) first = i;
   }
-  CHECK(ids == std::vector<int32_t>{first, 1, 500, 0, static_cast<int32_t>(n - 1), 0});
+  CHECK(ids == std::vector<int32_t>{first, 1, 500, -1, static_cast<int32_t>(n - 1), 0});
+  // One NaN anywhere, or one infinity, makes the row -1 (the engine fails such a request).
+  for (const float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> row = Normal(rng, n);
+    row[733] = bad;
+    int32_t id = 0;
+    REQUIRE(cpu_ops::ArgmaxRows(row.data(), 1, n, &id).ok());
+    CHECK(id == -1);
+  }
   std::vector<int32_t> one(1);
   const float single = -3.0f;
   REQUIRE(cpu_ops::ArgmaxRows(&single, 1, 1, one.data()).ok());

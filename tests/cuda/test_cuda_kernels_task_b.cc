@@ -72,9 +72,10 @@ TEST_CASE("ArgmaxRows: the first maximum wins, whichever thread holds it", "[cud
   // Row 2: in lane 31 of warp 0 and lane 0 of warp 1 (indices 31 and 32), and far later.
   x[2 * n + 31] = x[2 * n + 32] = x[2 * n + n - 1] = 9.0f;
   want[2] = 31;
-  // Row 3: all -inf: index 0.
-  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -INFINITY);
-  want[3] = 0;
+  // Row 3: one NaN, held by thread 160 of warp 5 (index 4000): not finite, -1 (the OR of every
+  // thread's flag, across warps).
+  x[3 * n + 4000] = NAN;
+  want[3] = -1;
   // Row 4: all equal: index 0.
   std::fill(x.begin() + 4 * n, x.begin() + 5 * n, 0.5f);
   want[4] = 0;

@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -169,3 +170,7 @@ Launcher<Params...> Launch(void (*kernel)(Params...), const char* name, dim3 gri
 #define __fsub_rn ::moebatch::cuda_emulation::FSubRn
 #define __fmul_rn ::moebatch::cuda_emulation::FMulRn
 #define __fdiv_rn ::moebatch::cuda_emulation::FDivRn
+// CUDA's device math functions that the host's <cmath> has in std:: only.
+using std::isfinite;
+using std::isinf;
+using std::isnan;
