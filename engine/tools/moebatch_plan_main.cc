@@ -32,6 +32,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/engine.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weight_store.h"
 #include "engine/offload/gpu_memory_plan.h"
@@ -131,6 +133,25 @@ void PrintDevicePlan(const ModelConfig& config, const GpuPreset& gpu) {
   std::printf("  resident layers     %lld of %lld\n", static_cast<long long>(plan->resident_layers),
               static_cast<long long>(config.num_hidden_layers));
   std::printf("  device memory       %s\n", plan->ToString().c_str());
+}
+
+// What the engine would do with --model on this host (Engine::Plan, what `moebatch-run --dry_run`
+// prints; the backend --backend=auto picks), with this run's KV cache and block size.
+void PrintEnginePlan(const std::string& model_dir, double kv_cache_gb, int64_t block_size) {
+  EngineOptions options;
+  options.model_dir = model_dir;
+  options.backend = "auto";
+  options.kv.bytes = static_cast<int64_t>(kv_cache_gb * kGiB);
+  options.kv.block_size = block_size;
+  std::printf("\nmoebatch on this host (Engine::Plan, as moebatch-run --dry_run prints it)\n");
+  auto plan = Engine::Plan(options);
+  if (!plan.ok()) {
+    std::printf("  no plan: %s\n", std::string(plan.status().message()).c_str());
+    return;
+  }
+  for (const absl::string_view line : absl::StrSplit(plan->ToString(), '\n')) {
+    std::printf("  %s\n", std::string(line).c_str());
+  }
 }
 
 void PrintTransitions(const absl::StatusOr<std::vector<BoundTransition>>& transitions,
@@ -337,6 +358,7 @@ int Run(int argc, char** argv) {
   std::printf("  limiting bound      %s\n", std::string(LimitingBoundName(s2->bound)).c_str());
   PrintTransitions(t2, w.kv_budget_bytes, lo, hi);
   if (gpu_preset != nullptr) PrintDevicePlan(config, *gpu_preset);
+  if (!model_dir.empty()) PrintEnginePlan(model_dir, kv_cache_gb, w.block_size);
   return 0;
 }
 
