@@ -16,7 +16,8 @@ if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 packages=(build-essential cmake ninja-build ccache pkg-config git curl unzip python3 python3-pip python3-venv
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libdnnl-dev catch2
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc libsqlite3-dev
-  libsystemd-dev systemd prometheus-cpp-dev libcpp-httplib-dev libboost-context-dev)
+  libsystemd-dev systemd prometheus-cpp-dev libcpp-httplib-dev libboost-context-dev
+  libpcre2-dev libutf8proc-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,9 @@
-// Tokenizer: Mixtral's sentencepiece tokenizer.model behind moebatch's API, the Mistral instruct
-// chat layouts (mistral-common v1 and v3), and streaming detokenization.
+// Tokenizer: Mixtral's sentencepiece tokenizer.model or a Hugging Face tokenizer.json BPE
+// tokenizer (bpe_tokenizer.cc) behind moebatch's API, the Mistral instruct chat layouts
+// (mistral-common v1 and v3), and streaming detokenization.
+//
+// The rest of this comment is about sentencepiece; tokenizer.json tokenizers stream through
+// BpeDecodeStream (bpe_tokenizer.h).
 //
 // Streaming detokenization. sentencepiece's Decode concatenates piece surfaces left to right with
 // two kinds of context: (1) the leading "▁" of the first non-control piece is dropped; (2) a run of
@@ -23,13 +27,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/text/chat_layout.h"
 #include "engine/text/sentencepiece_model.h"
+#include "nlohmann/json.hpp"
 
 namespace moebatch {
 namespace {
@@ -125,8 +133,114 @@ const char* ChatFormatName(ChatFormat format) {
       return "mistral-v1";
     case ChatFormat::kMistralV3:
       return "mistral-v3";
+    case ChatFormat::kNone:
+      return "none";
   }
   return "?";
+}
+
+namespace {
+
+// config.json's `key` (an id, or the first of a list of ids) in `dir`, or nullopt.
+std::optional<int32_t> ConfigTokenId(const std::string& dir, const char* key) {
+  std::ifstream in(dir + "/config.json", std::ios::binary);
+  if (!in) return std::nullopt;
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return std::nullopt;
+  const auto it = config.find(key);
+  if (it == config.end()) return std::nullopt;
+  const nlohmann::json& v = it->is_array() && !it->empty() ? (*it)[0] : *it;
+  if (!v.is_number_integer()) return std::nullopt;
+  return v.get<int32_t>();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(
+    const std::string& model_dir, std::optional<int32_t> bos_id, std::optional<int32_t> eos_id,
+    const std::string& chat_template_name) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("missing model directory: ", model_dir));
+  }
+  const std::string json_path = model_dir + "/tokenizer.json";
+  const std::string model_path = model_dir + "/tokenizer.model";
+  if (std::filesystem::exists(json_path, ec)) {
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizer::LoadFromDirectory(model_dir);
+    if (!bpe.ok()) return bpe.status();
+    std::unique_ptr<Tokenizer> tok(new Tokenizer());
+    tok->bpe_ = *std::move(bpe);
+    tok->chat_format_ = ChatFormat::kNone;
+    const int32_t n = tok->bpe_->vocab_size();
+    for (auto [name, given, from_config, key, out] :
+         {std::tuple<const char*, std::optional<int32_t>, int32_t, const char*, int32_t*>{
+              "bos_id", bos_id, tok->bpe_->bos_token_id(), "bos_token_id", &tok->bos_id_},
+          {"eos_id", eos_id, tok->bpe_->eos_token_id(), "eos_token_id", &tok->eos_id_}}) {
+      if (given) {
+        if (*given < 0 || *given >= n) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              name, " ", *given, " is outside the vocabulary [0, ", n, ") of ", json_path));
+        }
+        *out = *given;
+      } else if (from_config >= 0) {
+        *out = from_config;
+      } else {
+        const std::optional<int32_t> id = ConfigTokenId(model_dir, key);
+        *out = id && *id >= 0 && *id < n ? *id : -1;
+      }
+    }
+    // The chat layout: the override, else the model's template recognised.
+    if (!chat_template_name.empty()) {
+      const std::optional<ChatLayout> named = ChatLayoutFromName(chat_template_name);
+      if (!named) {
+        return absl::InvalidArgumentError(absl::StrCat("--chat_template: '", chat_template_name,
+                                                       "' is not a chat layout; one of ",
+                                                       ChatLayoutNameList()));
+      }
+      tok->chat_layout_ = static_cast<int>(*named);
+    } else if (!tok->bpe_->chat_template().empty()) {
+      absl::StatusOr<ChatLayout> found = RecogniseChatTemplate(tok->bpe_->chat_template());
+      if (found.ok()) {
+        tok->chat_layout_ = static_cast<int>(*found);
+      } else {
+        // Prompts still run; chat requests are refused with this reason (EncodeChat).
+        tok->chat_layout_error_ = std::string(found.status().message());
+      }
+    }
+    return tok;
+  }
+  if (!chat_template_name.empty() && chat_template_name != "mistral-v1" &&
+      chat_template_name != "mistral-v3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat_template: ", model_dir,
+                     " has a sentencepiece tokenizer, whose chat layout is "
+                     "chosen from its vocabulary (mistral-v1 or mistral-v3); '",
+                     chat_template_name, "' is for tokenizer.json models"));
+  }
+  if (!std::filesystem::exists(model_path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("no tokenizer in ", model_dir,
+                     ": expected tokenizer.json (Hugging Face tokenizers) or "
+                     "tokenizer.model (sentencepiece)"));
+  }
+  // sentencepiece: the ids given, else config.json's, else the pieces <s> and </s>.
+  if (!bos_id) bos_id = ConfigTokenId(model_dir, "bos_token_id");
+  if (!eos_id) eos_id = ConfigTokenId(model_dir, "eos_token_id");
+  if (!bos_id || !eos_id) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> probe = Load(model_path, 0, 0);
+    if (!probe.ok()) return probe.status();
+    if (!bos_id) bos_id = (*probe)->sp_->PieceToId("<s>");
+    if (!eos_id) eos_id = (*probe)->sp_->PieceToId("</s>");
+  }
+  return Load(model_path, *bos_id, *eos_id);
+}
+
+std::string Tokenizer::chat_layout_name() const {
+  if (bpe_ != nullptr) {
+    if (chat_layout_) return ChatLayoutName(static_cast<ChatLayout>(*chat_layout_));
+    return chat_layout_error_.empty() ? "none" : "none (the chat template is not recognised)";
+  }
+  return ChatFormatName(chat_format_);
 }
 
 Tokenizer::Tokenizer() = default;
@@ -185,9 +299,31 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
   return tok;
 }
 
-int32_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int32_t Tokenizer::vocab_size() const {
+  return bpe_ != nullptr ? bpe_->vocab_size() : sp_->GetPieceSize();
+}
+
+int32_t Tokenizer::TokenToId(std::string_view token) const {
+  return bpe_ != nullptr ? bpe_->TokenToId(token) : sp_->PieceToId(token);
+}
+
+const std::string& Tokenizer::chat_template() const {
+  static const std::string kNoTemplate;
+  return bpe_ != nullptr ? bpe_->chat_template() : kNoTemplate;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
+  if (bpe_ != nullptr) {
+    return bpe_->Encode(text,
+                        BpeEncodeOptions{options.add_special_tokens, options.parse_special_tokens});
+  }
+  return Encode(text, options.add_special_tokens);
+}
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) const {
+  if (bpe_ != nullptr) {
+    return bpe_->Encode(text, BpeEncodeOptions{add_bos, !bpe_->split_special_tokens()});
+  }
   const std::vector<int32_t> pieces = sp_->Encode(text);
   std::vector<int32_t> ids;
   ids.reserve(pieces.size() + (add_bos ? 1 : 0));
@@ -198,6 +334,26 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
     const std::vector<ChatMessage>& messages) const {
+  if (bpe_ != nullptr) {
+    if (!chat_layout_) {
+      if (!chat_layout_error_.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages: the model's chat template cannot be laid out (", chat_layout_error_,
+            "): send prompts, or start the engine with --chat_template NAME"));
+      }
+      return absl::InvalidArgumentError(
+          "messages: this model has no chat template (tokenizer_config.json chat_template, or "
+          "chat_template.jinja): send prompts, or start the engine with --chat_template NAME (" +
+          ChatLayoutNameList() + ")");
+    }
+    absl::StatusOr<std::string> text = RenderChat(static_cast<ChatLayout>(*chat_layout_), messages,
+                                                  /*add_generation_prompt=*/true);
+    if (!text.ok()) return text.status();
+    EncodeOptions options;
+    options.add_special_tokens = false;  // apply_chat_template's tokenization
+    options.parse_special_tokens = true;
+    return Encode(*text, options);
+  }
   // Validate everything before encoding anything.
   size_t first = 0;  // index of the first user message
   if (!messages.empty() && messages[0].role == kSystem) {
@@ -268,6 +424,7 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  if (bpe_ != nullptr) return bpe_->Decode(ids, /*skip_special_tokens=*/true);
   const int32_t n = sp_->GetPieceSize();
   const int unk = sp_->unk_id();
   std::vector<int32_t> pieces;
@@ -276,10 +433,17 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
   return sp_->DecodeIds(pieces);
 }
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {
+  if (tokenizer.bpe_ != nullptr) bpe_.emplace(*tokenizer.bpe_, /*skip_special_tokens=*/true);
+}
 
 std::string StreamingDetokenizer::Add(int32_t id) {
   ids_.push_back(id);
+  if (bpe_) {
+    std::string delta = bpe_->Add(id);
+    text_ += delta;
+    return delta;
+  }
   const SentencePieceModel& sp = *tokenizer_.sp_;
   const size_t n = ids_.size();
   const int32_t vocab = sp.GetPieceSize();
@@ -324,6 +488,11 @@ std::string StreamingDetokenizer::Add(int32_t id) {
 }
 
 std::string StreamingDetokenizer::Finish() {
+  if (bpe_) {
+    std::string delta = bpe_->Finish();
+    text_ += delta;
+    return delta;
+  }
   // An unfinished character at the end decodes as sentencepiece decodes it there (U+FFFD per byte).
   if (read_offset_ == ids_.size()) return std::string();
   std::string delta = DecodeWindow(*tokenizer_.sp_, tokenizer_.unk_surface_, ids_, read_offset_,
