@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cpu_attention/runtime/cpu_threads.h"
 #include "engine/kv/block_allocator.h"
 #include "engine/kv/kv_cache.h"
@@ -158,17 +159,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
-  auto tokenizer =
-      Tokenizer::Load(options.model_dir + "/tokenizer.model", c.bos_token_id, c.eos_token_id);
+  auto tokenizer = Tokenizer::LoadFromModelDir(options.model_dir, c.bos_token_id, c.eos_token_id,
+                                               options.text.chat_template);
   if (!tokenizer.ok()) return tokenizer.status();
   engine->tokenizer_ = *std::move(tokenizer);
   if (engine->tokenizer_->vocab_size() > c.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer.model has ", engine->tokenizer_->vocab_size(),
-                     " pieces but config.json vocab_size is ", c.vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        engine->tokenizer_->kind() == TokenizerKind::kBpe ? "tokenizer.json" : "tokenizer.model",
+        " has ", engine->tokenizer_->vocab_size(), " tokens but config.json vocab_size is ",
+        c.vocab_size));
   }
-  spdlog::info("tokenizer: {} pieces, chat layout {}", engine->tokenizer_->vocab_size(),
-               ChatFormatName(engine->tokenizer_->chat_format()));
+  engine->eos_token_ids_ = c.eos_token_ids;
+  spdlog::info(
+      "tokenizer: {} {} tokens, chat layout {}, end of sequence {}",
+      engine->tokenizer_->kind() == TokenizerKind::kBpe ? "tokenizer.json" : "tokenizer.model",
+      engine->tokenizer_->vocab_size(), engine->tokenizer_->chat_layout_name(),
+      absl::StrJoin(engine->eos_token_ids_, ", "));
 
   // MoE-Lens §6.3: the backend may lower the tokens per pass to its profiled n_real; the plan is
   // then made again with it (the device and the pass buffers are sized for that budget, no more).
@@ -261,7 +267,9 @@ void Engine::AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out) {
   out->new_token_ids.push_back(token);
   ++stats_.generated_tokens;
   FinishReason reason = FinishReason::kNone;
-  const bool eos = token == tokenizer_->eos_id() && !seq->params.ignore_eos;
+  const bool eos =
+      std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) != eos_token_ids_.end() &&
+      !seq->params.ignore_eos;
   if (eos) {
     reason = FinishReason::kStop;
   } else if (seq->completion_tokens() >= seq->params.max_tokens ||

@@ -142,6 +142,8 @@ class Engine {
   std::unique_ptr<Checkpoint> checkpoint_;     // null with synthetic weights
   std::unique_ptr<WeightStore> weight_store_;  // kHostCopy, kSynthetic
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<int32_t>
+      eos_token_ids_;  // ModelConfig::eos_token_ids: a sampled one ends the sequence
   std::unique_ptr<PipelineTrace> trace_;
   std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<PagedKvCache> cache_;

@@ -23,11 +23,18 @@ namespace moebatch {
 inline constexpr int64_t kCpuTokensPerPass = 2048;
 
 struct EngineOptions {
-  // Hugging Face directory: config.json, safetensors, tokenizer.model.
+  // Hugging Face directory: config.json (+ generation_config.json), safetensors, and
+  // tokenizer.json (+ tokenizer_config.json) or tokenizer.model.
   std::string model_dir;
   // A registered backend (engine/backend.h): "cpu", "cuda", or "auto" (the first automatic one
   // with a device: the cpu backend until the cuda backend has been validated on a GPU).
   std::string backend = "cpu";
+
+  struct Text {
+    // The chat layout of /v1/chat/completions requests, a name of engine/text/chat_layout.h's
+    // ChatLayoutFromName; empty: the one recognised in the model's chat template.
+    std::string chat_template;
+  } text;
 
   struct Weights {
     // The backend may override it (the cuda backend streams from host regions: kMapped becomes

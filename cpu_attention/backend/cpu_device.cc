@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -34,18 +36,22 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
                                options.batch_invariant);
   if (!matmul.ok()) return matmul.status();
   std::unique_ptr<CpuDevice> device(new CpuDevice(config, weights, *std::move(matmul)));
+  auto f32 = [](const TensorInfo* t) { return t != nullptr ? ToF32(*t) : std::vector<float>(); };
   for (const LayerWeights& layer : weights.layers) {
-    device->input_norm_.push_back(ToF32(*layer.input_layernorm));
-    device->post_norm_.push_back(ToF32(*layer.post_attention_layernorm));
+    SmallTensors s;
+    s.input_norm = f32(layer.input_layernorm);
+    s.post_norm = f32(layer.post_attention_layernorm);
+    s.q_bias = f32(layer.q_bias);
+    s.k_bias = f32(layer.k_bias);
+    s.v_bias = f32(layer.v_bias);
+    s.o_bias = f32(layer.o_bias);
+    s.q_norm = f32(layer.q_norm);
+    s.k_norm = f32(layer.k_norm);
+    device->small_.push_back(std::move(s));
   }
   device->final_norm_ = ToF32(*weights.norm);
-  // MixtralRotaryEmbedding (default rope type): inv_freq = 1 / theta^(2i/d), computed in fp32.
-  const int64_t d = config.head_dim;
-  device->inv_freq_.resize(d / 2);
-  for (int64_t i = 0; i < d / 2; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
-    device->inv_freq_[i] = 1.0f / std::pow(static_cast<float>(config.rope_theta), exponent);
-  }
+  // The rotary embedding's inv_freq (f32, as transformers computes it) for the config's scaling.
+  device->rope_ = ComputeRope(config);
   return device;
 }
 
@@ -105,21 +111,61 @@ absl::Status CpuDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k
 
   const float eps = static_cast<float>(c.rms_norm_eps);
 
+  const SmallTensors& small = small_[layer];
   x_.resize(static_cast<size_t>(tokens * hidden));
-  if (auto st = cpu_ops::RmsNorm(mb.h.data(), input_norm_[layer].data(), DType::kF32, tokens,
-                                 hidden, eps, x_.data(), DType::kF32);
+  if (auto st = cpu_ops::RmsNorm(mb.h.data(), small.input_norm.data(), DType::kF32, tokens, hidden,
+                                 eps, x_.data(), DType::kF32);
       !st.ok()) {
     return st;
   }
   if (auto st = Linear(x_.data(), tokens, *lw.q_proj, q); !st.ok()) return st;
   if (auto st = Linear(x_.data(), tokens, *lw.k_proj, k); !st.ok()) return st;
   if (auto st = Linear(x_.data(), tokens, *lw.v_proj, v); !st.ok()) return st;
+  if (!small.q_bias.empty()) {  // nn.Linear(bias=True) on q, k, v
+    for (auto [x, bias, n] :
+         {std::tuple{q, &small.q_bias, c.q_size()}, std::tuple{k, &small.k_bias, c.kv_size()},
+          std::tuple{v, &small.v_bias, c.kv_size()}}) {
+      if (auto st = cpu_ops::AddBias(x, tokens, n, bias->data()); !st.ok()) return st;
+    }
+  }
+  if (c.qk_norm == QkNorm::kPerHead) {  // Qwen3: RMSNorm over each head's head_dim values
+    if (auto st = cpu_ops::RmsNorm(q, small.q_norm.data(), DType::kF32, tokens * heads, d, eps, q,
+                                   DType::kF32);
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = cpu_ops::RmsNorm(k, small.k_norm.data(), DType::kF32, tokens * kv_heads, d, eps,
+                                   k, DType::kF32);
+        !st.ok()) {
+      return st;
+    }
+  } else if (c.qk_norm == QkNorm::kPerProjection) {  // OLMoE: over the whole projection
+    if (auto st = cpu_ops::RmsNorm(q, small.q_norm.data(), DType::kF32, tokens, c.q_size(), eps, q,
+                                   DType::kF32);
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = cpu_ops::RmsNorm(k, small.k_norm.data(), DType::kF32, tokens, c.kv_size(), eps, k,
+                                   DType::kF32);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (c.clip_qkv) {  // OLMoE: q, k (normed) and v clamped, as OlmoeAttention
+    const float limit = static_cast<float>(*c.clip_qkv);
+    for (auto [x, n] :
+         {std::pair{q, c.q_size()}, std::pair{k, c.kv_size()}, std::pair{v, c.kv_size()}}) {
+      if (auto st = cpu_ops::ClampAbs(x, tokens * n, limit); !st.ok()) return st;
+    }
+  }
   // RoPE on q and k at each token's position.
-  if (auto st = cpu_ops::ApplyRope(q, tokens, heads, d, mb.positions.data(), inv_freq_.data());
+  if (auto st = cpu_ops::ApplyRope(q, tokens, heads, d, mb.positions.data(), rope_.inv_freq.data(),
+                                   rope_.attention_scaling);
       !st.ok()) {
     return st;
   }
-  return cpu_ops::ApplyRope(k, tokens, kv_heads, d, mb.positions.data(), inv_freq_.data());
+  return cpu_ops::ApplyRope(k, tokens, kv_heads, d, mb.positions.data(), rope_.inv_freq.data(),
+                            rope_.attention_scaling);
 }
 
 absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
@@ -130,24 +176,32 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t tokens = mb.tokens;
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-  const int64_t num_experts = c.num_local_experts, top_k = c.num_experts_per_tok;
+  const int64_t hidden = c.hidden_size;
+  const SmallTensors& small = small_[layer];
+  // A dense layer: its FFN is the one "expert", chosen by every token with weight 1.
+  const bool moe = lw.router != nullptr;
+  const int64_t num_experts = moe ? c.num_local_experts : 1;
+  const int64_t top_k = moe ? c.num_experts_per_tok : 1;
 
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   proj_.resize(static_cast<size_t>(tokens * hidden));
   if (auto st = Linear(attn, tokens, *lw.o_proj, proj_.data()); !st.ok()) return st;
+  if (!small.o_bias.empty()) {
+    if (auto st = cpu_ops::AddBias(proj_.data(), tokens, hidden, small.o_bias.data()); !st.ok()) {
+      return st;
+    }
+  }
   if (auto st = cpu_ops::AddResidual(mb.h.data(), proj_.data(), tokens * hidden); !st.ok()) {
     return st;
   }
 
   x_.resize(static_cast<size_t>(tokens * hidden));
-  if (auto st = cpu_ops::RmsNorm(mb.h.data(), post_norm_[layer].data(), DType::kF32, tokens, hidden,
+  if (auto st = cpu_ops::RmsNorm(mb.h.data(), small.post_norm.data(), DType::kF32, tokens, hidden,
                                  eps, x_.data(), DType::kF32);
       !st.ok()) {
     return st;
   }
-  if (auto st = Linear(x_, tokens, *lw.router, &router_); !st.ok()) return st;
 
   // Router: softmax over experts in fp32, top-k (ties to the lower expert id), renormalise; then
   // the (token, choice) pairs sorted by expert, each expert's tokens in increasing order.
@@ -157,10 +211,16 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   expert_offsets_.resize(static_cast<size_t>(num_experts + 1));
   sorted_token_.resize(static_cast<size_t>(pairs));
   slot_of_.resize(static_cast<size_t>(pairs));
-  if (auto st = cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k, expert_ids_.data(),
-                                    expert_weights_.data());
-      !st.ok()) {
-    return st;
+  if (moe) {
+    if (auto st = Linear(x_, tokens, *lw.router, &router_); !st.ok()) return st;
+    if (auto st = cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k,
+                                      expert_ids_.data(), expert_weights_.data(), c.norm_topk_prob);
+        !st.ok()) {
+      return st;
+    }
+  } else {
+    std::fill(expert_ids_.begin(), expert_ids_.end(), 0);
+    std::fill(expert_weights_.begin(), expert_weights_.end(), 1.0f);
   }
   if (auto st = cpu_ops::BuildExpertPermutation(expert_ids_.data(), tokens, top_k, num_experts,
                                                 expert_offsets_.data(), sorted_token_.data(),
@@ -185,23 +245,39 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
         !st.ok()) {
       return st;
     }
-    const ExpertWeights& ew = lw.experts[e];
-    if (auto st = Linear(expert_in_, n, *ew.w1, &gate_); !st.ok()) return st;
-    if (auto st = Linear(expert_in_, n, *ew.w3, &up_); !st.ok()) return st;
-    // silu(w1 x) * (w3 x), in place into gate_.
-    if (auto st = cpu_ops::SiluMul(gate_.data(), up_.data(), DType::kF32, n, inter, gate_.data(),
-                                   DType::kF32);
+    if (auto st = Ffn(lw.experts[e], n, expert_out_.data() + begin * hidden); !st.ok()) return st;
+  }
+  // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate).
+  const float* shared = nullptr;
+  if (lw.shared_expert_gate != nullptr) {
+    expert_in_.assign(x_.begin(), x_.begin() + tokens * hidden);
+    shared_out_.resize(static_cast<size_t>(tokens * hidden));
+    if (auto st = Ffn(lw.shared_expert, tokens, shared_out_.data()); !st.ok()) return st;
+    if (auto st = Linear(x_, tokens, *lw.shared_expert_gate, &shared_gate_); !st.ok()) return st;
+    if (auto st = cpu_ops::ScaleBySigmoid(shared_out_.data(), tokens, hidden, shared_gate_.data());
         !st.ok()) {
       return st;
     }
-    if (auto st = Linear(gate_.data(), n, *ew.w2, expert_out_.data() + begin * hidden); !st.ok()) {
-      return st;
-    }
+    shared = shared_out_.data();
   }
-  // MixtralSparseMoeBlock's index_add_ of the weighted expert outputs, experts in id order per
-  // token, and the residual add.
+  // The sparse MoE block's index_add_ of the weighted expert outputs, experts in id order per
+  // token (plus the shared expert's), and the residual add.
   return cpu_ops::CombineExperts(expert_out_.data(), slot_of_.data(), expert_ids_.data(),
-                                 expert_weights_.data(), tokens, top_k, hidden, mb.h.data());
+                                 expert_weights_.data(), tokens, top_k, hidden, mb.h.data(),
+                                 shared);
+}
+
+absl::Status CpuDevice::Ffn(const ExpertWeights& ew, int64_t n, float* out) {
+  const int64_t width = ew.w1->shape[0];
+  if (auto st = Linear(expert_in_, n, *ew.w1, &gate_); !st.ok()) return st;
+  if (auto st = Linear(expert_in_, n, *ew.w3, &up_); !st.ok()) return st;
+  // silu(w1 x) * (w3 x), in place into gate_.
+  if (auto st = cpu_ops::SiluMul(gate_.data(), up_.data(), DType::kF32, n, width, gate_.data(),
+                                 DType::kF32);
+      !st.ok()) {
+    return st;
+  }
+  return Linear(gate_.data(), n, *ew.w2, out);
 }
 
 absl::Status CpuDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {

@@ -1,4 +1,5 @@
-// The cpu backend's Device (engine/device.h): tasks A and B of the Mixtral forward pass on the CPU,
+// The cpu backend's Device (engine/device.h): tasks A and B of the forward pass on the CPU, for
+// every family of engine/model/family.h (Mixtral's below; the others' differences after it),
 // for runs without a GPU and as the reference other backends are checked against. Each step is a
 // call of a cpu op (cpu_attention/ops/ops.h, the CUDA kernels' oracle) or a GEMM
 // (cpu_attention/gemm/matmul.h): nothing is computed inline here.
@@ -11,11 +12,17 @@
 //            x = RMSNorm(h); router: softmax(x Wgᵀ) in fp32 -> top-k -> renormalise
 //            h = h + sum_{e in top-k} w_e * W2_e (silu(W1_e x) * W3_e x) (MixtralSparseMoeBlock)
 //   logits = RMSNorm(h) lm_headᵀ
-// The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B:
-// GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert
-// with tokens (in id order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows,
-// and CombineExperts (the experts' weighted sum in expert id order, then the residual add);
-// logits: RmsNorm per row, lm_head GEMM.
+// The other families (engine/model/family.h): biases after the q/k/v (Qwen2) and o projections
+// (AddBias); q and k clamped (OLMoE's clip_qkv, ClampAbs) and normalised before RoPE, per head
+// (Qwen3: RmsNorm over rows of head_dim) or per projection (OLMoE); RoPE with the config's scaling
+// (llama3, yarn: ComputeRope's inv_freq and attention factor); routing weights not renormalised
+// without norm_topk_prob; a dense layer's FFN as one expert of weight 1 without a router;
+// Qwen2-MoE's shared expert (its FFN over every token, ScaleBySigmoid by its gate) added to the
+// routed sum in CombineExperts. The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs,
+// ApplyRope (q, then k); task B: GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK,
+// BuildExpertPermutation, then per expert with tokens (in id order) GatherRows, w1 and w3 GEMMs,
+// SiluMul, w2 GEMM into the expert's rows, and CombineExperts (the experts' weighted sum in expert
+// id order, then the residual add); logits: RmsNorm per row, lm_head GEMM.
 //
 // Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
 // oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
@@ -79,15 +86,25 @@ class CpuDevice final : public Device {
   const ModelWeights& weights_;
   std::unique_ptr<Matmul> matmul_;
   MicroBatch micro_batches_[kMaxMicroBatches];
-  std::vector<std::vector<float>> input_norm_, post_norm_;  // per layer, f32 [hidden]
+  // Per layer, widened to f32 at Create: the norms, and the biases and q/k norms a family has
+  // (empty when it has none).
+  struct SmallTensors {
+    std::vector<float> input_norm, post_norm;  // [hidden]
+    std::vector<float> q_bias, k_bias, v_bias, o_bias;
+    std::vector<float> q_norm, k_norm;
+  };
+  std::vector<SmallTensors> small_;
   std::vector<float> final_norm_;
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  RopeTable rope_;  // inv_freq [head_dim / 2] and the attention factor
+  // A layer's FFN: `n` rows of expert_in_ through `ew` into `out` [n, hidden].
+  absl::Status Ffn(const ExpertWeights& ew, int64_t n, float* out);
   // Scratch, shared by the micro-batches and reused across passes.
   std::vector<float> x_, proj_, router_;
   std::vector<int32_t> expert_ids_, expert_offsets_, sorted_token_, slot_of_;  // routing
   std::vector<float> expert_weights_;                                          // [tokens, top_k]
   std::vector<float> expert_in_, gate_, up_;                                   // one expert's rows
-  std::vector<float> expert_out_;  // [tokens * top_k, hidden], row = slot
+  std::vector<float> expert_out_;                // [tokens * top_k, hidden], row = slot
+  std::vector<float> shared_out_, shared_gate_;  // the shared expert's [tokens, hidden], [tokens]
 };
 
 }  // namespace moebatch

@@ -58,9 +58,10 @@ absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, in
 // x [tokens, heads, d] f32; call once for q and once for k. positions [tokens] int64; inv_freq
 // [d/2] f32. For i < d/2, f = float(pos) * inv_freq[i], c = cosf(f), s = sinf(f) (glibc):
 //   y[i] = x[i] c - x[i + d/2] s,   y[i + d/2] = x[i + d/2] c + x[i] s.
-// d even, d >= 2 (no upper limit). OpenMP over tokens.
+// d even, d >= 2 (no upper limit). c and s are multiplied by `attention_scaling` (the rotary
+// embedding's attention factor: 1 but for yarn, ModelConfig's ComputeRope). OpenMP over tokens.
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
-                       const float* inv_freq);
+                       const float* inv_freq, float attention_scaling = 1.0f);
 
 // Causal self-attention of variable-length sequences whose whole context is in the call
 // (MixtralAttention.forward with eager_attention_forward: repeat_kv, causal and sliding window
@@ -86,8 +87,10 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
 // the top_k experts by probability in descending order, ties to the lower expert id
 // (std::partial_sort), weights = p / (sum of the top-k p in that order). logits [tokens, experts]
 // f32; ids [tokens, top_k] int32; weights [tokens, top_k] f32. 1 <= top_k <= experts.
+// With renormalize false the weights are the top-k probabilities as they are (Qwen-MoE and OLMoE
+// without norm_topk_prob).
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
-                        int32_t* ids, float* weights);
+                        int32_t* ids, float* weights, bool renormalize = true);
 
 // Sorts the (token, choice) pairs by expert (replacing MixtralSparseMoeBlock's one_hot expert_mask
 // and torch.where): a counting sort in pair order, so expert e owns rows [expert_offsets[e],
@@ -118,9 +121,11 @@ absl::Status SiluMul(const void* gate, const void* up, DType in_dtype, int64_t r
 // their choice order), then h += moe. expert_out [tokens * top_k, hidden] f32, row = slot;
 // slot_of, ids [tokens, top_k] int32; weights [tokens, top_k] f32; h [tokens, hidden] f32,
 // updated. A slot outside [0, tokens * top_k) is skipped. top_k >= 1; tokens * top_k < 2^31.
+// With `shared` [tokens, hidden] f32 (Qwen2-MoE's gated shared expert output), moe += shared[t]
+// before the residual add, as Qwen2MoeSparseMoeBlock adds it to the routed sum.
 absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
                             const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
-                            float* h);
+                            float* h, const float* shared = nullptr);
 
 // --- Greedy decoding -----------------------------------------------------------------------------
 
@@ -134,6 +139,17 @@ absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids);
 
 // h[i] += x[i] for i < n (MixtralDecoderLayer.forward's residual add). h, x [n] f32.
 absl::Status AddResidual(float* h, const float* x, int64_t n);
+
+// x[r, i] += bias[i]: a Linear layer's bias (nn.Linear with bias=True). x [rows, n] f32, bias [n]
+// f32.
+absl::Status AddBias(float* x, int64_t rows, int64_t n, const float* bias);
+
+// x[i] = clamp(x[i], -limit, limit) (OLMoE's clip_qkv). x [n] f32; limit > 0.
+absl::Status ClampAbs(float* x, int64_t n, float limit);
+
+// Qwen2-MoE's shared expert gate: out[t] = sigmoid(gate_logit[t]) * x[t, :], in f32
+// (torch.sigmoid, then the product). x [tokens, n] f32 in place; gate_logit [tokens] f32.
+absl::Status ScaleBySigmoid(float* x, int64_t tokens, int64_t n, const float* gate_logit);
 
 // dst = src rounded to nearest even in dst_dtype (`Tensor.to(dtype)`, engine/model/dtype.h's
 // ConvertFromF32: a NaN stays a NaN, its bits may differ from CUDA's). src [n] f32, dst [n].

@@ -85,7 +85,7 @@ absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, in
 // --- RoPE ----------------------------------------------------------------------------------------
 
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
-                       const float* inv_freq) {
+                       const float* inv_freq, float attention_scaling) {
   constexpr const char* kFn = "ApplyRope";
   if (tokens < 0 || heads < 1 || d < 2 || d % 2 != 0) {
     return Invalid(kFn, "bad sizes tokens=", tokens, " heads=", heads, " d=", d,
@@ -104,8 +104,8 @@ absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const
       const float pos = static_cast<float>(positions[t]);
       for (int64_t i = 0; i < half; ++i) {
         const float freq = pos * inv_freq[i];
-        cos_row[i] = std::cos(freq);
-        sin_row[i] = std::sin(freq);
+        cos_row[i] = std::cos(freq) * attention_scaling;
+        sin_row[i] = std::sin(freq) * attention_scaling;
       }
       float* row = x + t * heads * d;
       for (int64_t h = 0; h < heads; ++h) {

@@ -15,7 +15,7 @@ namespace moebatch::cpu_ops {
 // --- Router top-k --------------------------------------------------------------------------------
 
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
-                        int32_t* ids, float* weights) {
+                        int32_t* ids, float* weights, bool renormalize) {
   constexpr const char* kFn = "RouterTopK";
   if (tokens < 0 || experts < 1 || experts > kMaxInt32 || top_k < 1 || top_k > experts) {
     return Invalid(kFn, "bad sizes tokens=", tokens, " experts=", experts, " top_k=", top_k,
@@ -41,7 +41,7 @@ absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, in
     for (int64_t j = 0; j < top_k; ++j) top_sum += probs[order[j]];
     for (int64_t j = 0; j < top_k; ++j) {
       ids[t * top_k + j] = static_cast<int32_t>(order[j]);
-      weights[t * top_k + j] = probs[order[j]] / top_sum;
+      weights[t * top_k + j] = renormalize ? probs[order[j]] / top_sum : probs[order[j]];
     }
   }
   return absl::OkStatus();
@@ -153,7 +153,7 @@ absl::Status SiluMul(const void* gate, const void* up, DType in_dtype, int64_t r
 
 absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
                             const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
-                            float* h) {
+                            float* h, const float* shared) {
   constexpr const char* kFn = "CombineExperts";
   if (tokens < 0 || top_k < 1 || top_k > kMaxInt32 || hidden < 1 || tokens > kMaxInt32 / top_k) {
     return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k, " hidden=", hidden,
@@ -184,6 +184,10 @@ absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, con
       const float w = weight[choice[c]];
       for (int64_t i = 0; i < hidden; ++i) moe[i] += src[i] * w;
     }
+    if (shared != nullptr) {
+      const float* add = shared + t * hidden;
+      for (int64_t i = 0; i < hidden; ++i) moe[i] += add[i];
+    }
     float* dst = h + t * hidden;
     for (int64_t i = 0; i < hidden; ++i) dst[i] += moe[i];
   }
@@ -206,6 +210,41 @@ absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids) {
 }
 
 // --- Elementwise ---------------------------------------------------------------------------------
+
+absl::Status AddBias(float* x, int64_t rows, int64_t n, const float* bias) {
+  constexpr const char* kFn = "AddBias";
+  if (rows < 0 || n < 1) return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  if (rows == 0) return absl::OkStatus();
+  if (x == nullptr || bias == nullptr) return Invalid(kFn, "null pointer");
+#pragma omp parallel for schedule(static) if (rows * n > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    for (int64_t i = 0; i < n; ++i) row[i] += bias[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClampAbs(float* x, int64_t n, float limit) {
+  constexpr const char* kFn = "ClampAbs";
+  if (n < 0 || !(limit > 0)) return Invalid(kFn, "bad arguments n=", n, " limit=", limit);
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr) return Invalid(kFn, "null pointer");
+  for (int64_t i = 0; i < n; ++i) x[i] = std::min(std::max(x[i], -limit), limit);
+  return absl::OkStatus();
+}
+
+absl::Status ScaleBySigmoid(float* x, int64_t tokens, int64_t n, const float* gate_logit) {
+  constexpr const char* kFn = "ScaleBySigmoid";
+  if (tokens < 0 || n < 1) return Invalid(kFn, "bad sizes tokens=", tokens, " n=", n);
+  if (tokens == 0) return absl::OkStatus();
+  if (x == nullptr || gate_logit == nullptr) return Invalid(kFn, "null pointer");
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float g = 1.0f / (1.0f + std::exp(-gate_logit[t]));
+    float* row = x + t * n;
+    for (int64_t i = 0; i < n; ++i) row[i] = g * row[i];
+  }
+  return absl::OkStatus();
+}
 
 absl::Status AddResidual(float* h, const float* x, int64_t n) {
   constexpr const char* kFn = "AddResidual";

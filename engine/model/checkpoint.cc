@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/model/family.h"
 #include "engine/model/weight_check.h"
 #include "spdlog/spdlog.h"
 
@@ -64,48 +65,12 @@ class TensorChecker {
 };
 
 absl::Status LoadWeights(const ModelConfig& c, TensorChecker& check, ModelWeights* w) {
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-  if (absl::Status s =
-          check.Get("model.embed_tokens.weight", {c.vocab_size, hidden}, &w->embed_tokens);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = check.Get("model.norm.weight", {hidden}, &w->norm); !s.ok()) return s;
-  if (c.tie_word_embeddings) {
-    w->lm_head = w->embed_tokens;
-  } else if (absl::Status s = check.Get("lm_head.weight", {c.vocab_size, hidden}, &w->lm_head);
-             !s.ok()) {
-    return s;
-  }
-
-  w->layers.resize(c.num_hidden_layers);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerWeights& layer = w->layers[l];
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    const std::pair<std::string, std::pair<std::vector<int64_t>, const TensorInfo**>> dense[] = {
-        {"input_layernorm.weight", {{hidden}, &layer.input_layernorm}},
-        {"self_attn.q_proj.weight", {{c.q_size(), hidden}, &layer.q_proj}},
-        {"self_attn.k_proj.weight", {{c.kv_size(), hidden}, &layer.k_proj}},
-        {"self_attn.v_proj.weight", {{c.kv_size(), hidden}, &layer.v_proj}},
-        {"self_attn.o_proj.weight", {{hidden, c.q_size()}, &layer.o_proj}},
-        {"post_attention_layernorm.weight", {{hidden}, &layer.post_attention_layernorm}},
-        {"block_sparse_moe.gate.weight", {{c.num_local_experts, hidden}, &layer.router}},
-    };
-    for (const auto& [name, spec] : dense) {
-      if (absl::Status s = check.Get(p + name, spec.first, spec.second); !s.ok()) return s;
-    }
-    layer.experts.resize(c.num_local_experts);
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      ExpertWeights& expert = layer.experts[e];
-      const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
-      if (absl::Status s = check.Get(ep + "w1.weight", {inter, hidden}, &expert.w1); !s.ok())
-        return s;
-      if (absl::Status s = check.Get(ep + "w2.weight", {hidden, inter}, &expert.w2); !s.ok())
-        return s;
-      if (absl::Status s = check.Get(ep + "w3.weight", {inter, hidden}, &expert.w3); !s.ok())
-        return s;
+  for (const std::vector<TensorSpec>& region : ModelTensors(c, c.num_hidden_layers, w)) {
+    for (const TensorSpec& t : region) {
+      if (absl::Status s = check.Get(t.name, t.shape, t.target); !s.ok()) return s;
     }
   }
+  if (c.tie_word_embeddings) w->lm_head = w->embed_tokens;
   return absl::OkStatus();
 }
 

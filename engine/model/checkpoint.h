@@ -26,10 +26,11 @@
 
 namespace moebatch {
 
+// One FFN: down(silu(gate(x)) * up(x)) (the names are Mixtral's w1 = gate, w3 = up, w2 = down).
 struct ExpertWeights {
-  const TensorInfo* w1 = nullptr;
-  const TensorInfo* w2 = nullptr;
-  const TensorInfo* w3 = nullptr;
+  const TensorInfo* w1 = nullptr;  // [width, hidden]
+  const TensorInfo* w2 = nullptr;  // [hidden, width]
+  const TensorInfo* w3 = nullptr;  // [width, hidden]
 };
 
 struct LayerWeights {
@@ -38,9 +39,21 @@ struct LayerWeights {
   const TensorInfo* k_proj = nullptr;
   const TensorInfo* v_proj = nullptr;
   const TensorInfo* o_proj = nullptr;
+  // Present when the config says so (ModelConfig::qkv_bias, o_bias, qk_norm); null otherwise.
+  const TensorInfo* q_bias = nullptr;  // [q_size]
+  const TensorInfo* k_bias = nullptr;  // [kv_size]
+  const TensorInfo* v_bias = nullptr;  // [kv_size]
+  const TensorInfo* o_bias = nullptr;  // [hidden]
+  const TensorInfo* q_norm = nullptr;  // [head_dim] (per head) or [q_size] (per projection)
+  const TensorInfo* k_norm = nullptr;  // [head_dim] or [kv_size]
   const TensorInfo* post_attention_layernorm = nullptr;
-  const TensorInfo* router = nullptr;  // block_sparse_moe.gate
-  std::vector<ExpertWeights> experts;  // num_local_experts
+  // A MoE layer: the router [experts, hidden] and num_local_experts experts. A dense layer: no
+  // router and one "expert", the dense FFN, always chosen with weight 1.
+  const TensorInfo* router = nullptr;
+  std::vector<ExpertWeights> experts;
+  // Qwen2-MoE's shared expert and its gate [1, hidden]; null when the model has none.
+  ExpertWeights shared_expert;
+  const TensorInfo* shared_expert_gate = nullptr;
 };
 
 struct ModelWeights {

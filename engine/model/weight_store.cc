@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/family.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -37,46 +38,13 @@ std::string GiB(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
 }
 
-// One tensor of the layout and the ModelWeights field that will point at it.
-struct PlannedTensor {
-  std::string name;
-  std::vector<int64_t> shape;
-  const TensorInfo** target;
-};
-
 // The tensors of the globals region (index 0) and of each layer region, in layout order, with the
-// ModelWeights fields they fill (weights->layers is sized here).
+// ModelWeights fields they fill (weights->layers is sized here): the family's
+// (engine/model/family.h).
+using PlannedTensor = TensorSpec;
 std::vector<std::vector<PlannedTensor>> PlanLayout(const ModelConfig& c, int64_t num_layers,
                                                    ModelWeights* w) {
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
-  std::vector<std::vector<PlannedTensor>> regions(1 + num_layers);
-  regions[0].push_back({"model.embed_tokens.weight", {c.vocab_size, hidden}, &w->embed_tokens});
-  regions[0].push_back({"model.norm.weight", {hidden}, &w->norm});
-  if (!c.tie_word_embeddings) {
-    regions[0].push_back({"lm_head.weight", {c.vocab_size, hidden}, &w->lm_head});
-  }
-  w->layers.assign(num_layers, LayerWeights{});
-  for (int64_t l = 0; l < num_layers; ++l) {
-    LayerWeights& lw = w->layers[l];
-    lw.experts.resize(c.num_local_experts);
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    auto& r = regions[1 + l];
-    r.push_back({p + "input_layernorm.weight", {hidden}, &lw.input_layernorm});
-    r.push_back({p + "self_attn.q_proj.weight", {c.q_size(), hidden}, &lw.q_proj});
-    r.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), hidden}, &lw.k_proj});
-    r.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), hidden}, &lw.v_proj});
-    r.push_back({p + "self_attn.o_proj.weight", {hidden, c.q_size()}, &lw.o_proj});
-    r.push_back({p + "post_attention_layernorm.weight", {hidden}, &lw.post_attention_layernorm});
-    r.push_back({p + "block_sparse_moe.gate.weight", {c.num_local_experts, hidden}, &lw.router});
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
-      ExpertWeights& ew = lw.experts[e];
-      r.push_back({ep + "w1.weight", {inter, hidden}, &ew.w1});
-      r.push_back({ep + "w3.weight", {inter, hidden}, &ew.w3});
-      r.push_back({ep + "w2.weight", {hidden, inter}, &ew.w2});
-    }
-  }
-  return regions;
+  return ModelTensors(c, num_layers, w);
 }
 
 int64_t Numel(const std::vector<int64_t>& shape) {

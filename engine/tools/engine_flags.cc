@@ -69,6 +69,10 @@ ABSL_FLAG(std::string, weight_dtype, "",
           "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
 ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
+ABSL_FLAG(std::string, chat_template, "",
+          "the chat layout of chat requests for a tokenizer.json model: chatml, qwen2.5, qwen3, "
+          "smollm2, llama3, llama3.1, llama3.2, ... (empty: the layout recognised in the model's "
+          "chat template; a template moebatch does not recognise is refused at start-up)");
 ABSL_FLAG(bool, verify_weights, false,
           "check every weight for NaN and infinity at load (one pass over the weights; the small "
           "tensors are always checked) and refuse a checkpoint that holds one, naming the tensor");
@@ -158,6 +162,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   }
   options.kv.bytes = static_cast<int64_t>(kv_gb * (int64_t{1} << 30));
   options.kv.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.text.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.schedule.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   options.schedule.max_tokens_per_pass = absl::GetFlag(FLAGS_max_tokens_per_pass);
   if (options.schedule.max_num_seqs < 0 || options.schedule.max_tokens_per_pass < 0) {

@@ -431,7 +431,7 @@ TEST_CASE("engine: automatic tokens per pass and sequences; negative values refu
   }
 }
 
-TEST_CASE("engine: a model directory without tokenizer.model is refused clearly") {
+TEST_CASE("engine: a model directory without a tokenizer is refused clearly") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("moebatch_notok_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -442,6 +442,8 @@ TEST_CASE("engine: a model directory without tokenizer.model is refused clearly"
   o.model_dir = dir.string();
   auto e = Engine::Create(o);
   REQUIRE(e.status().code() == absl::StatusCode::kNotFound);
-  REQUIRE(std::string(e.status().message()).find("missing tokenizer") != std::string::npos);
+  REQUIRE(std::string(e.status().message())
+              .find("no tokenizer in " + dir.string() + ": expected tokenizer.json") !=
+          std::string::npos);
   fs::remove_all(dir);
 }

@@ -193,6 +193,23 @@ void CheckLogits(const std::string& fixture) {
 
 }  // namespace
 
+// The families beyond Mixtral (tests/fixtures/make_tiny_families.py): each fixture's shapes and
+// features are in that script's VARIANTS.
+TEST_CASE("golden families: last-position logits within 1e-4 of transformers'", "[families]") {
+  const std::string fixture =
+      GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+  INFO(fixture);
+  CheckLogits(fixture);
+}
+TEST_CASE("golden families: greedy tokens and text as transformers'", "[families]") {
+  const std::string fixture =
+      GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+  INFO(fixture);
+  CheckGreedy(fixture);
+}
+
 TEST_CASE("golden tiny-mixtral (single file): last-position logits") {
   CheckLogits("tiny-mixtral");
 }

@@ -1,7 +1,8 @@
-// Checkpoint loading (engine/model/model_config.h, engine/model/safetensors.h, engine/model/checkpoint.h): tiny
-// synthetic Mixtral checkpoints written by tests/support/safetensors_writer.h into a temporary directory,
-// good and corrupted in one way each, plus the committed transformers-made fixtures. config.json
-// parsing on its own: test_model_config.cc.
+// Checkpoint loading (engine/model/model_config.h, engine/model/safetensors.h,
+// engine/model/checkpoint.h): tiny synthetic Mixtral checkpoints written by
+// tests/support/safetensors_writer.h into a temporary directory, good and corrupted in one way
+// each, plus the committed transformers-made fixtures. config.json parsing on its own:
+// test_model_config.cc.
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
@@ -28,9 +29,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::RawSafetensors;
-using testing::TinyConfig;
 using testing::SafetensorsBytes;
 using testing::TestTensor;
+using testing::TinyConfig;
 using testing::WriteFile;
 using Json = nlohmann::json;
 using Tensors = std::map<std::string, TestTensor>;
@@ -398,10 +399,22 @@ TEST_CASE("checkpoint error: a shard name that is a path", "[checkpoint][errors]
 TEST_CASE("checkpoint error: unknown architecture", "[checkpoint][errors]") {
   TempDir dir;
   Json config = TinyConfig();
-  config["architectures"] = {"LlamaForCausalLM"};
+  config.erase("model_type");
+  config["architectures"] = {"GPTNeoXForCausalLM"};
   WriteCheckpoint(dir.path(), config, TinyTensors());
   CHECK_ERROR(LoadStatus(dir.path()), absl::StatusCode::kInvalidArgument,
-              "unknown architecture [\"LlamaForCausalLM\"]", dir / "config.json");
+              "unknown architecture [\"GPTNeoXForCausalLM\"]", dir / "config.json");
+}
+
+TEST_CASE("checkpoint error: a family's tensor missing is named", "[checkpoint][errors]") {
+  // The config says qwen2 (q/k/v biases) but the files hold Mixtral's tensors.
+  TempDir dir;
+  Json config = TinyConfig();
+  config["model_type"] = "qwen2";
+  config["architectures"] = {"Qwen2ForCausalLM"};
+  WriteCheckpoint(dir.path(), config, TinyTensors());
+  CHECK_ERROR(LoadStatus(dir.path()), absl::StatusCode::kNotFound,
+              "\"model.layers.0.self_attn.q_proj.bias\" is missing");
 }
 
 TEST_CASE("checkpoint error: missing config.json", "[checkpoint][errors]") {

@@ -78,9 +78,19 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
     CHECK_ERROR(ParseModelConfig("{\"vocab_size\": ").status(), absl::StatusCode::kInvalidArgument,
                 "config.json: invalid JSON");
   }
-  SECTION("no architectures") {
+  SECTION("no model_type and no architectures") {
     j.erase("architectures");
-    check(j, "key \"architectures\" is required but missing");
+    j.erase("model_type");
+    check(j, "key \"model_type\" is required but missing (and no \"architectures\" list)");
+  }
+  SECTION("a model type moebatch does not run") {
+    j["model_type"] = "gpt_neox";
+    check(j, "key \"model_type\" is \"gpt_neox\", which moebatch does not run; it runs llama, ");
+  }
+  SECTION("no model_type and an unknown architecture") {
+    j.erase("model_type");
+    j["architectures"] = {"GPTNeoXForCausalLM"};
+    check(j, "unknown architecture [\"GPTNeoXForCausalLM\"]; moebatch runs the model types ");
   }
   SECTION("mistyped size") {
     j["hidden_size"] = "8";
@@ -96,7 +106,7 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
   }
   SECTION("top-k larger than the number of experts") {
     j["num_experts_per_tok"] = 5;
-    check(j, "key \"num_experts_per_tok\" (5) exceeds num_local_experts (4)");
+    check(j, "key \"num_experts_per_tok\" (5) exceeds the number of experts (4)");
   }
   SECTION("hidden size not divisible by heads without head_dim") {
     j["hidden_size"] = 10;
@@ -114,9 +124,15 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
     j["sliding_window"] = -1;
     check(j, "key \"sliding_window\" must be positive, got -1");
   }
-  SECTION("scaled RoPE") {
-    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-    check(j, "key \"rope_scaling\" asks for unsupported RoPE scaling");
+  SECTION("RoPE scaling moebatch does not compute") {
+    j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+    check(j,
+          "key \"rope_scaling\" asks for RoPE scaling \"longrope\", which moebatch does not "
+          "compute (it does default, linear, llama3 and yarn)");
+  }
+  SECTION("llama3 RoPE without original_max_position_embeddings") {
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+    check(j, "original_max_position_embeddings");
   }
   SECTION("mistyped tie_word_embeddings") {
     j["tie_word_embeddings"] = 1;

@@ -1,0 +1,71 @@
+// The model families moebatch runs, one file each under engine/model/families/ (as transformers'
+// models/<family>/ and llama.cpp's src/models/): the config.json keys of its own and the names of
+// its checkpoint's tensors. The forward is shared (engine/device.h and the backends), steered by
+// the ModelConfig the family fills (biases, q/k norm, routing, shared expert, dense layers).
+//
+//   model_type   transformers class            source of the keys and names
+//   mixtral      MixtralForCausalLM            models/mixtral/modeling_mixtral.py
+//   llama        LlamaForCausalLM              models/llama/modeling_llama.py
+//   mistral      MistralForCausalLM            models/mistral/modeling_mistral.py
+//   qwen2        Qwen2ForCausalLM              models/qwen2/modeling_qwen2.py
+//   qwen3        Qwen3ForCausalLM              models/qwen3/modeling_qwen3.py
+//   qwen2_moe    Qwen2MoeForCausalLM           models/qwen2_moe/modeling_qwen2_moe.py
+//   qwen3_moe    Qwen3MoeForCausalLM           models/qwen3_moe/modeling_qwen3_moe.py
+//   olmoe        OlmoeForCausalLM              models/olmoe/modeling_olmoe.py
+//
+// Threading: the registry is constant; every function here is reentrant.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/model_config.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace moebatch {
+
+struct ModelFamily {
+  const char* model_type;    // config.json "model_type"
+  const char* architecture;  // its transformers class
+  // The family's own keys, read into `config` after the shared ones (sizes, heads, RoPE, norms,
+  // ids). InvalidArgument naming the key for a bad or unsupported value.
+  absl::Status (*parse_config)(const nlohmann::json& j, ModelConfig* config);
+  // Tensor names below "model.layers.<l>.": the MoE block's prefix ("block_sparse_moe" or "mlp")
+  // and the names of an expert's gate, up and down projections ("w1", "w3", "w2" or "gate_proj",
+  // "up_proj", "down_proj"); a dense FFN is "mlp.gate_proj" etc. in every family.
+  const char* moe_prefix;
+  const char* expert_gate;
+  const char* expert_up;
+  const char* expert_down;
+};
+
+// The family of `model_type`; null when moebatch has none.
+const ModelFamily* FindModelFamily(std::string_view model_type);
+// The family whose transformers class is `architecture` ("Qwen3MoeForCausalLM"); null when none.
+const ModelFamily* FindModelFamilyByArchitecture(std::string_view architecture);
+// "llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe".
+std::string SupportedModelTypes();
+
+// One tensor of a checkpoint: its name, shape, and the ModelWeights field that points at it.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  const TensorInfo** target;
+};
+
+// Every tensor of `config`'s model with `num_layers` layers, in the order WeightStore lays them
+// out: region 0 the globals (embed_tokens, norm, lm_head unless tied), region 1 + l layer l's
+// (attention, norms, router, experts in id order (gate, up, down each), the shared expert and its
+// gate). Sizes w->layers and each layer's experts; the targets point into *w.
+std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& config, int64_t num_layers,
+                                                  ModelWeights* w);
+
+namespace families {
+// Defined in engine/model/families/<family>.cc.
+extern const ModelFamily kMixtral, kLlama, kMistral, kQwen2, kQwen3, kQwen2Moe, kQwen3Moe, kOlmoe;
+}  // namespace families
+
+}  // namespace moebatch
