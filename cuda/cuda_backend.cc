@@ -19,7 +19,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "cuda/device_probe.h"
 #include "engine/backend.h"
 #include "engine/engine_plan.h"
@@ -37,25 +36,6 @@ std::string GpuName(int device) {
     }
   }
   return absl::StrCat("gpu", device);
-}
-
-// What CudaDevice computes (cuda/kernels.h): the Mixtral forward. A model that needs more is
-// refused by name rather than computed wrongly.
-absl::Status CheckComputable(const ModelConfig& c) {
-  std::vector<std::string> missing;
-  bool dense_layer = false;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) dense_layer |= !c.IsMoeLayer(l);
-  if (dense_layer) missing.push_back("dense FFN layers");
-  if (c.qkv_bias || c.o_bias) missing.push_back("attention biases");
-  if (c.qk_norm != QkNorm::kNone) missing.push_back("q/k RMSNorm");
-  if (c.clip_qkv) missing.push_back("clip_qkv");
-  if (!c.norm_topk_prob) missing.push_back("top-k weights without renormalisation");
-  if (c.shared_expert_intermediate_size > 0) missing.push_back("a shared expert");
-  if (c.rope_scaling.type != RopeScaling::Type::kDefault) missing.push_back("scaled RoPE");
-  if (missing.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("model_type ", c.model_type, " needs ", absl::StrJoin(missing, ", "),
-                   ", which the cuda backend does not compute yet; run it with --backend=cpu"));
 }
 
 class CudaBackend final : public Backend {
@@ -78,7 +58,6 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<BackendPlan> Plan(const EngineOptions& options,
                                    const ModelConfig& config) const override {
-    if (absl::Status st = CheckComputable(config); !st.ok()) return st;
     auto device = Probe(options);
     if (!device.ok()) return device.status();
     auto compute = CudaComputeDType(options.gpu.device);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -58,10 +59,6 @@ cudaDataType_t CudaType(GpuDType t) {
 }
 
 // --- The device ---------------------------------------------------------------------------------
-
-// Layer region layout (engine/model/weight_store.h): 7 layer-wise tensors, then w1, w3, w2 per
-// expert.
-enum LayerTensor { kInputNorm = 0, kQ, kK, kV, kO, kPostNorm, kRouter, kFirstExpert };
 
 class CudaDevice final : public Device {
  public:
@@ -157,9 +154,19 @@ class CudaDevice final : public Device {
   absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
   // y[m, n] (f32) = x[m, k] (dtype_) wᵀ with w [n, k] (dtype_) on the compute stream.
   absl::Status Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y);
-  const void* Tensor(const std::byte* slot, int64_t layer, int index) const {
-    return slot + store_.layer(layer).tensors[index].offset;
+  // Where a tensor of `layer` (a LayerWeights field, pointing into the layer's host region) is
+  // in the device copy of that region at `slot`: the same offset. null for an absent tensor.
+  const void* Tensor(const std::byte* slot, int64_t layer, const TensorInfo* t) const {
+    return t == nullptr ? nullptr : slot + (t->data - store_.layer(layer).data);
   }
+  // One FFN of `width` over `n` rows of `in` (compute dtype): out [n, hidden] f32 =
+  // w2(silu(w1 x) * w3 x), through gate_, up_ and act_.
+  absl::Status Ffn(const std::byte* slot, int64_t layer, const ExpertWeights& ew, const void* in,
+                   int64_t n, float* out);
+  // A MoE layer's FFN over x_ (the normed hidden state of `tokens` rows): the router's top-k, the
+  // experts over their rows, the shared expert when the model has one; h += their weighted sum.
+  absl::Status RoutedExperts(const std::byte* slot, int64_t layer, const LayerWeights& lw,
+                             int64_t tokens, float* h, ForwardStats* stats);
 
   const WeightStore& store_;
   GpuDType dtype_ = GpuDType::kBF16;
@@ -190,6 +197,7 @@ class CudaDevice final : public Device {
   void* lm_head_ = nullptr;
   void* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;
+  float rope_scaling_ = 1.0f;  // RopeTable::attention_scaling
   // Per micro-batch.
   float* h_[kMaxMicroBatches] = {};
   int64_t* positions_[kMaxMicroBatches] = {};
@@ -205,9 +213,10 @@ class CudaDevice final : public Device {
   float* router_ = nullptr;
   int32_t *ids_ = nullptr, *slot_of_ = nullptr, *sorted_token_ = nullptr, *offsets_ = nullptr;
   float* route_w_ = nullptr;
-  void* expert_in_ = nullptr;  // [T k, hidden] dtype
-  float *gate_ = nullptr, *up_ = nullptr, *expert_out_ = nullptr;
-  void* act_ = nullptr;  // [T k, ffn] dtype
+  void* expert_in_ = nullptr;                                      // [T k, hidden] dtype
+  float *gate_ = nullptr, *up_ = nullptr, *expert_out_ = nullptr;  // [T, ffn columns] f32
+  void* act_ = nullptr;  // [T, ffn columns] dtype (GpuFfnColumnsPerToken)
+  float *shared_out_ = nullptr, *shared_gate_ = nullptr;  // [T, hidden], [T] f32
   float* logits_ = nullptr;
   int32_t* rows_ = nullptr;
   std::byte* workspace_ = nullptr;
@@ -218,6 +227,13 @@ class CudaDevice final : public Device {
 absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& store,
                                                            const CudaBackendOptions& options) {
   const ModelConfig& c = store.config();
+  if (c.num_local_experts > gpu::kMaxRouterExperts ||
+      c.num_experts_per_tok > gpu::kMaxCombineTopK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cuda backend routes at most ", gpu::kMaxRouterExperts, " experts, top-",
+                     gpu::kMaxCombineTopK, "; the model has ", c.num_local_experts, ", top-",
+                     c.num_experts_per_tok, " (run it with --backend=cpu)"));
+  }
   std::unique_ptr<CudaDevice> d(new CudaDevice(store));
   d->device_ = options.device;
   d->buffer_allocator_ = std::make_unique<DevicePinnedAllocator>(options.device);
@@ -260,7 +276,8 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->arena_ = static_cast<std::byte*>(arena);
 
   const int64_t T = options.max_tokens_per_pass, hidden = c.hidden_size;
-  const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size, E = c.num_local_experts;
+  const int64_t k = c.num_experts_per_tok, E = c.num_local_experts;
+  const int64_t ffn_columns = GpuFfnColumnsPerToken(c);
   d->slots_[0] = d->Carve<std::byte>(d->plan_.weight_slot_bytes, "weight slot 0");
   d->slots_[1] = d->Carve<std::byte>(d->plan_.weight_slot_bytes, "weight slot 1");
   for (int64_t l = 0; l < d->plan_.resident_layers; ++l) {
@@ -289,10 +306,14 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->sorted_token_ = d->Carve<int32_t>(T * k, "sorted_token");
   d->offsets_ = d->Carve<int32_t>(E + 1, "offsets");
   d->expert_in_ = d->Carve<std::byte>(T * k * hidden * d->elem_, "expert_in");
-  d->gate_ = d->Carve<float>(T * k * ffn, "gate");
-  d->up_ = d->Carve<float>(T * k * ffn, "up");
-  d->act_ = d->Carve<std::byte>(T * k * ffn * d->elem_, "act");
+  d->gate_ = d->Carve<float>(T * ffn_columns, "gate");
+  d->up_ = d->Carve<float>(T * ffn_columns, "up");
+  d->act_ = d->Carve<std::byte>(T * ffn_columns * d->elem_, "act");
   d->expert_out_ = d->Carve<float>(T * k * hidden, "expert_out");
+  if (c.shared_expert_intermediate_size > 0) {
+    d->shared_out_ = d->Carve<float>(T * hidden, "shared_out");
+    d->shared_gate_ = d->Carve<float>(T, "shared_gate");
+  }
   d->logits_ = d->Carve<float>(T * c.vocab_size, "logits");
   d->rows_ = d->Carve<int32_t>(T, "rows");
   const size_t workspace_bytes = GpuMemoryPlan::kCublasWorkspaceBytes;
@@ -333,14 +354,12 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
         cudaMemcpy(d->resident_layers_[l], region.data, region.bytes, cudaMemcpyHostToDevice),
         "resident layer H2D"));
   }
-  std::vector<float> inv_freq(c.head_dim / 2);
-  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    inv_freq[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
-  }
-  MB_RETURN_IF_ERROR(CudaError(cudaMemcpy(d->inv_freq_, inv_freq.data(),
-                                          inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice),
-                               "inv_freq H2D"));
+  const RopeTable rope = ComputeRope(c);
+  d->rope_scaling_ = rope.attention_scaling;
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpy(d->inv_freq_, rope.inv_freq.data(), rope.inv_freq.size() * sizeof(float),
+                           cudaMemcpyHostToDevice),
+                "inv_freq H2D"));
   const std::vector<unsigned char> pattern(d->guard_bytes_, kGuardByte);
   for (const Guard& g : d->guards_) {
     MB_RETURN_IF_ERROR(CudaError(
@@ -443,8 +462,13 @@ absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot
   std::byte* attn_c = static_cast<std::byte*>(attn_c_) + from * q_row * elem_;
   MB_RETURN_IF_ERROR(
       gpu::ConvertF32To(attn_f_ + from * q_row, rows * q_row, attn_c, dtype_, compute_));
+  const LayerWeights& lw = store_.weights().layers[layer];
   MB_RETURN_IF_ERROR(
-      Gemm(attn_c, Tensor(slot, layer, kO), rows, hidden, q_row, proj_ + from * hidden));
+      Gemm(attn_c, Tensor(slot, layer, lw.o_proj), rows, hidden, q_row, proj_ + from * hidden));
+  if (lw.o_bias != nullptr) {
+    MB_RETURN_IF_ERROR(gpu::AddBias(proj_ + from * hidden, rows, hidden,
+                                    Tensor(slot, layer, lw.o_bias), dtype_, compute_));
+  }
   return gpu::AddResidual(h_[micro_batch] + from * hidden, proj_ + from * hidden, rows * hidden,
                           compute_);
 }
@@ -525,15 +549,41 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   const std::byte* s = *slot;
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  MB_RETURN_IF_ERROR(gpu::RmsNorm(h_[micro_batch], Tensor(s, layer, kInputNorm), dtype_, tokens,
-                                  hidden, eps, x_, dtype_, compute_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kQ), tokens, c.q_size(), hidden, q_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kK), tokens, c.kv_size(), hidden, k_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kV), tokens, c.kv_size(), hidden, v_));
+  const LayerWeights& lw = store_.weights().layers[layer];
+  MB_RETURN_IF_ERROR(gpu::RmsNorm(h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
+                                  tokens, hidden, eps, x_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.q_proj), tokens, c.q_size(), hidden, q_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.k_proj), tokens, c.kv_size(), hidden, k_));
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.v_proj), tokens, c.kv_size(), hidden, v_));
+  // The families' attention inputs, in CpuDevice::TaskA's order: q/k/v biases, the q/k norms
+  // (per head: Qwen3; over the projection: OLMoE), clip_qkv (OLMoE), then RoPE.
+  if (lw.q_bias != nullptr) {
+    for (auto [x, bias, n] :
+         {std::tuple{q_, lw.q_bias, c.q_size()}, std::tuple{k_, lw.k_bias, c.kv_size()},
+          std::tuple{v_, lw.v_bias, c.kv_size()}}) {
+      MB_RETURN_IF_ERROR(gpu::AddBias(x, tokens, n, Tensor(s, layer, bias), dtype_, compute_));
+    }
+  }
+  if (c.qk_norm != QkNorm::kNone) {
+    const bool per_head = c.qk_norm == QkNorm::kPerHead;
+    const int64_t d = c.head_dim;
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(q_, Tensor(s, layer, lw.q_norm), dtype_,
+                                    per_head ? tokens * c.num_attention_heads : tokens,
+                                    per_head ? d : c.q_size(), eps, q_, GpuDType::kF32, compute_));
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(k_, Tensor(s, layer, lw.k_norm), dtype_,
+                                    per_head ? tokens * c.num_key_value_heads : tokens,
+                                    per_head ? d : c.kv_size(), eps, k_, GpuDType::kF32, compute_));
+  }
+  if (c.clip_qkv) {
+    const float limit = static_cast<float>(*c.clip_qkv);
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(q_, tokens * c.q_size(), limit, compute_));
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(k_, tokens * c.kv_size(), limit, compute_));
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(v_, tokens * c.kv_size(), limit, compute_));
+  }
   MB_RETURN_IF_ERROR(gpu::ApplyRope(q_, tokens, c.num_attention_heads, c.head_dim,
-                                    positions_[micro_batch], inv_freq_, compute_));
+                                    positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
   MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
-                                    positions_[micro_batch], inv_freq_, compute_));
+                                    positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
   // Prefill attention of the segments, and what task B would do with it: the O projection and
   // the residual, with this layer's weights (device.h: a device that attends prefill may apply it
   // itself). The segments' attention never leaves the GPU, and task B moves only the rows the CPU
@@ -581,8 +631,7 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
   auto slot = AwaitLayer(layer);
   if (!slot.ok()) return slot.status();
   const std::byte* s = *slot;
-  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
-  const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
+  const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   float* h = h_[micro_batch];
   if (tokens > 0) {
@@ -604,50 +653,90 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
     MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(compute_, transferred_, 0), "event wait"));
     MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, 0, first));
     MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, last, tokens));
-    MB_RETURN_IF_ERROR(gpu::RmsNorm(h, Tensor(s, layer, kPostNorm), dtype_, tokens, hidden, eps, x_,
-                                    dtype_, compute_));
-    MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, kRouter), tokens, E, hidden, router_));
-    MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_, compute_));
-    MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
-                                                   slot_of_, compute_));
-    MB_RETURN_IF_ERROR(
-        CudaError(cudaMemcpyAsync(host_offsets_.data(), offsets_, (E + 1) * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, compute_),
-                  "expert offsets D2H"));
-    MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "router"));
-    const int64_t rows = host_offsets_[E];
-    MB_RETURN_IF_ERROR(
-        gpu::GatherRows(x_, dtype_, tokens, hidden, sorted_token_, rows, expert_in_, compute_));
-    const auto* in = static_cast<const std::byte*>(expert_in_);
-    auto* act = static_cast<std::byte*>(act_);
-    int64_t touched = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
-      if (n == 0) continue;
-      ++touched;
-      const void* x = in + r0 * hidden * elem_;
-      MB_RETURN_IF_ERROR(
-          Gemm(x, Tensor(s, layer, kFirstExpert + 3 * e), n, ffn, hidden, gate_ + r0 * ffn));
-      MB_RETURN_IF_ERROR(
-          Gemm(x, Tensor(s, layer, kFirstExpert + 3 * e + 1), n, ffn, hidden, up_ + r0 * ffn));
-    }
-    MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
-      if (n == 0) continue;
-      MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, Tensor(s, layer, kFirstExpert + 3 * e + 2), n,
-                              hidden, ffn, expert_out_ + r0 * hidden));
-    }
-    MB_RETURN_IF_ERROR(gpu::CombineExperts(expert_out_, slot_of_, ids_, route_w_, tokens, top_k,
-                                           hidden, h, compute_));
-    if (stats != nullptr) {
-      stats->expert_token_pairs += rows;
-      stats->experts_touched += touched;
+    const LayerWeights& lw = store_.weights().layers[layer];
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(h, Tensor(s, layer, lw.post_attention_layernorm), dtype_,
+                                    tokens, hidden, eps, x_, dtype_, compute_));
+    if (lw.router == nullptr) {
+      // A dense layer: its FFN over every token, added to the residual (CpuDevice's one expert
+      // with weight 1 gives the same f32 sums: 0 + out * 1, then h + that).
+      MB_RETURN_IF_ERROR(Ffn(s, layer, lw.experts[0], x_, tokens, expert_out_));
+      MB_RETURN_IF_ERROR(gpu::AddResidual(h, expert_out_, tokens * hidden, compute_));
+      if (stats != nullptr) {
+        stats->expert_token_pairs += tokens;
+        stats->experts_touched += 1;
+      }
+    } else {
+      MB_RETURN_IF_ERROR(RoutedExperts(s, layer, lw, tokens, h, stats));
     }
   }
   // The layer's weights are done with once every micro-batch ran its task B.
   MB_RETURN_IF_ERROR(weight_slots_->TaskBDone(layer));
   return CudaError(cudaStreamSynchronize(compute_), "task B");
+}
+
+absl::Status CudaDevice::Ffn(const std::byte* slot, int64_t layer, const ExpertWeights& ew,
+                             const void* in, int64_t n, float* out) {
+  const int64_t hidden = config().hidden_size, width = ew.w1->shape[0];
+  MB_RETURN_IF_ERROR(Gemm(in, Tensor(slot, layer, ew.w1), n, width, hidden, gate_));
+  MB_RETURN_IF_ERROR(Gemm(in, Tensor(slot, layer, ew.w3), n, width, hidden, up_));
+  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, n, width, act_, dtype_, compute_));
+  return Gemm(act_, Tensor(slot, layer, ew.w2), n, hidden, width, out);
+}
+
+absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const LayerWeights& lw,
+                                       int64_t tokens, float* h, ForwardStats* stats) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
+  const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
+  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.router), tokens, E, hidden, router_));
+  MB_RETURN_IF_ERROR(
+      gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_, c.norm_topk_prob, compute_));
+  MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
+                                                 slot_of_, compute_));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(host_offsets_.data(), offsets_, (E + 1) * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, compute_),
+                "expert offsets D2H"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "router"));
+  const int64_t rows = host_offsets_[E];
+  MB_RETURN_IF_ERROR(
+      gpu::GatherRows(x_, dtype_, tokens, hidden, sorted_token_, rows, expert_in_, compute_));
+  const auto* in = static_cast<const std::byte*>(expert_in_);
+  auto* act = static_cast<std::byte*>(act_);
+  int64_t touched = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+    if (n == 0) continue;
+    ++touched;
+    const void* x = in + r0 * hidden * elem_;
+    const ExpertWeights& ew = lw.experts[e];
+    MB_RETURN_IF_ERROR(Gemm(x, Tensor(s, layer, ew.w1), n, ffn, hidden, gate_ + r0 * ffn));
+    MB_RETURN_IF_ERROR(Gemm(x, Tensor(s, layer, ew.w3), n, ffn, hidden, up_ + r0 * ffn));
+  }
+  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+    if (n == 0) continue;
+    MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, Tensor(s, layer, lw.experts[e].w2), n, hidden,
+                            ffn, expert_out_ + r0 * hidden));
+  }
+  // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate), after
+  // the routed experts (it reuses their gate/up/act buffers).
+  const float* shared = nullptr;
+  if (lw.shared_expert_gate != nullptr) {
+    MB_RETURN_IF_ERROR(Ffn(s, layer, lw.shared_expert, x_, tokens, shared_out_));
+    MB_RETURN_IF_ERROR(
+        Gemm(x_, Tensor(s, layer, lw.shared_expert_gate), tokens, 1, hidden, shared_gate_));
+    MB_RETURN_IF_ERROR(gpu::ScaleBySigmoid(shared_out_, tokens, hidden, shared_gate_, compute_));
+    shared = shared_out_;
+  }
+  MB_RETURN_IF_ERROR(gpu::CombineExperts(expert_out_, slot_of_, ids_, route_w_, tokens, top_k,
+                                         hidden, h, shared, compute_));
+  if (stats != nullptr) {
+    stats->expert_token_pairs += rows;
+    stats->experts_touched += touched;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::LmHead(int micro_batch, const int64_t* rows, int64_t n) {

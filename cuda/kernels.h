@@ -1,12 +1,15 @@
 // CUDA kernels of the GPU tasks of one forward pass (MoE-Lens §6.4), cuBLAS GEMMs excepted:
-//   task A: RMSNorm, RoPE, prefill attention;
-//   task B: router softmax / top-k, permutation of tokens by expert, SiLU-mul, weighted combine,
-//           residual adds;
+//   task A: RMSNorm, RoPE, prefill attention, and for the families q/k/v biases, q/k norms (RMSNorm
+//           again) and clip_qkv (ClampAbs);
+//   task B: router softmax / top-k, permutation of tokens by expert, SiLU-mul, weighted combine
+//           (with Qwen2-MoE's shared expert, ScaleBySigmoid), residual adds, o_proj bias;
 // plus the embedding gather and dtype conversions.
 //
 // The math is the cpu backend's: each kernel has a cpu op of the same name and semantics
 // (cpu_attention/ops/ops.h, the steps of CpuDevice), which follows Hugging Face transformers'
-// models/mixtral/modeling_mixtral.py; each function names the transformers code it implements.
+// models/mixtral/modeling_mixtral.py (and modeling_qwen2_moe.py, modeling_qwen3_moe.py,
+// modeling_olmoe.py, modeling_llama.py for what the families add); each function names the
+// transformers code it implements.
 // tests/cuda/test_backend_ops.cc checks every kernel against its cpu op on random shapes and
 // dtypes; tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc what is particular to the kernels
 // (launch limits, ties).
@@ -39,8 +42,8 @@ enum class GpuDType : uint8_t { kF16, kBF16, kF32 };
 // Bytes per element.
 constexpr size_t GpuDTypeSize(GpuDType t) { return t == GpuDType::kF32 ? 4 : 2; }
 
-// Largest router width RouterTopK accepts (Mixtral has 8 experts).
-inline constexpr int64_t kMaxRouterExperts = 64;
+// Largest router width RouterTopK accepts (Mixtral has 8 experts, OLMoE 64, Qwen3-30B-A3B 128).
+inline constexpr int64_t kMaxRouterExperts = 256;
 // Largest expert count BuildExpertPermutation accepts.
 inline constexpr int64_t kMaxPermutationExperts = 256;
 // Largest top_k CombineExperts accepts.
@@ -72,12 +75,13 @@ absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype,
 // place on x [tokens, heads, d] f32; call once for q (heads = num_attention_heads) and once for k
 // (heads = num_key_value_heads). positions [tokens] int64 (absolute positions); inv_freq [d/2] f32
 // (1 / theta^(2i/d), as CpuDevice::Create computes it). For i < d/2, with
-// f = float(pos) * inv_freq[i], c = cosf(f), s = sinf(f) (accurate f32 cosf/sinf, not __cosf):
+// f = float(pos) * inv_freq[i], c = cosf(f) * attention_scaling, s = sinf(f) * attention_scaling
+// (accurate f32 cosf/sinf, not __cosf; attention_scaling is 1 but for yarn, ComputeRope's):
 //   y[i] = x[i] c - x[i + d/2] s,   y[i + d/2] = x[i + d/2] c + x[i] s,
 // each product and sum rounded separately (no FMA), like the CPU; CUDA's cosf/sinf are within 2 ulp
 // of glibc's, so a result may differ from the CPU's in the last bit. d even, 2 <= d <= 1024.
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
-                       const float* inv_freq, cudaStream_t stream);
+                       const float* inv_freq, float attention_scaling, cudaStream_t stream);
 
 // Causal self-attention of variable-length prefill sequences whose whole context is in this call
 // (MixtralAttention.forward with eager_attention_forward: repeat_kv for GQA, causal and sliding
@@ -104,10 +108,12 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
 // The router of MixtralSparseMoeBlock.forward: routing_weights = softmax(router_logits) in f32
 // (max subtracted, sum in expert order); the top_k experts by probability, ties to the lower expert
 // id, in descending probability order; weights renormalised to sum 1 over the top-k (sum taken in
-// that order), as CpuDevice::TaskB. logits [tokens, experts] f32; ids [tokens, top_k] int32;
-// weights [tokens, top_k] f32. 1 <= experts <= 64, 1 <= top_k <= experts. One thread per token.
+// that order), as CpuDevice::TaskB; with renormalize false the weights are the top-k probabilities
+// as they are (Qwen-MoE and OLMoE without norm_topk_prob). logits [tokens, experts] f32; ids
+// [tokens, top_k] int32; weights [tokens, top_k] f32. 1 <= experts <= 256, 1 <= top_k <=
+// min(experts, 64). One thread per token.
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
-                        int32_t* ids, float* weights, cudaStream_t stream);
+                        int32_t* ids, float* weights, bool renormalize, cudaStream_t stream);
 
 // Sorts the (token, choice) pairs by expert, replacing MixtralSparseMoeBlock's one_hot expert_mask
 // and `torch.where(expert_mask[expert_idx])`: expert e owns rows [expert_offsets[e],
@@ -141,16 +147,17 @@ absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_
 // The end of MixtralSparseMoeBlock.forward (expert output * routing weight, index_add_ into
 // final_hidden_states) and the residual add of MixtralDecoderLayer.forward, in the CPU's order:
 // for each token, moe = 0.0f, then moe += expert_out[slot] * weight over its choices taken in
-// increasing expert id order, then h += moe (products and sums rounded separately, no FMA, so the
-// f32 result equals CpuDevice::TaskB's when expert_out and the weights do; the weights come through
-// expf, within 2 ulp of the CPU's). No atomics: one block per token.
+// increasing expert id order, then (with `shared`, Qwen2-MoE's gated shared expert output
+// [tokens, hidden] f32) moe += shared[t], then h += moe (products and sums rounded separately, no
+// FMA, so the f32 result equals CpuDevice::TaskB's when expert_out and the weights do; the weights
+// come through expf, within 2 ulp of the CPU's). No atomics: one block per token.
 // expert_out [tokens * top_k, hidden] f32, row = slot (the w2 GEMM output over the sorted buffer);
 // slot_of, ids [tokens, top_k] int32 (BuildExpertPermutation's, RouterTopK's); weights
-// [tokens, top_k] f32; h [tokens, hidden] f32, updated. A slot outside [0, tokens * top_k) is
-// skipped. 1 <= top_k <= 64.
+// [tokens, top_k] f32; h [tokens, hidden] f32, updated; shared may be null. A slot outside
+// [0, tokens * top_k) is skipped. 1 <= top_k <= 64.
 absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
                             const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
-                            float* h, cudaStream_t stream);
+                            float* h, const float* shared, cudaStream_t stream);
 
 // --- Greedy decoding -----------------------------------------------------------------------------
 
@@ -166,6 +173,17 @@ absl::Status ArgmaxRows(const float* x, int64_t rows, int64_t n, int32_t* ids, c
 // o_proj). h, x [n] f32.
 absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t stream);
 
+// x[r, i] += f32(bias[i]): a Linear layer's bias (nn.Linear with bias=True; Qwen2's q/k/v). x
+// [rows, n] f32; bias [n] in bias_dtype.
+absl::Status AddBias(float* x, int64_t rows, int64_t n, const void* bias, GpuDType bias_dtype,
+                     cudaStream_t stream);
+// x[i] = min(max(x[i], -limit), limit) (OLMoE's clip_qkv). x [n] f32; limit > 0.
+absl::Status ClampAbs(float* x, int64_t n, float limit, cudaStream_t stream);
+// Qwen2-MoE's shared expert gate: x[t, :] = sigmoid(gate_logit[t]) * x[t, :], the sigmoid
+// 1 / (1 + expf(-g)) in f32, then the products. x [tokens, n] f32 in place; gate_logit [tokens]
+// f32.
+absl::Status ScaleBySigmoid(float* x, int64_t tokens, int64_t n, const float* gate_logit,
+                            cudaStream_t stream);
 // dst = src rounded to nearest even in dst_dtype (`Tensor.to(dtype)`); src [n] f32, dst [n].
 absl::Status ConvertF32To(const float* src, int64_t n, void* dst, GpuDType dst_dtype,
                           cudaStream_t stream);

@@ -105,14 +105,14 @@ constexpr int64_t kMaxRopeHeadDim = 1024;
 // pair of the row.
 __global__ void __launch_bounds__(kRopeThreads)
     RopeKernel(float* __restrict__ x, int heads, int half, const int64_t* __restrict__ positions,
-               const float* __restrict__ inv_freq) {
+               const float* __restrict__ inv_freq, float attention_scaling) {
   extern __shared__ float cos_sin[];  // cos [half], then sin [half]
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float freq = __fmul_rn(pos, inv_freq[i]);
-    cos_sin[i] = cosf(freq);
-    cos_sin[half + i] = sinf(freq);
+    cos_sin[i] = __fmul_rn(cosf(freq), attention_scaling);
+    cos_sin[half + i] = __fmul_rn(sinf(freq), attention_scaling);
   }
   __syncthreads();
   float* row = x + t * heads * 2 * half;
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 }  // namespace
 
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
-                       const float* inv_freq, cudaStream_t stream) {
+                       const float* inv_freq, float attention_scaling, cudaStream_t stream) {
   constexpr const char* kFn = "ApplyRope";
   if (tokens < 0 || tokens > kMaxGridX || heads < 1 || d < 2 || d % 2 != 0 || d > kMaxRopeHeadDim ||
       heads * d > kMaxInt) {
@@ -143,7 +143,7 @@ absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const
   }
   const int half = static_cast<int>(d / 2);
   RopeKernel<<<static_cast<unsigned>(tokens), kRopeThreads, 2 * half * sizeof(float), stream>>>(
-      x, static_cast<int>(heads), half, positions, inv_freq);
+      x, static_cast<int>(heads), half, positions, inv_freq, attention_scaling);
   return CheckLaunch(kFn);
 }
 

@@ -1,8 +1,8 @@
 // CUDA kernels of GPU task B (MoE-Lens §6.4) and the rest: router top-k, expert permutation, row
 // gather, greedy argmax, SiLU-mul, combine, residual add and dtype conversions. Shapes and
 // semantics: cuda/kernels.h; numerics and launch conventions: cuda/kernels_common.cuh. Checked
-// against the cpu ops by tests/cuda/test_backend_ops.cc and by tests/cuda/test_cuda_kernels_task_b.cc
-// (ctest -L gpu; -L emulated on the CUDA emulator).
+// against the cpu ops by tests/cuda/test_backend_ops.cc and by
+// tests/cuda/test_cuda_kernels_task_b.cc (ctest -L gpu; -L emulated on the CUDA emulator).
 #include "cuda/kernels_common.cuh"
 
 namespace moebatch::gpu {
@@ -18,7 +18,7 @@ constexpr int kRouterThreads = 128;
 // probabilities in descending order.
 __global__ void __launch_bounds__(kRouterThreads)
     RouterTopKKernel(const float* __restrict__ logits, int64_t tokens, int experts, int top_k,
-                     int32_t* __restrict__ ids, float* __restrict__ weights) {
+                     int32_t* __restrict__ ids, float* __restrict__ weights, bool renormalize) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= tokens) return;
   const float* logit = logits + t * experts;
@@ -34,33 +34,35 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
   for (int e = 0; e < experts; ++e) probs[e] /= sum;
 
-  uint64_t taken = 0;
-  float chosen[kMaxRouterExperts];
+  uint64_t taken[kMaxRouterExperts / 64] = {};
+  float chosen[kMaxCombineTopK];
   float top_sum = 0.0f;
   int32_t* id_row = ids + t * top_k;
   for (int j = 0; j < top_k; ++j) {
     int best = -1;
     for (int e = 0; e < experts; ++e) {
-      if ((taken >> e) & 1u) continue;
+      if ((taken[e / 64] >> (e % 64)) & 1u) continue;
       if (best < 0 || probs[e] > probs[best]) best = e;  // strict: ties keep the lower id
     }
-    taken |= uint64_t{1} << best;
+    taken[best / 64] |= uint64_t{1} << (best % 64);
     chosen[j] = probs[best];
     top_sum += chosen[j];
     id_row[j] = best;
   }
   float* weight_row = weights + t * top_k;
-  for (int j = 0; j < top_k; ++j) weight_row[j] = chosen[j] / top_sum;
+  for (int j = 0; j < top_k; ++j) weight_row[j] = renormalize ? chosen[j] / top_sum : chosen[j];
 }
 
 }  // namespace
 
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
-                        int32_t* ids, float* weights, cudaStream_t stream) {
+                        int32_t* ids, float* weights, bool renormalize, cudaStream_t stream) {
   constexpr const char* kFn = "RouterTopK";
-  if (tokens < 0 || experts < 1 || experts > kMaxRouterExperts || top_k < 1 || top_k > experts) {
+  if (tokens < 0 || experts < 1 || experts > kMaxRouterExperts || top_k < 1 || top_k > experts ||
+      top_k > kMaxCombineTopK) {
     return Invalid(kFn, "bad sizes tokens=", tokens, " experts=", experts, " top_k=", top_k,
-                   " (1 <= top_k <= experts <= ", kMaxRouterExperts, ")");
+                   " (1 <= top_k <= experts <= ", kMaxRouterExperts, ", top_k <= ", kMaxCombineTopK,
+                   ")");
   }
   const int64_t blocks = (tokens + kRouterThreads - 1) / kRouterThreads;
   if (blocks > kMaxGridX) return Invalid(kFn, "too many tokens: ", tokens);
@@ -69,7 +71,8 @@ absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, in
     return Invalid(kFn, "null pointer");
   }
   RouterTopKKernel<<<static_cast<unsigned>(blocks), kRouterThreads, 0, stream>>>(
-      logits, tokens, static_cast<int>(experts), static_cast<int>(top_k), ids, weights);
+      logits, tokens, static_cast<int>(experts), static_cast<int>(top_k), ids, weights,
+      renormalize);
   return CheckLaunch(kFn);
 }
 
@@ -330,11 +333,13 @@ absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_
 namespace {
 
 // One block per token: thread 0 orders the token's choices by expert id (stable insertion sort
-// of at most 64), then each thread sums its columns in that order and adds the sum to h.
+// of at most 64), then each thread sums its columns in that order, adds the shared expert's output
+// when there is one, and adds the sum to h.
 __global__ void __launch_bounds__(kRowThreads)
     CombineExpertsKernel(const float* __restrict__ expert_out, const int32_t* __restrict__ slot_of,
                          const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                         int top_k, int64_t hidden, int64_t num_slots, float* __restrict__ h) {
+                         int top_k, int64_t hidden, int64_t num_slots,
+                         const float* __restrict__ shared, float* __restrict__ h) {
   __shared__ int32_t slots[kMaxCombineTopK];
   __shared__ float slot_weight[kMaxCombineTopK];
   __shared__ int count;
@@ -369,6 +374,7 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int j = 0; j < m; ++j) {
       moe = __fadd_rn(moe, __fmul_rn(expert_out[slots[j] * hidden + c], slot_weight[j]));
     }
+    if (shared != nullptr) moe = __fadd_rn(moe, shared[t * hidden + c]);
     row[c] = __fadd_rn(row[c], moe);
   }
 }
@@ -377,7 +383,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,
                             const float* weights, int64_t tokens, int64_t top_k, int64_t hidden,
-                            float* h, cudaStream_t stream) {
+                            float* h, const float* shared, cudaStream_t stream) {
   constexpr const char* kFn = "CombineExperts";
   if (tokens < 0 || tokens > kMaxGridX || top_k < 1 || top_k > kMaxCombineTopK || hidden < 1 ||
       tokens > kMaxInt / top_k) {
@@ -390,7 +396,8 @@ absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, con
     return Invalid(kFn, "null pointer");
   }
   CombineExpertsKernel<<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
-      expert_out, slot_of, ids, weights, static_cast<int>(top_k), hidden, tokens * top_k, h);
+      expert_out, slot_of, ids, weights, static_cast<int>(top_k), hidden, tokens * top_k, shared,
+      h);
   return CheckLaunch(kFn);
 }
 
@@ -404,6 +411,41 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     h[i] = __fadd_rn(h[i], x[i]);
+  }
+}
+
+// x [rows, n]: element i of the flattened array gets bias[i % n].
+template <typename B>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    AddBiasKernel(float* __restrict__ x, int64_t total, int64_t n, const B* __restrict__ bias) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    x[i] = __fadd_rn(x[i], ToF32(bias[i % n]));
+  }
+}
+
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ClampAbsKernel(float* __restrict__ x, int64_t n, float limit) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    // std::min(std::max(x, -limit), limit) as the CPU: a NaN stays a NaN (torch.clamp).
+    float v = x[i];
+    v = v < -limit ? -limit : v;
+    x[i] = limit < v ? limit : v;
+  }
+}
+
+// x [tokens, n]: element i is scaled by the sigmoid of its row's gate logit.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ScaleBySigmoidKernel(float* __restrict__ x, int64_t total, int64_t n,
+                         const float* __restrict__ gate_logit) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const float g = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gate_logit[i / n])));
+    x[i] = __fmul_rn(g, x[i]);
   }
 }
 
@@ -425,6 +467,47 @@ absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t strea
   if (n == 0) return absl::OkStatus();
   if (h == nullptr || x == nullptr) return Invalid(kFn, "null pointer");
   AddResidualKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(h, x, n);
+  return CheckLaunch(kFn);
+}
+
+absl::Status AddBias(float* x, int64_t rows, int64_t n, const void* bias, GpuDType bias_dtype,
+                     cudaStream_t stream) {
+  constexpr const char* kFn = "AddBias";
+  if (auto st = CheckDType(kFn, "bias_dtype", bias_dtype); !st.ok()) return st;
+  if (rows < 0 || n < 1 || rows > std::numeric_limits<int64_t>::max() / n) {
+    return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (x == nullptr || bias == nullptr) return Invalid(kFn, "null pointer");
+  const int64_t total = rows * n;
+  Dispatch(bias_dtype, [&](auto tag) {
+    using B = typename decltype(tag)::type;
+    AddBiasKernel<B><<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
+        x, total, n, static_cast<const B*>(bias));
+  });
+  return CheckLaunch(kFn);
+}
+
+absl::Status ClampAbs(float* x, int64_t n, float limit, cudaStream_t stream) {
+  constexpr const char* kFn = "ClampAbs";
+  if (n < 0 || !(limit > 0)) return Invalid(kFn, "bad arguments n=", n, " limit=", limit);
+  if (n == 0) return absl::OkStatus();
+  if (x == nullptr) return Invalid(kFn, "null pointer");
+  ClampAbsKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, n, limit);
+  return CheckLaunch(kFn);
+}
+
+absl::Status ScaleBySigmoid(float* x, int64_t tokens, int64_t n, const float* gate_logit,
+                            cudaStream_t stream) {
+  constexpr const char* kFn = "ScaleBySigmoid";
+  if (tokens < 0 || n < 1 || tokens > std::numeric_limits<int64_t>::max() / n) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " n=", n);
+  }
+  if (tokens == 0) return absl::OkStatus();
+  if (x == nullptr || gate_logit == nullptr) return Invalid(kFn, "null pointer");
+  const int64_t total = tokens * n;
+  ScaleBySigmoidKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(x, total, n,
+                                                                                     gate_logit);
   return CheckLaunch(kFn);
 }
 

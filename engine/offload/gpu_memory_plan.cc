@@ -31,10 +31,19 @@ std::string GpuMemoryPlan::ToString() const {
       GiB(workspace_bytes), " workspace = ", GiB(total_bytes));
 }
 
+int64_t GpuFfnColumnsPerToken(const ModelConfig& c) {
+  int64_t columns = c.shared_expert_intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    columns = std::max(columns, c.IsMoeLayer(l) ? c.num_experts_per_tok * c.intermediate_size
+                                                : c.dense_intermediate_size);
+  }
+  return columns;
+}
+
 int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   const int64_t e = static_cast<int64_t>(DTypeSize(dtype)), f = 4;
   const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
-  const int64_t k = c.num_experts_per_tok, ffn = c.intermediate_size;
+  const int64_t k = c.num_experts_per_tok, ffn = GpuFfnColumnsPerToken(c);
   int64_t bytes = 0;
   bytes += 2 * (hidden * f + 8 + 4);  // h, position, prefill segment offset, each micro-batch
   bytes += hidden * e;                // x = RMSNorm(h), GEMM input
@@ -44,10 +53,11 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   bytes += c.num_local_experts * f;   // router logits
   bytes += k * 16;                    // top-k ids, weights, slots; tokens sorted by expert
   bytes += k * hidden * e;            // expert inputs (rows sorted by expert)
-  bytes += k * 2 * ffn * f;           // gate and up
-  bytes += k * ffn * e;               // silu(gate) * up, GEMM input
+  bytes += 2 * ffn * f;               // gate and up
+  bytes += ffn * e;                   // silu(gate) * up, GEMM input
   bytes += k * hidden * f;            // expert outputs
-  bytes += c.vocab_size * f + 4;      // logits and their row index
+  if (c.shared_expert_intermediate_size > 0) bytes += hidden * f + f;  // shared expert, its gate
+  bytes += c.vocab_size * f + 4;                                       // logits and their row index
   return bytes;
 }
 

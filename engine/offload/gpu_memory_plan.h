@@ -54,6 +54,10 @@ struct GpuMemoryPlan {
 // Bytes of activations per token of a pass (see above).
 int64_t GpuActivationBytesPerToken(const ModelConfig& config, DType compute_dtype);
 
+// FFN columns per token that the gate/up (and activation) buffers hold: the widest of a MoE
+// layer's top_k experts (top_k x intermediate_size), a dense layer's FFN and the shared expert.
+int64_t GpuFfnColumnsPerToken(const ModelConfig& config);
+
 // The plan for `tokens_per_pass` tokens and `resident_layers` layers kept on the device.
 // ResourceExhausted when it exceeds budget_bytes, naming the parts and, when the weights alone
 // fit, the largest tokens_per_pass that would (beside those resident layers); InvalidArgument for

@@ -247,8 +247,10 @@ TEST_CASE("backend ops: ApplyRope", "[backend_ops]") {
   static const std::vector<Row> rows = {{37, 32, 128}, {37, 8, 128}, {1, 8, 128}, {37, 8, 64},
                                         {5, 3, 2},     {4, 2, 256},  {3, 1, 1024}};
   const Row row = GENERATE(from_range(rows));
+  // 1, and yarn's attention factor for factor 4 (0.1 ln 4 + 1, Qwen3's rope_scaling).
+  const float scaling = GENERATE(1.0f, 1.1386294f);
   const Tolerance tol = Relative(2e-6);
-  CAPTURE(row.tokens, row.heads, row.d, Describe(tol));
+  CAPTURE(row.tokens, row.heads, row.d, scaling, Describe(tol));
   std::mt19937 rng(3);
   const std::vector<float> inv_freq = RopeInvFreq(row.d, 1e6f);  // Mixtral's rope_theta
   std::uniform_int_distribution<int64_t> pick(0, 32767);
@@ -261,10 +263,10 @@ TEST_CASE("backend ops: ApplyRope", "[backend_ops]") {
   DeviceBuffer<float> x_d(x), inv_freq_d(inv_freq);
   DeviceBuffer<int64_t> positions_d(positions);
   STATUS_REQUIRE(ApplyRope(x_d.get(), row.tokens, row.heads, row.d, positions_d.get(),
-                           inv_freq_d.get(), stream.get()));
+                           inv_freq_d.get(), scaling, stream.get()));
   std::vector<float> want = x;
   STATUS_REQUIRE(cpu_ops::ApplyRope(want.data(), row.tokens, row.heads, row.d, positions.data(),
-                                    inv_freq.data()));
+                                    inv_freq.data(), scaling));
   stream.Sync();
   CheckOutput("ApplyRope", x_d.Download(), want, tol);
 }
@@ -317,16 +319,18 @@ TEST_CASE("backend ops: RouterTopK (with tied logits)", "[backend_ops]") {
   };
   static const std::vector<Row> rows = [] {
     std::vector<Row> r;
-    const std::pair<int64_t, int64_t> shapes[] = {{8, 2}, {64, 6}, {5, 5},
-                                                  {1, 1}, {33, 1}, {64, 64}};
+    // Mixtral 8/2, OLMoE 64/8, Qwen1.5-MoE 60/4, Qwen3-30B-A3B 128/8, DeepSeek-V3's 256/8.
+    const std::pair<int64_t, int64_t> shapes[] = {{8, 2},   {64, 6}, {5, 5},   {1, 1},  {33, 1},
+                                                  {64, 64}, {60, 4}, {128, 8}, {256, 8}};
     for (auto [experts, top_k] : shapes) {
       for (int64_t tokens : {1, 37, 300}) r.push_back({experts, top_k, tokens});
     }
     return r;
   }();
   const Row row = GENERATE(from_range(rows));
+  const bool renormalize = GENERATE(true, false);  // norm_topk_prob
   const Tolerance weight_tol = Ulp(16);
-  CAPTURE(row.experts, row.top_k, row.tokens, Describe(weight_tol));
+  CAPTURE(row.experts, row.top_k, row.tokens, renormalize, Describe(weight_tol));
   std::mt19937 rng(4);
   std::vector<float> logits = Normal(rng, row.tokens * row.experts, 2.0f);
   if (row.tokens >= 37 && row.experts >= 3) {
@@ -345,11 +349,11 @@ TEST_CASE("backend ops: RouterTopK (with tied logits)", "[backend_ops]") {
   DeviceBuffer<int32_t> ids_d(row.tokens * row.top_k);
   DeviceBuffer<float> weights_d(row.tokens * row.top_k);
   STATUS_REQUIRE(RouterTopK(logits_d.get(), row.tokens, row.experts, row.top_k, ids_d.get(),
-                            weights_d.get(), stream.get()));
+                            weights_d.get(), renormalize, stream.get()));
   std::vector<int32_t> want_ids(row.tokens * row.top_k);
   std::vector<float> want_weights(row.tokens * row.top_k);
   STATUS_REQUIRE(cpu_ops::RouterTopK(logits.data(), row.tokens, row.experts, row.top_k,
-                                     want_ids.data(), want_weights.data()));
+                                     want_ids.data(), want_weights.data(), renormalize));
   stream.Sync();
   CheckIds("RouterTopK ids", ids_d.Download(), want_ids);
   CheckOutput("RouterTopK weights", weights_d.Download(), want_weights, weight_tol);
@@ -501,8 +505,9 @@ TEST_CASE("backend ops: CombineExperts (expert id order, slots out of range skip
       {300, 64, 6, 100, false}, {5, 8, 8, 33, false},    {3, 4, 1, 5, true},
   };
   const Row row = GENERATE(from_range(rows));
+  const bool with_shared = GENERATE(false, true);  // Qwen2-MoE's shared expert output added
   const Tolerance tol = Exact();
-  CAPTURE(row.tokens, row.experts, row.top_k, row.hidden, row.bad_slots);
+  CAPTURE(row.tokens, row.experts, row.top_k, row.hidden, row.bad_slots, with_shared);
   std::mt19937 rng(8);
   const int64_t pairs = row.tokens * row.top_k;
   // Routing from the cpu ops (choices in descending weight order, so not in id order).
@@ -519,15 +524,17 @@ TEST_CASE("backend ops: CombineExperts (expert id order, slots out of range skip
   }
   const std::vector<float> expert_out = Normal(rng, pairs * row.hidden);
   const std::vector<float> h = Normal(rng, row.tokens * row.hidden, 4.0f);
+  const std::vector<float> shared = Normal(rng, row.tokens * row.hidden);
   Stream stream;
-  DeviceBuffer<float> expert_out_d(expert_out), weights_d(weights), h_d(h);
+  DeviceBuffer<float> expert_out_d(expert_out), weights_d(weights), h_d(h), shared_d(shared);
   DeviceBuffer<int32_t> slot_of_d(slot_of), ids_d(ids);
   STATUS_REQUIRE(CombineExperts(expert_out_d.get(), slot_of_d.get(), ids_d.get(), weights_d.get(),
-                                row.tokens, row.top_k, row.hidden, h_d.get(), stream.get()));
+                                row.tokens, row.top_k, row.hidden, h_d.get(),
+                                with_shared ? shared_d.get() : nullptr, stream.get()));
   std::vector<float> want = h;
   STATUS_REQUIRE(cpu_ops::CombineExperts(expert_out.data(), slot_of.data(), ids.data(),
                                          weights.data(), row.tokens, row.top_k, row.hidden,
-                                         want.data()));
+                                         want.data(), with_shared ? shared.data() : nullptr));
   stream.Sync();
   CheckOutput("CombineExperts", h_d.Download(), want, tol);
 }
@@ -563,6 +570,55 @@ TEST_CASE("backend ops: ArgmaxRows (ties: the first maximum wins)", "[backend_op
 }
 
 // --- Elementwise ---------------------------------------------------------------------------------
+
+TEST_CASE("backend ops: the families' elementwise ops (AddBias, ClampAbs, ScaleBySigmoid)",
+          "[backend_ops]") {
+  struct Row {
+    int64_t rows, n;
+  };
+  static const std::vector<Row> rows = {{1, 1}, {37, 96}, {5, 4096}, {300, 33}};
+  const Row row = GENERATE(from_range(rows));
+  CAPTURE(row.rows, row.n);
+  std::mt19937 rng(14);
+  std::vector<float> x = Normal(rng, row.rows * row.n, 3.0f);
+  x[0] = NAN;  // clamp keeps a NaN (torch.clamp), sigmoid scaling propagates it
+  if (x.size() > 2) x[1] = -INFINITY;
+  Stream stream;
+  // AddBias, the bias in each storage dtype: the cpu op gets the same values widened to f32.
+  const std::vector<float> bias = Normal(rng, row.n);
+  for (GpuDType dtype : kAllDTypes) {
+    CAPTURE(Name(dtype));
+    std::vector<unsigned char> typed(row.n * GpuDTypeSize(dtype));
+    STATUS_REQUIRE(cpu_ops::ConvertF32To(bias.data(), row.n, typed.data(), CpuDType(dtype)));
+    std::vector<float> wide(row.n);
+    STATUS_REQUIRE(cpu_ops::ConvertToF32(typed.data(), CpuDType(dtype), row.n, wide.data()));
+    DeviceBuffer<float> x_d(x);
+    DeviceBuffer<unsigned char> bias_d(typed);
+    STATUS_REQUIRE(AddBias(x_d.get(), row.rows, row.n, bias_d.get(), dtype, stream.get()));
+    std::vector<float> want = x;
+    STATUS_REQUIRE(cpu_ops::AddBias(want.data(), row.rows, row.n, wide.data()));
+    stream.Sync();
+    CheckOutput("AddBias", x_d.Download(), want, Exact());
+  }
+  {
+    DeviceBuffer<float> x_d(x);
+    STATUS_REQUIRE(ClampAbs(x_d.get(), row.rows * row.n, 2.0f, stream.get()));  // OLMoE-style
+    std::vector<float> want = x;
+    STATUS_REQUIRE(cpu_ops::ClampAbs(want.data(), row.rows * row.n, 2.0f));
+    stream.Sync();
+    CheckOutput("ClampAbs", x_d.Download(), want, Exact());
+  }
+  {
+    const std::vector<float> gate = Normal(rng, row.rows, 4.0f);
+    DeviceBuffer<float> x_d(x), gate_d(gate);
+    STATUS_REQUIRE(ScaleBySigmoid(x_d.get(), row.rows, row.n, gate_d.get(), stream.get()));
+    std::vector<float> want = x;
+    STATUS_REQUIRE(cpu_ops::ScaleBySigmoid(want.data(), row.rows, row.n, gate.data()));
+    stream.Sync();
+    // expf within 2 ulp of glibc's, then a division and a product.
+    CheckOutput("ScaleBySigmoid", x_d.Download(), want, Ulp(8));
+  }
+}
 
 TEST_CASE("backend ops: AddResidual and the conversions (rounding corners, NaN)", "[backend_ops]") {
   const int64_t n = GENERATE(1, 101, 37 * 4096);
@@ -651,7 +707,7 @@ TEST_CASE("backend ops: sizes outside the API are InvalidArgument on both", "[ba
       {"RmsNorm in place into bf16",
        RmsNorm(f.get(), f.get(), GpuDType::kF32, 1, 4, 1e-5f, f.get(), GpuDType::kBF16, s),
        cpu_ops::RmsNorm(hf.data(), hf.data(), DType::kF32, 1, 4, 1e-5f, hf.data(), DType::kBF16)},
-      {"ApplyRope odd d", ApplyRope(f.get(), 1, 1, 3, i64.get(), f.get(), s),
+      {"ApplyRope odd d", ApplyRope(f.get(), 1, 1, 3, i64.get(), f.get(), 1.0f, s),
        cpu_ops::ApplyRope(hf.data(), 1, 1, 3, hi64.data(), hf.data())},
       {"PrefillAttention heads % kv_heads",
        PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 6, 4, 64, 0.125f, 0, f.get(),
@@ -663,9 +719,9 @@ TEST_CASE("backend ops: sizes outside the API are InvalidArgument on both", "[ba
                         s),
        cpu_ops::PrefillAttention(hf.data(), hf.data(), hf.data(), hi32.data(), 1, 4, 8, 2, 64,
                                  0.125f, -1, hf.data())},
-      {"RouterTopK top_k 0", RouterTopK(f.get(), 1, 8, 0, i32.get(), f.get(), s),
+      {"RouterTopK top_k 0", RouterTopK(f.get(), 1, 8, 0, i32.get(), f.get(), true, s),
        cpu_ops::RouterTopK(hf.data(), 1, 8, 0, hi32.data(), hf.data())},
-      {"RouterTopK top_k > experts", RouterTopK(f.get(), 1, 8, 9, i32.get(), f.get(), s),
+      {"RouterTopK top_k > experts", RouterTopK(f.get(), 1, 8, 9, i32.get(), f.get(), true, s),
        cpu_ops::RouterTopK(hf.data(), 1, 8, 9, hi32.data(), hf.data())},
       {"BuildExpertPermutation no offsets",
        BuildExpertPermutation(i32.get(), 1, 2, 8, nullptr, i32.get(), i32.get(), s),
@@ -676,12 +732,17 @@ TEST_CASE("backend ops: sizes outside the API are InvalidArgument on both", "[ba
        SiluMul(f.get(), f.get(), GpuDType::kF32, 1, 4, f.get(), GpuDType::kF16, s),
        cpu_ops::SiluMul(hf.data(), hf.data(), DType::kF32, 1, 4, hf.data(), DType::kF16)},
       {"CombineExperts top_k 0",
-       CombineExperts(f.get(), i32.get(), i32.get(), f.get(), 1, 0, 4, f.get(), s),
+       CombineExperts(f.get(), i32.get(), i32.get(), f.get(), 1, 0, 4, f.get(), nullptr, s),
        cpu_ops::CombineExperts(hf.data(), hi32.data(), hi32.data(), hf.data(), 1, 0, 4, hf.data())},
       {"ArgmaxRows n 0", ArgmaxRows(f.get(), 1, 0, i32.get(), s),
        cpu_ops::ArgmaxRows(hf.data(), 1, 0, hi32.data())},
       {"AddResidual n < 0", AddResidual(f.get(), f.get(), -1, s),
        cpu_ops::AddResidual(hf.data(), hf.data(), -1)},
+      {"AddBias n 0", AddBias(f.get(), 1, 0, f.get(), GpuDType::kF32, s),
+       cpu_ops::AddBias(hf.data(), 1, 0, hf.data())},
+      {"ClampAbs limit 0", ClampAbs(f.get(), 4, 0.0f, s), cpu_ops::ClampAbs(hf.data(), 4, 0.0f)},
+      {"ScaleBySigmoid null gate", ScaleBySigmoid(f.get(), 1, 4, nullptr, s),
+       cpu_ops::ScaleBySigmoid(hf.data(), 1, 4, nullptr)},
       {"ConvertToF32 null source", ConvertToF32(nullptr, GpuDType::kBF16, 4, f.get(), s),
        cpu_ops::ConvertToF32(nullptr, DType::kBF16, 4, hf.data())},
   };
@@ -752,7 +813,7 @@ TEST_CASE("backend ops: the task B chain equals CpuDevice::TaskB's sequence of c
   DeviceBuffer<int32_t> ids_d(pairs), offsets_d(experts + 1), sorted_d(pairs), slot_of_d(pairs);
   DeviceBuffer<float> weights_d(pairs), expert_in_d(pairs * hidden);
   STATUS_REQUIRE(RouterTopK(logits_d.get(), tokens, experts, top_k, ids_d.get(), weights_d.get(),
-                            stream.get()));
+                            true, stream.get()));
   STATUS_REQUIRE(BuildExpertPermutation(ids_d.get(), tokens, top_k, experts, offsets_d.get(),
                                         sorted_d.get(), slot_of_d.get(), stream.get()));
   STATUS_REQUIRE(GatherRows(x_d.get(), GpuDType::kF32, tokens, hidden, sorted_d.get(), pairs,
@@ -770,7 +831,7 @@ TEST_CASE("backend ops: the task B chain equals CpuDevice::TaskB's sequence of c
   expert_gemms(gpu_offsets, gate_d.Download(), inter, w2, hidden, &gpu_out);
   DeviceBuffer<float> expert_out_d(gpu_out);
   STATUS_REQUIRE(CombineExperts(expert_out_d.get(), slot_of_d.get(), ids_d.get(), weights_d.get(),
-                                tokens, top_k, hidden, h_d.get(), stream.get()));
+                                tokens, top_k, hidden, h_d.get(), nullptr, stream.get()));
   stream.Sync();
   CheckIds("task B chain: router ids", ids_d.Download(), ids);
   CheckOutput("task B chain: h", h_d.Download(), want, tol);

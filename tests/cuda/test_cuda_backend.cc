@@ -1,6 +1,7 @@
 // The cuda backend on a GPU (label gpu; tests/cuda/gpu_catch_main.cc skips the binary without one),
 // and the same program on the CUDA emulator (label emulated, tests/cuda_emulation/):
-//  * the golden fixtures through the Engine with --backend=cuda: greedy tokens identical to
+//  * the golden fixtures (Mixtral's and every family's) through the Engine with --backend=cuda:
+//  greedy tokens identical to
 //    transformers' with f32 weights (f32 accumulation everywhere), last logits within 1e-4 of
 //    transformers' with f32 weights and within 2e-2 relative in the GPU's compute dtype (bf16 on
 //    sm_80+, f16 on sm_75, each against the cpu backend in the same dtype);
@@ -94,6 +95,16 @@ TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights", "[c
   CheckGreedy("tiny-mixtral-hd128");  // Mixtral's head_dim 128 and 4 query heads per KV head
 }
 
+// The families beyond Mixtral (tests/fixtures/make_tiny_families.py): biases, q/k norms, clip_qkv,
+// dense layers, a shared expert, unnormalised top-k, llama3 and yarn RoPE, f16 shards.
+TEST_CASE("cuda backend: greedy tokens of the families' golden fixtures, f32 weights",
+          "[cuda_backend][families]") {
+  const std::string fixture =
+      GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+  CheckGreedy(fixture);
+}
+
 TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend]") {
   CheckGreedy("tiny-mixtral", 1);   // layer 0 resident; 1, 2, 3 stream (odd: slots alternate)
   CheckGreedy("tiny-mixtral", -1);  // 0 and 1 resident; 2 and 3 stay in the slots
@@ -173,12 +184,17 @@ std::unique_ptr<Device> CudaOver(const Checkpoint& checkpoint, DType dtype,
 
 TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformers'",
           "[cuda_backend]") {
-  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
+  for (const char* fixture :
+       {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128", "tiny-llama", "tiny-mistral",
+        "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe"}) {
     const std::string dir = FixtureDir(fixture);
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);
     REQUIRE(checkpoint.ok());
-    for (int64_t resident : {0, 1}) {
+    // Resident layers change where the weights come from, not the math: Mixtral's fixtures
+    // check both; the families (slow on the emulator) stream every layer.
+    const bool mixtral = std::string(fixture).rfind("tiny-mixtral", 0) == 0;
+    for (int64_t resident : mixtral ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0}) {
       std::unique_ptr<WeightStore> store;
       const auto got = LastLogits(CudaOver(**checkpoint, DType::kF32, &store, resident), golden);
       for (size_t i = 0; i < golden.size(); ++i) {
@@ -202,7 +218,8 @@ TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformer
 TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[cuda_backend]") {
   auto dtype = CudaComputeDType(0);
   REQUIRE(dtype.ok());
-  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
+  for (const char* fixture :
+       {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128", "tiny-qwen2-moe", "tiny-olmoe"}) {
     const std::string dir = FixtureDir(fixture);
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);

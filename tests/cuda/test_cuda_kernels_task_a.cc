@@ -37,18 +37,19 @@ TEST_CASE("Bad sizes are InvalidArgument and launch nothing", "[cuda]") {
       invalid(RmsNorm(f.get(), f.get(), GpuDType::kF32, -1, 4, 1e-5f, f.get(), GpuDType::kF32, s)));
   CHECK(invalid(RmsNorm(f.get(), f.get(), GpuDType::kF32, 1, 4, 1e-5f, f.get(), GpuDType::kBF16,
                         s)));  // in place into another dtype
-  CHECK(invalid(ApplyRope(f.get(), 1, 1, 3, i64.get(), f.get(), s)));     // odd d
-  CHECK(invalid(ApplyRope(f.get(), 1, 1, 2048, i64.get(), f.get(), s)));  // d too large
-  CHECK(invalid(RouterTopK(f.get(), 1, 65, 2, i32.get(), f.get(), s)));
-  CHECK(invalid(RouterTopK(f.get(), 1, 8, 0, i32.get(), f.get(), s)));
-  CHECK(invalid(RouterTopK(f.get(), 1, 8, 9, i32.get(), f.get(), s)));
+  CHECK(invalid(ApplyRope(f.get(), 1, 1, 3, i64.get(), f.get(), 1.0f, s)));     // odd d
+  CHECK(invalid(ApplyRope(f.get(), 1, 1, 2048, i64.get(), f.get(), 1.0f, s)));  // d too large
+  CHECK(invalid(RouterTopK(f.get(), 1, 257, 2, i32.get(), f.get(), true, s)));
+  CHECK(invalid(RouterTopK(f.get(), 1, 8, 0, i32.get(), f.get(), true, s)));
+  CHECK(invalid(RouterTopK(f.get(), 1, 8, 9, i32.get(), f.get(), true, s)));
   CHECK(invalid(BuildExpertPermutation(i32.get(), 1, 2, 257, i32.get(), i32.get(), i32.get(), s)));
   CHECK(invalid(BuildExpertPermutation(i32.get(), 1, 2, 8, nullptr, i32.get(), i32.get(), s)));
   CHECK(invalid(GatherRows(f.get(), GpuDType::kF32, 4, 0, i32.get(), 1, f.get(), s)));
   CHECK(invalid(ArgmaxRows(f.get(), 1, 0, i32.get(), s)));
   CHECK(invalid(ArgmaxRows(nullptr, 1, 4, i32.get(), s)));
   CHECK(invalid(SiluMul(f.get(), f.get(), GpuDType::kF32, 1, 4, f.get(), GpuDType::kF16, s)));
-  CHECK(invalid(CombineExperts(f.get(), i32.get(), i32.get(), f.get(), 1, 65, 4, f.get(), s)));
+  CHECK(invalid(
+      CombineExperts(f.get(), i32.get(), i32.get(), f.get(), 1, 65, 4, f.get(), nullptr, s)));
   CHECK(invalid(AddResidual(f.get(), f.get(), -1, s)));
   CHECK(invalid(ConvertF32To(f.get(), 4, f.get(), bad_dtype, s)));
   CHECK(invalid(ConvertToF32(nullptr, GpuDType::kBF16, 4, f.get(), s)));

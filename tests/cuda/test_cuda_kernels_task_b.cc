@@ -31,7 +31,7 @@ TEST_CASE("RouterTopK breaks ties to the lower expert id, descending order", "[c
   DeviceBuffer<int32_t> ids_d(tokens * top_k);
   DeviceBuffer<float> weights_d(tokens * top_k);
   STATUS_REQUIRE(RouterTopK(logits_d.get(), tokens, experts, top_k, ids_d.get(), weights_d.get(),
-                            stream.get()));
+                            true, stream.get()));
   stream.Sync();
   CHECK(ids_d.Download() == std::vector<int32_t>{0, 1, 2, 1, 2, 4, 3, 1, 2, 2, 5, 7});
   const std::vector<float> weights = weights_d.Download();
