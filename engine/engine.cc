@@ -165,9 +165,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->tokenizer_ = *std::move(tokenizer);
   if (engine->tokenizer_->vocab_size() > c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
+        options.model_dir, "/",
         engine->tokenizer_->kind() == TokenizerKind::kBpe ? "tokenizer.json" : "tokenizer.model",
-        " has ", engine->tokenizer_->vocab_size(), " tokens but config.json vocab_size is ",
-        c.vocab_size));
+        " has ", engine->tokenizer_->vocab_size(), " tokens but ", options.model_dir,
+        "/config.json vocab_size is ", c.vocab_size));
   }
   engine->eos_token_ids_ = c.eos_token_ids;
   spdlog::info(

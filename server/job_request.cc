@@ -86,7 +86,8 @@ std::string ToBatchLine(const v1::BatchRequest& r) {
 }
 
 absl::StatusOr<std::vector<int32_t>> TokenizeRequest(const BatchRequest& request,
-                                                     const Tokenizer& tokenizer) {
+                                                     const Tokenizer& tokenizer,
+                                                     int64_t vocab_size) {
   if (request.endpoint == Endpoint::kChatCompletions) {
     auto ids = tokenizer.EncodeChat(request.messages);
     if (!ids.ok()) {
@@ -95,12 +96,12 @@ absl::StatusOr<std::vector<int32_t>> TokenizeRequest(const BatchRequest& request
     return ids;
   }
   if (request.prompt_token_ids) {
+    const int64_t vocab = vocab_size > 0 ? vocab_size : tokenizer.vocab_size();
     for (size_t i = 0; i < request.prompt_token_ids->size(); ++i) {
       const int32_t id = (*request.prompt_token_ids)[i];
-      if (id < 0 || id >= tokenizer.vocab_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("body.prompt[", i, "]: token id ", id,
-                                                       " is outside the vocabulary [0, ",
-                                                       tokenizer.vocab_size(), ")"));
+      if (id < 0 || id >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "body.prompt[", i, "]: token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
       }
     }
     return *request.prompt_token_ids;
@@ -162,7 +163,7 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
   // the vocabulary, an empty prompt) are listed with the others.
   std::vector<std::vector<int32_t>> token_ids;
   options.check_line = [&](const BatchLine& line) -> absl::Status {
-    auto ids = TokenizeRequest(*line.parsed.request, tokenizer);
+    auto ids = TokenizeRequest(*line.parsed.request, tokenizer, limits.vocab_size);
     if (!ids.ok()) return ids.status();
     if (ids->empty()) return absl::InvalidArgumentError("body.prompt: empty");
     if (token_ids.size() <= static_cast<size_t>(line.index)) token_ids.resize(line.index + 1);

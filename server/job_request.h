@@ -35,6 +35,9 @@ struct JobLimits {
   int32_t max_tokens_per_request = 0;  // a request's max_tokens at most (0 = only the context)
   int64_t max_context_tokens = 0;      // the engine's
   std::string model_name;              // CreateJob.model / body.model must be empty or this
+  // Token ids a prompt may hold: [0, vocab_size), the model's embedding rows (config.json
+  // vocab_size, as Engine::AddRequest checks); 0: the tokenizer's vocabulary.
+  int64_t vocab_size = 0;
 };
 
 // Job metadata as OpenAI limits it: at most 16 pairs, keys of 1 to 64 characters, values of up to
@@ -59,8 +62,10 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
 // path as JSONL).
 std::string ToBatchLine(const v1::BatchRequest& request);
 
-// Tokenizes a parsed request: chat through the Mixtral-Instruct format, text prompts with BOS.
+// Tokenizes a parsed request: chat through the model's chat layout, text prompts with BOS; token
+// id prompts are checked against [0, vocab_size) (0: the tokenizer's vocabulary).
 absl::StatusOr<std::vector<int32_t>> TokenizeRequest(const BatchRequest& request,
-                                                     const Tokenizer& tokenizer);
+                                                     const Tokenizer& tokenizer,
+                                                     int64_t vocab_size = 0);
 
 }  // namespace moebatch

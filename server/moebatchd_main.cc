@@ -426,6 +426,7 @@ int Run(const std::set<std::string>& given) {
   limits.max_requests_per_job = absl::GetFlag(FLAGS_max_requests_per_job);
   limits.max_tokens_per_request = max_tokens_per_request;
   limits.max_context_tokens = (*engine)->max_context_tokens();
+  limits.vocab_size = (*engine)->config().vocab_size;
   TenantQuota quota;
   quota.max_pending_jobs = absl::GetFlag(FLAGS_max_pending_jobs_per_tenant);
   quota.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens_per_tenant);

@@ -101,7 +101,7 @@ absl::StatusOr<BatchInput> ReadBatchLines(std::vector<std::string> lines,
 struct ErrorReportBounds {
   size_t max_entries = 20;         // bad lines quoted; the rest are counted ("and N more")
   size_t max_value_bytes = 200;    // of a quoted custom_id (then "...")
-  size_t max_message_bytes = 300;  // of one line's message (then "...")
+  size_t max_message_bytes = 512;  // of one line's message (then "...")
   // The whole text at most, counting each byte that gRPC percent-encodes in grpc-message (outside
   // 0x20-0x7E, and '%') as 3: entries that would pass it are counted in "and N more" instead.
   size_t max_total_bytes = 6144;

@@ -883,6 +883,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(
     if (const json* tmpl = Member(*config, "chat_template")) {
       if (tmpl->is_string()) {
         tok->chat_template_ = tmpl->get<std::string>();
+        tok->chat_template_file_ = cfile;
       } else if (tmpl->is_array()) {
         for (const json& entry : *tmpl) {
           const json* name = Member(entry, "name");
@@ -890,6 +891,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(
           if (name != nullptr && name->is_string() && name->get<std::string>() == "default" &&
               body != nullptr && body->is_string()) {
             tok->chat_template_ = body->get<std::string>();
+            tok->chat_template_file_ = cfile;
           }
         }
       } else {
@@ -933,6 +935,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(
       absl::StatusOr<std::string> t = ReadFile(jinja, "chat_template.jinja");
       if (!t.ok()) return t.status();
       tok->chat_template_ = *t;
+      tok->chat_template_file_ = jinja;
     }
   }
   return tok;

@@ -96,6 +96,8 @@ class BpeTokenizer {
   // tokenizer_config.json's chat_template (a string, or the entry named "default" of a list), else
   // chat_template.jinja beside it; empty when there is none. The raw Jinja source.
   const std::string& chat_template() const { return chat_template_; }
+  // The file chat_template() came from (its path); empty when there is none.
+  const std::string& chat_template_file() const { return chat_template_file_; }
   // tokenizer_config.json's split_special_tokens (false when absent): true means HF encodes
   // special-token text as plain text by default.
   bool split_special_tokens() const { return split_special_tokens_; }
@@ -112,7 +114,7 @@ class BpeTokenizer {
   std::vector<std::string> id_text_;  // token string per id ("" for an unused id)
   std::vector<uint8_t> id_flags_;     // kIdUsed | kIdSpecial
   std::vector<int32_t> prefix_ids_, suffix_ids_;
-  std::string bos_token_, eos_token_, chat_template_;
+  std::string bos_token_, eos_token_, chat_template_, chat_template_file_;
   bool split_special_tokens_ = false;
 };
 

@@ -203,8 +203,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(
       if (found.ok()) {
         tok->chat_layout_ = static_cast<int>(*found);
       } else {
-        // Prompts still run; chat requests are refused with this reason (EncodeChat).
-        tok->chat_layout_error_ = std::string(found.status().message());
+        // Prompts still run; chat requests are refused with this reason (EncodeChat), which
+        // names the file the template came from and the override flag.
+        tok->chat_layout_error_ =
+            absl::StrCat(tok->bpe_->chat_template_file(), ": ", found.status().message());
       }
     }
     return tok;
@@ -337,9 +339,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
   if (bpe_ != nullptr) {
     if (!chat_layout_) {
       if (!chat_layout_error_.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "messages: the model's chat template cannot be laid out (", chat_layout_error_,
-            "): send prompts, or start the engine with --chat_template NAME"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("messages: ", chat_layout_error_, " (or send prompts)"));
       }
       return absl::InvalidArgumentError(
           "messages: this model has no chat template (tokenizer_config.json chat_template, or "

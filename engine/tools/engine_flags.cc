@@ -70,9 +70,11 @@ ABSL_FLAG(std::string, weight_dtype, "",
 ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
 ABSL_FLAG(std::string, chat_template, "",
-          "the chat layout of chat requests for a tokenizer.json model: chatml, qwen2.5, qwen3, "
-          "smollm2, llama3, llama3.1, llama3.2, ... (empty: the layout recognised in the model's "
-          "chat template; a template moebatch does not recognise is refused at start-up)");
+          "the chat layout of chat requests: chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, "
+          "llama3.1, llama3.2 for a tokenizer.json model, mistral-v1 or mistral-v3 for a "
+          "tokenizer.model one (empty: the layout recognised from the model's chat template; "
+          "with a template moebatch does not recognise the model loads, prompts run and chat "
+          "requests are refused naming this flag)");
 ABSL_FLAG(bool, verify_weights, false,
           "check every weight for NaN and infinity at load (one pass over the weights; the small "
           "tensors are always checked) and refuse a checkpoint that holds one, naming the tensor");

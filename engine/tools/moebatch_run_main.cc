@@ -320,7 +320,8 @@ int main(int argc, char** argv) {
   moebatch::ParseProgramFlags(
       argc, argv,
       "moebatch-run --model DIR --input IN.jsonl --output OUT.jsonl [flags]\n"
-      "Runs an OpenAI-batch JSONL file through a Mixtral checkpoint on this host.");
+      "Runs an OpenAI-batch JSONL file through a Hugging Face checkpoint (Mixtral, Qwen3-MoE, "
+      "Qwen2-MoE, OLMoE, Llama, Mistral, Qwen2, Qwen3) on this host.");
   const std::string level = absl::GetFlag(FLAGS_log_level);
   spdlog::set_default_logger(spdlog::stderr_color_mt("moebatch-run"));
   spdlog::set_level(spdlog::level::from_str(level));
