@@ -2,6 +2,8 @@
 //
 //   bench_engine_throughput --model tests/fixtures/tiny-mixtral [--batch 64 --prompt_tokens 128
 //       --gen_tokens 64 --compute_dtype f32 --batch_invariant]
+//   bench_engine_throughput --model bench/models/qwen3-30b-a3b --synthetic_layers 4 ...
+//       (a slice of a real shape: the first N layers with generated weights, no checkpoint)
 //
 // Prints, for the model forward (ModelRunner over CpuDevice, one pass at a time):
 //   prefill: --batch prompts of --prompt_tokens tokens in one pass -> tokens/s
@@ -10,9 +12,12 @@
 // and for the engine (scheduler + sampling + detokenization around the same forward): a greedy
 // job of --batch requests -> generated tokens/s over the whole job.
 // Next to each figure: achieved GFLOP/s (2 x active parameters per token, plus attention) against
-// the host's peak f32 FMA rate estimated from a register-resident FMA loop (same thread count).
+// the host's peak f32 FMA rate estimated from a register-resident FMA loop (same thread count);
+// for prefill and decode also the weight bytes a pass reads (the experts its tokens touch, counted
+// from the routing) and the process's peak RSS (getrusage).
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -32,6 +37,12 @@ ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequenc
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
 ABSL_FLAG(bool, batch_invariant, true,
           "the batch-invariant matmuls (cpu_attention/gemm/invariant_linear.h); false: oneDNN");
+ABSL_FLAG(int64_t, synthetic_layers, 0,
+          "> 0: that many layers of generated weights (WeightStore::Synthetic) in the compute "
+          "dtype instead of the checkpoint's (--model needs config.json only)");
+ABSL_FLAG(double, mem_gbs, 0,
+          "host memory bandwidth, GB/s (bench_attention_bandwidth's triad on the same host), for "
+          "the memory-bandwidth bound of each phase (0: not printed)");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");
@@ -103,21 +114,67 @@ double TokenFlops(const ModelConfig& c, double ctx, bool logits) {
   return per_layer * c.num_hidden_layers + (logits ? 2 * h * c.vocab_size : 0);
 }
 
+// Bytes one pass reads from memory: every layer's attention, norms and router weights, the
+// experts its tokens touched (stats.experts_touched, summed over layers), the lm_head rows' matrix
+// when logits are asked for, and the K/V of every sequence's context in every layer
+// (stats.kv_tokens_read counts one layer). The bound of a phase is these bytes over the host's
+// bandwidth: a pass cannot be faster than reading what it uses once.
+double PassBytes(const ModelConfig& c, const ForwardStats& stats, DType weight_dtype,
+                 DType kv_dtype, bool logits) {
+  const double w = static_cast<double>(DTypeSize(weight_dtype));
+  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size();
+  const double attention = h * q + 2 * h * kv + q * h + 2 * h;
+  const double router = c.dense ? 0 : h * c.num_local_experts;
+  const double expert = 3 * h * c.intermediate_size;
+  double bytes = w * (c.num_hidden_layers * (attention + router) +
+                      static_cast<double>(stats.experts_touched) * expert);
+  if (logits) bytes += w * h * c.vocab_size;
+  bytes += static_cast<double>(stats.kv_tokens_read) * c.num_hidden_layers * 2 * kv *
+           DTypeSize(kv_dtype);
+  return bytes;
+}
+
+double PeakRssGiB() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1048576.0;  // KiB on Linux
+}
+
 int Run() {
   const std::string dir = absl::GetFlag(FLAGS_model);
   const int64_t batch = absl::GetFlag(FLAGS_batch);
   const int64_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int64_t gen = absl::GetFlag(FLAGS_gen_tokens);
   const auto dtype = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype)).value_or(DType::kF32);
-  auto checkpoint = Checkpoint::Load(dir);
-  if (!checkpoint.ok()) {
-    std::fprintf(stderr, "%s\n", checkpoint.status().ToString().c_str());
-    return 1;
+  const int64_t synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<WeightStore> store;
+  if (synthetic_layers > 0) {
+    auto config = LoadModelConfig(dir);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+      return 1;
+    }
+    WeightStoreOptions store_options;
+    store_options.dtype = dtype;
+    auto synthetic = WeightStore::Synthetic(*config, synthetic_layers, 7, store_options);
+    if (!synthetic.ok()) {
+      std::fprintf(stderr, "%s\n", synthetic.status().ToString().c_str());
+      return 1;
+    }
+    store = *std::move(synthetic);
+  } else {
+    auto loaded = Checkpoint::Load(dir);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    checkpoint = *std::move(loaded);
   }
-  const ModelConfig& c = (*checkpoint)->config();
+  const ModelConfig& c = store ? store->config() : checkpoint->config();
+  const ModelWeights& weights = store ? store->weights() : checkpoint->weights();
   auto device = CpuDevice::Create(
-      c, (*checkpoint)->weights(),
-      CpuDeviceOptions{dtype, int64_t{2} << 30, absl::GetFlag(FLAGS_batch_invariant)});
+      c, weights, CpuDeviceOptions{dtype, int64_t{2} << 30, absl::GetFlag(FLAGS_batch_invariant)});
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
@@ -154,9 +211,12 @@ int Run() {
   std::vector<float> logits;
   (void)model->Forward(prefill, **cache, &logits);  // warm-up (primitive creation)
   const int reps = 3;
+  const double mem_gbs = absl::GetFlag(FLAGS_mem_gbs);
+  ForwardStats prefill_stats;
   double t0 = Now();
   for (int r = 0; r < reps; ++r) {
-    if (!model->Forward(prefill, **cache, &logits).ok()) return 1;
+    prefill_stats = ForwardStats{};
+    if (!model->Forward(prefill, **cache, &logits, &prefill_stats).ok()) return 1;
   }
   const double prefill_s = (Now() - t0) / reps;
   const double prefill_tokens = double(batch) * prompt;
@@ -166,18 +226,29 @@ int Run() {
       "prefill: %lld x %lld tokens in %.4f s: %.0f tokens/s, %.1f GFLOP/s (%.1f%% of peak)\n",
       (long long)batch, (long long)prompt, prefill_s, prefill_tokens / prefill_s,
       prefill_flops / prefill_s / 1e9, 100.0 * prefill_flops / prefill_s / 1e9 / peak);
+  const double prefill_bytes = PassBytes(c, prefill_stats, dtype, dtype, true);
+  std::printf("prefill: %.3f GB read per pass (%lld expert-layer visits)", prefill_bytes / 1e9,
+              (long long)prefill_stats.experts_touched);
+  if (mem_gbs > 0) {
+    const double bound = prefill_tokens / (prefill_bytes / (mem_gbs * 1e9));
+    std::printf("; memory bound at %.1f GB/s: %.0f tokens/s, measured = %.3f of it", mem_gbs, bound,
+                prefill_tokens / prefill_s / bound);
+  }
+  std::printf("; peak RSS %.2f GiB\n", PeakRssGiB());
 
   // Decode: one token per sequence per pass.
-  double decode_s = 0, decode_flops = 0;
+  double decode_s = 0, decode_flops = 0, decode_bytes = 0;
   for (int64_t step = 0; step < gen; ++step) {
     ForwardBatch d;
     for (int64_t s = 0; s < batch; ++s) {
       d.token_ids.push_back(token(rng));
       d.seqs.push_back(ForwardSequence{&tables[s], s, 1, prompt + step + 1, true});
     }
+    ForwardStats stats;
     t0 = Now();
-    if (!model->Forward(d, **cache, &logits).ok()) return 1;
+    if (!model->Forward(d, **cache, &logits, &stats).ok()) return 1;
     decode_s += Now() - t0;
+    decode_bytes += PassBytes(c, stats, dtype, dtype, true);
     decode_flops += batch * TokenFlops(c, prompt + step + 1, true);
   }
   std::printf(
@@ -185,8 +256,16 @@ int Run() {
       "peak)\n",
       (long long)batch, (long long)gen, decode_s, batch * gen / decode_s,
       decode_flops / decode_s / 1e9, 100.0 * decode_flops / decode_s / 1e9 / peak);
+  std::printf("decode : %.3f GB read per pass on average", decode_bytes / gen / 1e9);
+  if (mem_gbs > 0) {
+    const double bound = batch * gen / (decode_bytes / (mem_gbs * 1e9));
+    std::printf("; memory bound at %.1f GB/s: %.0f tokens/s, measured = %.3f of it", mem_gbs, bound,
+                batch * gen / decode_s / bound);
+  }
+  std::printf("; peak RSS %.2f GiB\n", PeakRssGiB());
 
-  // The whole engine on a greedy job.
+  // The whole engine on a greedy job (it needs the checkpoint's tokenizer).
+  if (synthetic_layers > 0) return 0;
   EngineOptions o;
   o.model_dir = dir;
   o.cpu.compute_dtype = dtype;

@@ -32,6 +32,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
 #include "engine/model/model_config.h"
@@ -41,7 +42,9 @@
 #include "engine/tools/program_flags.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (its config.json is read)");
-ABSL_FLAG(std::string, preset, "", "model preset instead of --model: mixtral-8x7b | mixtral-8x22b");
+ABSL_FLAG(std::string, preset, "",
+          "model preset instead of --model: mixtral-8x7b | mixtral-8x22b | qwen3-30b-a3b | "
+          "qwen2-57b-a14b | olmoe-1b-7b | llama-3.1-8b");
 ABSL_FLAG(std::string, gpu, "",
           "GPU preset for --pcie_gbs and --gpu_tflops: t4 | l4 | a40 | l40 | a100 (datasheet "
           "figures; explicit flags override them)");
@@ -188,7 +191,8 @@ int Run(int argc, char** argv) {
   };
   if (argc > 1) return usage(absl::StrCat("unexpected argument \"", argv[1], "\""));
   if (model_dir.empty() == preset.empty()) {
-    return usage("give exactly one of --model DIR or --preset mixtral-8x7b|mixtral-8x22b");
+    return usage(absl::StrCat("give exactly one of --model DIR or --preset ",
+                              absl::StrJoin(KnownModelConfigNames(), "|")));
   }
 
   // The model.
@@ -198,8 +202,8 @@ int Run(int argc, char** argv) {
     if (auto known = KnownModelConfig(preset)) {
       config = *known;
     } else {
-      return usage(
-          absl::StrCat("unknown --preset \"", preset, "\" (mixtral-8x7b or mixtral-8x22b)"));
+      return usage(absl::StrCat("unknown --preset \"", preset, "\" (one of ",
+                                absl::StrJoin(KnownModelConfigNames(), ", "), ")"));
     }
     model_name = absl::StrCat(preset, " (preset)");
   } else {
