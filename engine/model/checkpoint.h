@@ -1,6 +1,10 @@
-// A Mixtral checkpoint directory, validated: config.json plus every tensor MixtralForCausalLM
-// (transformers 4.x, hub per-expert layout) expects, with its shape and dtype, checked before the
-// first forward. Tensor names and shapes ([out_features, in_features], as torch.nn.Linear stores):
+// A Hugging Face checkpoint directory, validated: config.json plus every tensor its family
+// (engine/model/family.h: ModelTensors) expects, with its shape and dtype, checked before the first
+// forward. Tensor names and shapes ([out_features, in_features], as torch.nn.Linear stores) for
+// Mixtral (transformers 4.x, hub per-expert layout); the other families name theirs in
+// engine/model/families/<family>.cc (mlp.{gate,up,down}_proj for dense layers,
+// mlp.experts.{e}.* and mlp.gate for Qwen-MoE / OLMoE, self_attn.{q,k}_norm, biases,
+// mlp.shared_expert.* and mlp.shared_expert_gate):
 //   model.embed_tokens.weight                                   [vocab, hidden]
 //   model.layers.{l}.input_layernorm.weight                     [hidden]
 //   model.layers.{l}.self_attn.{q,k,v,o}_proj.weight            q [heads*head_dim, hidden],
