@@ -23,7 +23,7 @@ build="${FUZZ_BUILD_DIR:-build-fuzz}"
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 seconds="${FUZZ_SECONDS:-60}"
 all_targets=(fuzz_jsonl_request fuzz_proto_request fuzz_model_config fuzz_safetensors_header
-  fuzz_safetensors_index)
+  fuzz_safetensors_index fuzz_gguf)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 

@@ -305,7 +305,80 @@ def index_seeds():
     write(t, "err-depth-129", '{"weight_map": {"a": "s"}, "metadata": ' + nested(127) + "}")
 
 
+# --- fuzz_gguf: GGUF file images (engine/model/gguf.h's layout) ----------------------------------
+def gguf_string(text):
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_value(vtype, value):
+    """(type id, bytes) of a metadata value; vtype a struct format or "s" / ("a", sub)."""
+    if vtype == "s":
+        return 8, gguf_string(value)
+    if isinstance(vtype, tuple):  # array of sub type
+        sub_id, _ = gguf_value(vtype[1], value[0]) if value else (0, b"")
+        body = b"".join(gguf_value(vtype[1], v)[1] for v in value)
+        return 9, struct.pack("<IQ", sub_id, len(value)) + body
+    ids = {"B": 0, "b": 1, "H": 2, "h": 3, "I": 4, "i": 5, "f": 6, "?": 7, "Q": 10, "q": 11,
+           "d": 12}
+    return ids[vtype], struct.pack("<" + vtype, value)
+
+
+def gguf_image(metadata, tensors, alignment=32, version=3):
+    """metadata: [(key, vtype, value)]; tensors: [(name, ne, ggml type, block, type_size)]."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(metadata))
+    for key, vtype, value in metadata:
+        tid, body = gguf_value(vtype, value)
+        out += gguf_string(key) + struct.pack("<I", tid) + body
+    offset, data = 0, b""
+    for name, ne, gtype, block, size in tensors:
+        n = 1
+        for d in ne:
+            n *= d
+        nbytes = n // block * size
+        out += gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(
+            struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", gtype, offset)
+        chunk = bytes((offset + i) % 251 for i in range(nbytes))
+        chunk += b"\0" * (-len(chunk) % alignment)
+        data += chunk
+        offset += len(chunk)
+    out += b"\0" * (-len(out) % alignment)
+    return out + data
+
+
+def gguf_seeds():
+    t = "fuzz_gguf"
+    llama = [("general.architecture", "s", "llama"), ("llama.block_count", "I", 1),
+             ("llama.embedding_length", "I", 32), ("llama.rope.freq_base", "f", 10000.0),
+             ("tokenizer.ggml.model", "s", "gpt2"),
+             ("tokenizer.ggml.tokens", ("a", "s"), ["<s>", "</s>", "a", "b"]),
+             ("tokenizer.ggml.token_type", ("a", "i"), [3, 3, 1, 1]),
+             ("tokenizer.ggml.add_bos_token", "?", True)]
+    tensors = [("token_embd.weight", [32, 4], 8, 32, 34),      # Q8_0
+               ("blk.0.attn_norm.weight", [32], 0, 1, 4),      # F32
+               ("blk.0.attn_q.weight", [32, 32], 3, 32, 20),   # Q4_1
+               ("blk.0.ffn_down.weight", [256, 2], 12, 256, 144),  # Q4_K
+               ("blk.0.ffn_up.weight", [256, 1], 14, 256, 210),    # Q6_K
+               ("blk.0.exps.weight", [32, 2, 2], 39, 32, 17)]      # MXFP4, 3 dimensions
+    write(t, "llama-like", gguf_image(llama, tensors))
+    write(t, "every-scalar", gguf_image(
+        [(f"k.{c}", c, v) for c, v in [("B", 7), ("b", -7), ("H", 7), ("h", -7), ("I", 7),
+                                        ("i", -7), ("f", 0.5), ("?", False), ("Q", 7), ("q", -7),
+                                        ("d", 0.25)]] + [("k.align", "I", 64)], [], 64))
+    write(t, "alignment-64", gguf_image([("general.alignment", "I", 64)],
+                                        [("t", [64], 2, 32, 18)], 64))
+    write(t, "version-2", gguf_image([], [("t", [4], 1, 1, 2)], version=2))
+    write(t, "empty", gguf_image([], []))
+    write(t, "err-magic", b"GGUG" + gguf_image([], [])[4:])
+    write(t, "err-truncated", gguf_image(llama, tensors)[:-7])
+    write(t, "err-row-not-blocks", gguf_image([], [("t", [33], 2, 32, 18)]))
+    write(t, "err-alignment-3", gguf_image([("general.alignment", "I", 3)], []))
+    # Found by the fuzzer: numel fits in int64, numel x 4 bytes does not (no data written here).
+    write(t, "regress-nbytes-overflow", gguf_image([], [("t", [2**62], 0, 1, 0)]))
+
+
 def main():
+    gguf_seeds()
     jsonl_seeds()
     proto_seeds()
     config_seeds()

