@@ -104,12 +104,22 @@ absl::Status ValidateWorkload(const Workload& w) {
 }
 
 // Parameters of one layer: attention projections, router, experts, two RMSNorms.
+// The FFN weights of an average layer with `experts` routed experts: a MoE layer's experts, its
+// shared expert and gate, and (`router`) its router, weighted by the share of MoE layers; a dense
+// layer's FFN by the share of dense layers.
+double FfnParamsPerLayer(const ModelShape& m, int64_t experts, bool router) {
+  const double h = static_cast<double>(m.hidden_size);
+  const double shared = m.shared_ffn_size > 0 ? 3.0 * h * m.shared_ffn_size + h : 0;
+  const double moe = 3.0 * experts * h * m.ffn_size + shared +
+                     (router ? static_cast<double>(m.num_experts) * h : 0);
+  return (1 - m.dense_layer_fraction) * moe + m.dense_layer_fraction * 3.0 * h * m.dense_ffn_size;
+}
+
 double LayerParams(const ModelShape& m) {
   const double h = static_cast<double>(m.hidden_size);
   const double q = static_cast<double>(m.num_heads) * m.head_dim;
   const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim;
-  return 2 * h * q + 2 * h * kv + static_cast<double>(m.num_experts) * h +
-         3.0 * m.num_experts * h * m.ffn_size + 2 * h;
+  return 2 * h * q + 2 * h * kv + FfnParamsPerLayer(m, m.num_experts, true) + 2 * h;
 }
 
 // The GEMM weights of eq. 1 per layer, with `experts` experts (N_k for the FLOP, N_e for the
@@ -118,7 +128,7 @@ double GemmParamsPerLayer(const ModelShape& m, int64_t experts) {
   const double h = static_cast<double>(m.hidden_size);
   const double q = static_cast<double>(m.num_heads) * m.head_dim;
   const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim;
-  return 3.0 * experts * h * m.ffn_size + 2 * h * q + 2 * h * kv;
+  return FfnParamsPerLayer(m, experts, false) + 2 * h * q + 2 * h * kv;
 }
 
 // The iteration time with CPU memory in the picture: the smallest t >= delta with
@@ -318,6 +328,12 @@ absl::StatusOr<ModelShape> ModelShapeFromConfig(const ModelConfig& config, DType
   m.num_layers = config.num_hidden_layers;
   m.hidden_size = config.hidden_size;
   m.ffn_size = config.intermediate_size;
+  m.shared_ffn_size = config.shared_expert_intermediate_size;
+  int64_t dense_layers = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l)
+    dense_layers += config.IsMoeLayer(l) ? 0 : 1;
+  m.dense_layer_fraction = static_cast<double>(dense_layers) / config.num_hidden_layers;
+  m.dense_ffn_size = config.dense_intermediate_size;
   m.num_experts = config.num_local_experts;
   m.top_k = config.num_experts_per_tok;
   m.num_heads = config.num_attention_heads;

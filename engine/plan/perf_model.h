@@ -49,9 +49,15 @@ namespace moebatch {
 
 // The model dimensions the performance model needs.
 struct ModelShape {
-  int64_t num_layers = 0;               // L
-  int64_t hidden_size = 0;              // h
-  int64_t ffn_size = 0;                 // h_i, one expert's FFN width
+  int64_t num_layers = 0;   // L
+  int64_t hidden_size = 0;  // h
+  int64_t ffn_size = 0;     // h_i, one expert's FFN width
+  // Beyond the paper's Mixtral shape: a shared expert of this width run for every token in every
+  // MoE layer (Qwen2-MoE; 0: none), and the share of layers whose FFN is one dense FFN of
+  // dense_ffn_size instead of the routed experts (a dense model: 1; Qwen-MoE's mlp_only_layers).
+  int64_t shared_ffn_size = 0;
+  double dense_layer_fraction = 0;
+  int64_t dense_ffn_size = 0;
   int64_t num_experts = 0;              // N_e
   int64_t top_k = 0;                    // N_k, experts per token
   int64_t num_heads = 0;                // query heads
@@ -160,7 +166,8 @@ double KvBytesToSaturateGpu(const ModelShape& model, const HardwareSpec& hw, int
 
 // One decoder layer's weights: attention projections, router, every expert, the two RMSNorms, times
 // weight_bytes_per_element. Bytes. Model Size = L of these + the embedding, lm_head (unless tied)
-// and the final norm. What moebatch streams per layer (engine/model/weight_store.h: one region a layer).
+// and the final norm. What moebatch streams per layer (engine/model/weight_store.h: one region a
+// layer).
 double LayerWeightBytes(const ModelShape& model);
 
 // The bytes an iteration moves: model.transferred_weight_bytes, or Model Size when it is 0. Bytes.

@@ -1,5 +1,5 @@
-// engine/plan/perf_model.h against the MoE-Lens paper's own figures: Table 2 (tokens and KV cache to
-// saturate an A40, L40 and A100 with Mixtral-8x7B), the model sizes of §7, and equations 1-13 on
+// engine/plan/perf_model.h against the MoE-Lens paper's own figures: Table 2 (tokens and KV cache
+// to saturate an A40, L40 and A100 with Mixtral-8x7B), the model sizes of §7, and equations 1-13 on
 // cases worked by hand (the arithmetic is in the comments). Then the properties §5.5 states:
 // Stage 2 tends to Stage 1 as K grows and b -> 1; and the limiting-bound switch points.
 #include <catch2/catch.hpp>
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "engine/model/model_config.h"
-#include "engine/plan/perf_model.h"
 #include "engine/model/weight_store.h"
+#include "engine/plan/perf_model.h"
 
 namespace moebatch {
 namespace {
@@ -121,6 +121,27 @@ TEST_CASE("Model sizes of §7 and KV bytes per token", "[perf_model]") {
   CHECK(tiny->head_dim == 16);
   CHECK(tiny->weight_bytes_per_element == 2);
   CHECK(KvBytesPerToken(*tiny) == 2.0 * 4 * 2 * 16 * 4);
+}
+
+// The families' shapes (shared experts, dense layers, dense models): the weights the model counts
+// against the published parameter counts and against the weight store's layer regions.
+TEST_CASE("Model sizes of the families: shared experts and dense layers counted", "[perf_model]") {
+  for (const auto& [name, billions] :
+       {std::pair{"qwen2-57b-a14b", 57.41}, std::pair{"qwen3-30b-a3b", 30.53},
+        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03}}) {
+    INFO(name);
+    const std::optional<ModelConfig> c = KnownModelConfig(name);
+    REQUIRE(c.has_value());
+    auto m = ModelShapeFromConfig(*c, DType::kBF16);
+    REQUIRE(m.ok());
+    // The published sizes (Hugging Face model cards), within 1%.
+    CHECK(std::abs(RelDiff(ModelWeightBytes(*m) / 2, billions * 1e9)) < 0.01);
+    // Against the weight store's byte count of all layers (within 0.5%: norms and alignment).
+    const double store =
+        static_cast<double>(WeightStore::RequiredBytes(*c, c->num_hidden_layers, DType::kBF16) -
+                            WeightStore::RequiredBytes(*c, 0, DType::kBF16));
+    CHECK(std::abs(RelDiff(c->num_hidden_layers * LayerWeightBytes(*m), store)) < 0.005);
+  }
 }
 
 TEST_CASE("Eq. 1 and 2 by hand: GEMM intensity and tokens to saturate", "[perf_model]") {
