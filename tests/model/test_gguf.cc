@@ -16,6 +16,7 @@
 
 #include "engine/model/ggml_quants.h"
 #include "engine/model/gguf.h"
+#include "engine/model/gguf_config.h"
 
 namespace moebatch {
 namespace {
@@ -328,6 +329,75 @@ TEST_CASE("gguf: a missing file and a decoder asked for a type it does not decod
   CHECK(DequantizeRow(GgmlType::kQ4_0, in, 31, out).code() == absl::StatusCode::kInvalidArgument);
   REQUIRE(DequantizeRow(GgmlType::kQ4_0, in, 32, out).ok());  // d = 0: zeros
   CHECK(out[0] == 0.0f);
+}
+
+// --- Config -------------------------------------------------------------------------------------
+
+TEST_CASE("gguf config: SmolLM2-135M-Instruct's metadata as its config.json says", "[gguf]") {
+  auto file = GgufFile::Open(CasesDir() + "/smollm2.gguf");
+  REQUIRE(file.ok());
+  auto c = GgufModelConfig(**file);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  // HuggingFaceTB/SmolLM2-135M-Instruct config.json.
+  CHECK(c->model_type == "llama");
+  CHECK(c->num_hidden_layers == 30);
+  CHECK(c->hidden_size == 576);
+  CHECK(c->intermediate_size == 1536);
+  CHECK(c->num_attention_heads == 9);
+  CHECK(c->num_key_value_heads == 3);
+  CHECK(c->head_dim == 64);
+  CHECK(c->vocab_size == 49152);
+  CHECK(c->max_position_embeddings == 8192);
+  CHECK(c->rope_theta == 100000.0);
+  CHECK(c->rms_norm_eps == static_cast<double>(1e-5f));  // stored as float32
+  CHECK(c->tie_word_embeddings);
+  CHECK(c->bos_token_id == 1);
+  CHECK(c->eos_token_id == 2);
+  CHECK(c->dense);
+}
+
+// The metadata convert_hf_to_gguf.py writes for real MoE checkpoints maps back to their shapes
+// (KnownModelConfig holds each one's config.json).
+TEST_CASE("gguf config: Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral metadata", "[gguf]") {
+  for (const auto& [file_name, known] :
+       {std::pair{"arch-qwen3moe", "qwen3-30b-a3b"}, std::pair{"arch-qwen2moe", "qwen2-57b-a14b"},
+        std::pair{"arch-olmoe", "olmoe-1b-7b"}, std::pair{"arch-mixtral", "mixtral-8x7b"}}) {
+    INFO(file_name);
+    auto file = GgufFile::Open(CasesDir() + "/" + file_name + ".gguf");
+    REQUIRE(file.ok());
+    auto got = GgufModelConfig(**file);
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    const std::optional<ModelConfig> want = KnownModelConfig(known);
+    REQUIRE(want.has_value());
+    CHECK(got->model_type == want->model_type);
+    CHECK(got->architecture == want->architecture);
+    CHECK(got->num_hidden_layers == want->num_hidden_layers);
+    CHECK(got->hidden_size == want->hidden_size);
+    CHECK(got->intermediate_size == want->intermediate_size);
+    CHECK(got->dense_intermediate_size == want->dense_intermediate_size);
+    CHECK(got->shared_expert_intermediate_size == want->shared_expert_intermediate_size);
+    CHECK(got->num_attention_heads == want->num_attention_heads);
+    CHECK(got->num_key_value_heads == want->num_key_value_heads);
+    CHECK(got->head_dim == want->head_dim);
+    CHECK(got->num_local_experts == want->num_local_experts);
+    CHECK(got->num_experts_per_tok == want->num_experts_per_tok);
+    CHECK(got->norm_topk_prob == want->norm_topk_prob);
+    CHECK(got->qk_norm == want->qk_norm);
+    CHECK(got->qkv_bias == want->qkv_bias);
+    CHECK(got->vocab_size == want->vocab_size);
+    CHECK(got->rope_theta == want->rope_theta);
+    CHECK(got->tie_word_embeddings == want->tie_word_embeddings);
+  }
+  auto gpt2 = GgufFile::Open(CasesDir() + "/arch-gpt2.gguf");
+  REQUIRE(gpt2.ok());
+  const absl::Status refused = GgufModelConfig(**gpt2).status();
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()),
+             Catch::Contains("arch-gpt2.gguf") &&
+                 Catch::Contains("general.architecture is \"gpt2\"") &&
+                 Catch::Contains("qwen3moe"));
 }
 
 }  // namespace
