@@ -32,16 +32,24 @@ def test_a_thousand_watchers(tmp_path):
         stub = pb_grpc.BatchServiceStub(channel)
         streams = [stub.WatchJob(pb.WatchJobRequest(job_id=job.id), timeout=120)
                    for _ in range(1000)]
-        served, refused = [], []
+        served, refused, by_grpc = [], [], 0
         for s in streams:
             try:
                 next(s)
                 served.append(s)
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                assert "--max_streams" in e.details()
+                # The daemon refuses a stream beyond --max_streams in its handler, on a server
+                # thread; in a burst of 1,000 calls those threads can all be busy refusing, and
+                # gRPC's thread quota (max_streams + 64) then refuses the call itself, before the
+                # handler: the same code, gRPC's message. Either way the call is refused at once.
+                if "Server Threadpool Exhausted" in e.details():
+                    by_grpc += 1
+                else:
+                    assert "--max_streams" in e.details(), e.details()
                 refused.append(s)
         assert len(served) == 50 and len(refused) == 950
+        assert by_grpc < len(refused), "no refusal came from the daemon's --max_streams check"
         # Bounded: the 50 streams' threads and gRPC's own, not one per watcher.
         assert threads_of(d.proc.pid) <= idle_threads + 50 + 64
         # Unary calls still answer while the streams wait.
