@@ -29,8 +29,9 @@ class Daemon:
     """A moebatchd process on a data dir; start/kill/stop it like an operator would."""
 
     def __init__(self, data_dir: Path, extra_args=(), env=None, tls_ca: Path | None = None,
-                 tls_client: tuple[Path, Path] | None = None):
+                 tls_client: tuple[Path, Path] | None = None, model: Path = MODEL):
         self.data_dir = data_dir
+        self.model = model  # the --model directory (the tiny Mixtral unless given)
         self.tls_ca = tls_ca  # the daemon serves TLS: wait for it over a TLS channel
         self.tls_client = tls_client  # (certificate, key) when it requires client certificates
         self.port = free_port()
@@ -46,7 +47,7 @@ class Daemon:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log, "ab")
         self.proc = subprocess.Popen(
-            [str(binary), "--model", str(MODEL), "--listen", self.addr, "--data-dir",
+            [str(binary), "--model", str(self.model), "--listen", self.addr, "--data-dir",
              str(self.data_dir), "--kv-cache-gb", "0.25", *self.extra_args],
             stdout=log, stderr=log, env=self.env)
         deadline = time.time() + timeout

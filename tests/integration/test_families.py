@@ -39,25 +39,7 @@ class ModelDaemon(Daemon):
     """conftest's Daemon, on another model directory than the tiny Mixtral."""
 
     def __init__(self, data_dir: Path, model: Path, extra_args=()):
-        super().__init__(data_dir, extra_args)
-        self.model = model
-
-    def start(self, timeout: float = 60.0) -> "ModelDaemon":
-        binary = BUILD / "server" / "moebatchd"
-        assert binary.exists(), f"{binary} not built"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log, "ab")
-        self.proc = subprocess.Popen(
-            [str(binary), "--model", str(self.model), "--listen", self.addr, "--data-dir",
-             str(self.data_dir), "--kv-cache-gb", "0.25", *self.extra_args],
-            stdout=log, stderr=log)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            assert self.proc.poll() is None, f"moebatchd exited: {self.log.read_text()[-2000:]}"
-            if self.health("moebatch.v1.BatchService") == "SERVING":
-                return self
-            time.sleep(0.1)
-        raise AssertionError(f"moebatchd did not start: {self.log.read_text()[-2000:]}")
+        super().__init__(data_dir, extra_args, model=model)
 
 
 def completion_line(custom_id, prompt, max_tokens=32):
