@@ -15,6 +15,7 @@ scripts/build.sh
 scripts/fetch_bpe_tokenizers.sh  # tokenizer.json files and HF tokenizers' cases for test_text
 scripts/fetch_chat_templates.sh  # real chat templates and transformers' texts for test_text
 scripts/fetch_gguf_cases.sh      # gguf-py's reading of GGUF files (SmolLM2 Q4_1 included) for test_model
+scripts/fetch_gguf_tokenizer_cases.sh  # GGUF tokenizers and HF reference ids for test_text
 # GPU tests carry the `gpu` label and exit 77 (skipped) where there is no device.
 ctest --test-dir "$build" --output-on-failure -j "${JOBS:-$(nproc)}"
 # The client's unit tests (creates .deps/venv-client and installs the package into it), then the

@@ -107,6 +107,7 @@ class BpeTokenizer {
 
  private:
   friend class BpeDecodeStream;
+  friend struct BpeTokenizerLoader;  // bpe_tokenizer_internal.h: the loader's steps
   struct Impl;
   BpeTokenizer();
 

@@ -26,6 +26,26 @@ class SentencePieceModel {
   // returns nullptr and sets *error to sentencepiece's reason.
   static std::unique_ptr<SentencePieceModel> FromSerialized(const std::string& bytes,
                                                             std::string* error);
+
+  // One piece of a model given piece by piece (a GGUF file's tokenizer.ggml.tokens, .scores and
+  // .token_type): sentencepiece's ModelProto.SentencePiece.
+  struct Piece {
+    std::string piece;  // non-empty UTF-8
+    float score = 0;
+    // sentencepiece's type, which GGUF's token types number alike: 1 normal, 2 unknown,
+    // 3 control, 4 user-defined, 5 unused, 6 byte ("<0xNN>").
+    int type = 1;
+  };
+  // A BPE model of these pieces, as a tokenizer.model trained by sentencepiece with
+  // model_type=BPE holds them (Llama, Mistral): byte fallback when any piece has the byte type,
+  // the "identity" normalizer (no character map) escaping spaces as "▁", with `add_dummy_prefix`
+  // and `remove_extra_whitespaces` as given. Built as a serialized ModelProto and loaded as
+  // FromSerialized does; on failure (sentencepiece's checks: no or two unknown pieces, an empty or
+  // repeated piece, a missing byte piece, ...) returns nullptr and sets *error to its reason.
+  static std::unique_ptr<SentencePieceModel> FromPieces(const std::vector<Piece>& pieces,
+                                                        bool add_dummy_prefix,
+                                                        bool remove_extra_whitespaces,
+                                                        std::string* error);
   ~SentencePieceModel();
 
   int32_t GetPieceSize() const;

@@ -35,7 +35,9 @@
 #include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/gguf.h"
 #include "engine/text/chat_layout.h"
+#include "engine/text/gguf_tokenizer.h"
 #include "engine/text/sentencepiece_model.h"
 #include "nlohmann/json.hpp"
 
@@ -168,48 +170,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(
   if (std::filesystem::exists(json_path, ec)) {
     absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizer::LoadFromDirectory(model_dir);
     if (!bpe.ok()) return bpe.status();
-    std::unique_ptr<Tokenizer> tok(new Tokenizer());
-    tok->bpe_ = *std::move(bpe);
-    tok->chat_format_ = ChatFormat::kNone;
-    const int32_t n = tok->bpe_->vocab_size();
-    for (auto [name, given, from_config, key, out] :
-         {std::tuple<const char*, std::optional<int32_t>, int32_t, const char*, int32_t*>{
-              "bos_id", bos_id, tok->bpe_->bos_token_id(), "bos_token_id", &tok->bos_id_},
-          {"eos_id", eos_id, tok->bpe_->eos_token_id(), "eos_token_id", &tok->eos_id_}}) {
-      if (given) {
-        if (*given < 0 || *given >= n) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name, " ", *given, " is outside the vocabulary [0, ", n, ") of ", json_path));
-        }
-        *out = *given;
-      } else if (from_config >= 0) {
-        *out = from_config;
-      } else {
-        const std::optional<int32_t> id = ConfigTokenId(model_dir, key);
-        *out = id && *id >= 0 && *id < n ? *id : -1;
-      }
-    }
-    // The chat layout: the override, else the model's template recognised.
-    if (!chat_template_name.empty()) {
-      const std::optional<ChatLayout> named = ChatLayoutFromName(chat_template_name);
-      if (!named) {
-        return absl::InvalidArgumentError(absl::StrCat("--chat_template: '", chat_template_name,
-                                                       "' is not a chat layout; one of ",
-                                                       ChatLayoutNameList()));
-      }
-      tok->chat_layout_ = static_cast<int>(*named);
-    } else if (!tok->bpe_->chat_template().empty()) {
-      absl::StatusOr<ChatLayout> found = RecogniseChatTemplate(tok->bpe_->chat_template());
-      if (found.ok()) {
-        tok->chat_layout_ = static_cast<int>(*found);
-      } else {
-        // Prompts still run; chat requests are refused with this reason (EncodeChat), which
-        // names the file the template came from and the override flag.
-        tok->chat_layout_error_ =
-            absl::StrCat(tok->bpe_->chat_template_file(), ": ", found.status().message());
-      }
-    }
-    return tok;
+    return FromBpe(*std::move(bpe), bos_id, eos_id, chat_template_name, json_path, model_dir);
   }
   if (!chat_template_name.empty() && chat_template_name != "mistral-v1" &&
       chat_template_name != "mistral-v3") {
@@ -235,6 +196,111 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromModelDir(
     if (!eos_id) eos_id = (*probe)->sp_->PieceToId("</s>");
   }
   return Load(model_path, *bos_id, *eos_id);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromBpe(std::unique_ptr<BpeTokenizer> bpe,
+                                                              std::optional<int32_t> bos_id,
+                                                              std::optional<int32_t> eos_id,
+                                                              const std::string& chat_template_name,
+                                                              const std::string& source,
+                                                              const std::string& model_dir) {
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  tok->bpe_ = std::move(bpe);
+  tok->chat_format_ = ChatFormat::kNone;
+  const int32_t n = tok->bpe_->vocab_size();
+  for (auto [name, given, from_config, key, out] :
+       {std::tuple<const char*, std::optional<int32_t>, int32_t, const char*, int32_t*>{
+            "bos_id", bos_id, tok->bpe_->bos_token_id(), "bos_token_id", &tok->bos_id_},
+        {"eos_id", eos_id, tok->bpe_->eos_token_id(), "eos_token_id", &tok->eos_id_}}) {
+    if (given) {
+      if (*given < 0 || *given >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " ", *given, " is outside the vocabulary [0, ", n, ") of ", source));
+      }
+      *out = *given;
+    } else if (from_config >= 0) {
+      *out = from_config;
+    } else {
+      const std::optional<int32_t> id =
+          model_dir.empty() ? std::nullopt : ConfigTokenId(model_dir, key);
+      *out = id && *id >= 0 && *id < n ? *id : -1;
+    }
+  }
+  // The chat layout: the override, else the model's template recognised.
+  if (!chat_template_name.empty()) {
+    const std::optional<ChatLayout> named = ChatLayoutFromName(chat_template_name);
+    if (!named) {
+      return absl::InvalidArgumentError(absl::StrCat("--chat_template: '", chat_template_name,
+                                                     "' is not a chat layout; one of ",
+                                                     ChatLayoutNameList()));
+    }
+    tok->chat_layout_ = static_cast<int>(*named);
+  } else if (!tok->bpe_->chat_template().empty()) {
+    absl::StatusOr<ChatLayout> found = RecogniseChatTemplate(tok->bpe_->chat_template());
+    if (found.ok()) {
+      tok->chat_layout_ = static_cast<int>(*found);
+    } else {
+      // Prompts still run; chat requests are refused with this reason (EncodeChat), which
+      // names the file the template came from and the override flag.
+      tok->chat_layout_error_ =
+          absl::StrCat(tok->bpe_->chat_template_file(), ": ", found.status().message());
+    }
+  }
+  return tok;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromGguf(
+    const GgufFile& file, std::optional<int32_t> bos_id, std::optional<int32_t> eos_id,
+    const std::string& chat_template_name) {
+  constexpr char kModelKey[] = "tokenizer.ggml.model";
+  const GgufValue* model = file.Find(kModelKey);
+  if (model == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(file.path(), ": ", kModelKey, ": missing (no tokenizer in this GGUF file)"));
+  }
+  if (model->type != GgufValueType::kString) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", kModelKey,
+                                                   ": expected a string, found ",
+                                                   GgufValueTypeName(model->type)));
+  }
+  if (model->s == "gpt2") {
+    absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizerFromGguf(file);
+    if (!bpe.ok()) return bpe.status();
+    return FromBpe(*std::move(bpe), bos_id, eos_id, chat_template_name, file.path(),
+                   /*model_dir=*/"");
+  }
+  if (model->s != "llama") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": ", kModelKey, ": '", model->s,
+                     "' is not supported (gpt2: byte-level BPE, llama: sentencepiece)"));
+  }
+  if (!chat_template_name.empty() && chat_template_name != "mistral-v1" &&
+      chat_template_name != "mistral-v3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat_template: ", file.path(),
+                     " has a sentencepiece tokenizer, whose chat layout is "
+                     "chosen from its vocabulary (mistral-v1 or mistral-v3); '",
+                     chat_template_name, "' is for byte-level BPE models"));
+  }
+  absl::StatusOr<GgufSentencePiece> sp = SentencePieceFromGguf(file);
+  if (!sp.ok()) return sp.status();
+  for (auto [given, from_file, piece, key] :
+       {std::tuple<std::optional<int32_t>*, std::optional<int32_t>, const char*, const char*>{
+            &bos_id, sp->bos_id, "<s>", "tokenizer.ggml.bos_token_id"},
+        {&eos_id, sp->eos_id, "</s>", "tokenizer.ggml.eos_token_id"}}) {
+    if (*given) continue;
+    *given = from_file ? *from_file : sp->model->PieceToId(piece);
+    if (**given < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": ", key, ": missing, and no piece is '", piece, "'"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      FromSentencePiece(std::move(sp->model), *bos_id, *eos_id, file.path());
+  if (!tok.ok()) return tok.status();
+  (*tok)->sp_add_bos_ = sp->add_bos;
+  (*tok)->sp_add_eos_ = sp->add_eos;
+  return tok;
 }
 
 std::string Tokenizer::chat_layout_name() const {
@@ -263,23 +329,30 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
   if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open tokenizer: ", model_path));
   const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 
-  std::unique_ptr<Tokenizer> tok(new Tokenizer());
   std::string error;
-  tok->sp_ = SentencePieceModel::FromSerialized(bytes, &error);
-  if (tok->sp_ == nullptr) {
+  std::unique_ptr<SentencePieceModel> sp = SentencePieceModel::FromSerialized(bytes, &error);
+  if (sp == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a sentencepiece model: ", model_path, ": ", error));
   }
+  return FromSentencePiece(std::move(sp), bos_id, eos_id, model_path);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePiece(
+    std::unique_ptr<SentencePieceModel> sp_model, int32_t bos_id, int32_t eos_id,
+    const std::string& source) {
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  tok->sp_ = std::move(sp_model);
   const int32_t n = tok->sp_->GetPieceSize();
   if (n <= 0 || tok->sp_->unk_id() < 0 || tok->sp_->unk_id() >= n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("not a usable sentencepiece model: ", model_path, " (", n, " pieces)"));
+        absl::StrCat("not a usable sentencepiece model: ", source, " (", n, " pieces)"));
   }
   for (const auto& [name, id] : {std::pair<const char*, int32_t>{"bos_id", bos_id},
                                  std::pair<const char*, int32_t>{"eos_id", eos_id}}) {
     if (id < 0 || id >= n) {
       return absl::InvalidArgumentError(
-          absl::StrCat(name, " ", id, " is outside the vocabulary [0, ", n, ") of ", model_path));
+          absl::StrCat(name, " ", id, " is outside the vocabulary [0, ", n, ") of ", source));
     }
   }
   tok->bos_id_ = bos_id;
@@ -328,9 +401,10 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_bos) cons
   }
   const std::vector<int32_t> pieces = sp_->Encode(text);
   std::vector<int32_t> ids;
-  ids.reserve(pieces.size() + (add_bos ? 1 : 0));
-  if (add_bos) ids.push_back(bos_id_);
+  ids.reserve(pieces.size() + (add_bos ? 2 : 0));
+  if (add_bos && sp_add_bos_) ids.push_back(bos_id_);
   ids.insert(ids.end(), pieces.begin(), pieces.end());
+  if (add_bos && sp_add_eos_) ids.push_back(eos_id_);
   return ids;
 }
 
@@ -343,8 +417,9 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::EncodeChat(
             absl::StrCat("messages: ", chat_layout_error_, " (or send prompts)"));
       }
       return absl::InvalidArgumentError(
-          "messages: this model has no chat template (tokenizer_config.json chat_template, or "
-          "chat_template.jinja): send prompts, or start the engine with --chat_template NAME (" +
+          "messages: this model has no chat template (tokenizer_config.json chat_template, "
+          "chat_template.jinja, or a GGUF file's tokenizer.chat_template): send prompts, or start "
+          "the engine with --chat_template NAME (" +
           ChatLayoutNameList() + ")");
     }
     absl::StatusOr<std::string> text = RenderChat(static_cast<ChatLayout>(*chat_layout_), messages,

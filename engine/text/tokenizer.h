@@ -4,7 +4,8 @@
 //     chat layouts of mistral-common v1 and v3;
 //   - a Hugging Face `tokenizer.json` BPE tokenizer (+ tokenizer_config.json): GPT-2, Llama 3,
 //     Qwen2/3, SmolLM2, OLMoE (engine/text/bpe_tokenizer.h, which follows HF `tokenizers`).
-// and streaming detokenization for both.
+// and streaming detokenization for both. A GGUF file's tokenizer metadata loads as one of the two
+// (LoadFromGguf; engine/text/gguf_tokenizer.h).
 //
 // Thread-safety: a loaded Tokenizer is immutable; all const methods may be called concurrently.
 // A StreamingDetokenizer belongs to one sequence and is not thread-safe.
@@ -22,6 +23,8 @@
 #include "engine/text/sentencepiece_model.h"
 
 namespace moebatch {
+
+class GgufFile;  // engine/model/gguf.h
 
 // The instruct chat layouts EncodeChat writes (see there).
 enum class ChatFormat {
@@ -77,6 +80,25 @@ class Tokenizer {
       const std::string& model_dir, std::optional<int32_t> bos_id = std::nullopt,
       std::optional<int32_t> eos_id = std::nullopt, const std::string& chat_template_name = "");
 
+  // Loads the tokenizer a GGUF file's tokenizer.ggml.* metadata describes (gguf_tokenizer.h says
+  // how): tokenizer.ggml.model "gpt2" is a byte-level BPE tokenizer (kind() kBpe, bpe() set),
+  // "llama" a sentencepiece one (kSentencePiece). Ids and chat layout as LoadFromModelDir:
+  // bos_id / eos_id win when given (and must be inside the vocabulary), else
+  // tokenizer.ggml.bos_token_id / eos_token_id, else (sentencepiece) the pieces "<s>" / "</s>";
+  // a "gpt2" model's chat layout is `chat_template_name` when given, else the one
+  // RecogniseChatTemplate finds in tokenizer.chat_template (chat_template()); a "llama" model
+  // keeps the Mistral layout its vocabulary implies, and only mistral-v1/-v3 are accepted as
+  // `chat_template_name`. Encode(text, add_bos=true) adds BOS / EOS as tokenizer.ggml.add_bos_token
+  // / add_eos_token say (defaults as llama.cpp's: BOS for "llama", and for "gpt2" with the llama3
+  // and tekken pre-tokenizers; no EOS).
+  // Errors: NotFound "<path>: tokenizer.ggml.model: missing (...)" for a file without a
+  // tokenizer; InvalidArgument "<path>: tokenizer.ggml.model: '<value>' is not supported (gpt2,
+  // llama)", those of gguf_tokenizer.h (naming the file and the key at fault), given ids outside
+  // the vocabulary, a --chat_template name that is not a layout.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFromGguf(
+      const GgufFile& file, std::optional<int32_t> bos_id = std::nullopt,
+      std::optional<int32_t> eos_id = std::nullopt, const std::string& chat_template_name = "");
+
   // Loads a sentencepiece model file. `bos_id`/`eos_id` come from config.json and must be inside
   // the vocabulary. Errors: NotFound (no such file: "missing tokenizer: <path>"), InvalidArgument
   // (not a sentencepiece model, a directory, or ids out of range), PermissionDenied (unreadable).
@@ -85,7 +107,8 @@ class Tokenizer {
   ~Tokenizer();
 
   // sentencepiece: the encoding of `text` (with its dummy-prefix space), BOS first when `add_bos`:
-  // what transformers' LlamaTokenizer (legacy mode, the Mixtral default) gives.
+  // what transformers' LlamaTokenizer (legacy mode, the Mixtral default) gives. (From a GGUF file:
+  // BOS and EOS as its add_bos_token / add_eos_token say, when `add_bos`.)
   // tokenizer.json: HF `tokenizer(text, add_special_tokens=add_bos)`: the post-processor's BOS/EOS
   // when `add_bos`, special tokens in the text matched (unless tokenizer_config.json sets
   // split_special_tokens).
@@ -157,7 +180,8 @@ class Tokenizer {
   // The id of a token / piece string, or -1.
   int32_t TokenToId(std::string_view token) const;
   // tokenizer.json: the raw Jinja chat template (tokenizer_config.json's chat_template, else
-  // chat_template.jinja); empty for sentencepiece or when the files have none.
+  // chat_template.jinja; a GGUF file's tokenizer.chat_template); empty for sentencepiece or when
+  // the files have none.
   const std::string& chat_template() const;
   // sentencepiece: detected at Load from the vocabulary (the control pieces "[INST]" and
   // "[/INST]"). tokenizer.json: kNone.
@@ -168,6 +192,19 @@ class Tokenizer {
  private:
   friend class StreamingDetokenizer;  // reads sp_, bpe_ and unk_surface_
   Tokenizer();
+  // The tail of LoadFromModelDir / LoadFromGguf for a BPE tokenizer: ids (given, else the
+  // tokenizer's bos/eos tokens, else `model_dir`'s config.json when not empty) and the chat layout.
+  // `source` names the tokenizer in errors.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromBpe(std::unique_ptr<BpeTokenizer> bpe,
+                                                            std::optional<int32_t> bos_id,
+                                                            std::optional<int32_t> eos_id,
+                                                            const std::string& chat_template_name,
+                                                            const std::string& source,
+                                                            const std::string& model_dir);
+  // The tail of Load: ids checked, the Mistral layout chosen from the vocabulary.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSentencePiece(
+      std::unique_ptr<SentencePieceModel> sp, int32_t bos_id, int32_t eos_id,
+      const std::string& source);
   std::unique_ptr<SentencePieceModel> sp_;  // exactly one of sp_ and bpe_ is set
   std::unique_ptr<BpeTokenizer> bpe_;
   std::string unk_surface_;  // Decode({unk id})
@@ -176,8 +213,9 @@ class Tokenizer {
   ChatFormat chat_format_ = ChatFormat::kMistralV1;
   std::optional<int> chat_layout_;  // tokenizer.json: a ChatLayout (engine/text/chat_layout.h)
   std::string chat_layout_error_;   // why the model's chat template was not recognised
-  int32_t inst_id_ = -1, end_inst_id_ = -1;  // the control pieces of kMistralV3
-  bool system_prompt_tokens_ = false;        // a "[SYSTEM_PROMPT]" control piece (v7): refused
+  int32_t inst_id_ = -1, end_inst_id_ = -1;      // the control pieces of kMistralV3
+  bool system_prompt_tokens_ = false;            // a "[SYSTEM_PROMPT]" control piece (v7): refused
+  bool sp_add_bos_ = true, sp_add_eos_ = false;  // sentencepiece: Encode's add_bos adds these
 };
 
 // Turns a stream of generated ids into text deltas whose concatenation always equals
