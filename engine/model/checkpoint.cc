@@ -3,6 +3,8 @@
 // per-expert w1/w2/w3 layout).
 #include "engine/model/checkpoint.h"
 
+#include <cstring>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -10,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/model/family.h"
+#include "engine/model/gguf_config.h"
+#include "engine/model/gguf_tensors.h"
 #include "engine/model/weight_check.h"
 #include "spdlog/spdlog.h"
 
@@ -64,21 +68,135 @@ class TensorChecker {
   std::set<std::string> used_;
 };
 
-absl::Status LoadWeights(const ModelConfig& c, TensorChecker& check, ModelWeights* w) {
+absl::Status LoadWeights(const ModelConfig& c, TensorChecker& check, ModelWeights* w,
+                         std::map<std::string, const TensorInfo*>* by_name) {
   for (const std::vector<TensorSpec>& region : ModelTensors(c, c.num_hidden_layers, w)) {
     for (const TensorSpec& t : region) {
       if (absl::Status s = check.Get(t.name, t.shape, t.target); !s.ok()) return s;
+      (*by_name)[t.name] = *t.target;
     }
   }
   if (c.tie_word_embeddings) w->lm_head = w->embed_tokens;
   return absl::OkStatus();
 }
 
+std::optional<DType> FloatDType(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
+
+const TensorInfo* Checkpoint::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second;
+}
+
+int64_t Checkpoint::tensor_bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors_) {
+    if (name != "lm_head.weight" || !config_.tie_word_embeddings) total += t->nbytes;
+  }
+  return total;
+}
+
+absl::Status Checkpoint::LoadGguf(Checkpoint* ckpt) {
+  auto file = GgufFile::Open(ckpt->dir_);
+  if (!file.ok()) return file.status();
+  ckpt->gguf_ = *std::move(file);
+  const GgufFile& f = *ckpt->gguf_;
+  auto config = GgufModelConfig(f);
+  if (!config.ok()) return config.status();
+  ckpt->config_ = *std::move(config);
+  const ModelConfig& c = ckpt->config_;
+  std::string supported;
+  for (uint32_t i = 0; i < 64; ++i) {
+    const auto t = GgmlTypeInfo(i);
+    if (t && (FloatDType(t->type) || IsComputedBlockType(t->type))) {
+      absl::StrAppend(&supported, supported.empty() ? "" : ", ", t->name);
+    }
+  }
+  for (const std::vector<TensorSpec>& region :
+       ModelTensors(c, c.num_hidden_layers, &ckpt->weights_)) {
+    for (const TensorSpec& spec : region) {
+      auto src = FindGgufSource(f, c, spec);
+      if (!src.ok()) return src.status();
+      const GgufTensor& t = *src->tensor;
+      const std::string what =
+          absl::StrCat(f.path(), ": tensor \"", t.name, "\" (for \"", spec.name, "\")");
+      const std::optional<DType> dtype = FloatDType(t.type.type);
+      if (!dtype && !IsComputedBlockType(t.type.type)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": type ", t.type.name, "; moebatch computes with ", supported));
+      }
+      if (spec.shape.size() != 2 && !dtype) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": a vector of type ", t.type.name,
+                         "; norms and biases must be F32, F16 or BF16"));
+      }
+      const int64_t row_bytes = GgmlRowBytes(t.type, src->cols);
+      TensorInfo& info = ckpt->gguf_infos_.emplace_back();
+      info.name = spec.name;
+      info.dtype_name = t.type.name;
+      info.dtype = dtype;
+      if (!dtype) info.quant = t.type.type;
+      info.shape = spec.shape;
+      info.file = f.path();
+      info.nbytes = static_cast<size_t>(src->rows * row_bytes);
+      info.data = t.data + (src->expert >= 0 ? src->expert * src->rows * row_bytes : 0);
+      if (src->rope_heads > 0) {
+        // Rows (or, for a bias, elements) back into the Hugging Face order.
+        const int64_t units = spec.shape.size() == 2 ? src->rows : src->cols;
+        const int64_t unit_bytes = spec.shape.size() == 2 ? row_bytes : row_bytes / src->cols;
+        if (units % (2 * src->rope_heads) != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": ", units,
+                                                         " rows do not split into ",
+                                                         src->rope_heads, " heads of even size"));
+        }
+        auto copy = std::make_unique<std::byte[]>(info.nbytes);
+        for (int64_t r = 0; r < units; ++r) {
+          std::memcpy(copy.get() + r * unit_bytes,
+                      info.data + GgufRowOf(r, units, src->rope_heads) * unit_bytes,
+                      static_cast<size_t>(unit_bytes));
+        }
+        info.data = copy.get();
+        ckpt->reordered_.push_back(std::move(copy));
+      }
+      *spec.target = &info;
+      ckpt->tensors_[spec.name] = &info;
+    }
+  }
+  if (c.tie_word_embeddings) ckpt->weights_.lm_head = ckpt->weights_.embed_tokens;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Load(const std::string& model_dir) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->dir_ = model_dir;
+  if (IsGgufFile(model_dir)) {
+    if (absl::Status s = LoadGguf(ckpt.get()); !s.ok()) return s;
+    if (absl::Status s = CheckSmallTensorsFinite(ckpt->weights_); !s.ok()) return s;
+    const ModelConfig& c = ckpt->config_;
+    std::map<std::string, int64_t> types;  // tensors per type
+    for (const auto& [name, t] : ckpt->tensors_) ++types[t->dtype_name];
+    std::string mix;
+    for (const auto& [type, n] : types)
+      absl::StrAppend(&mix, mix.empty() ? "" : ", ", n, " ", type);
+    spdlog::info(
+        "loaded {} from {}: {} layers x {} experts (top-{}), hidden {}, {} tensors ({}), {:.1f} "
+        "MiB",
+        c.architecture, model_dir, c.num_hidden_layers, c.num_local_experts, c.num_experts_per_tok,
+        c.hidden_size, ckpt->tensors_.size(), mix, ckpt->tensor_bytes() / double(1 << 20));
+    return ckpt;
+  }
 
   absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
   if (!config.ok()) return config.status();
@@ -89,7 +207,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Load(const std::string& 
   ckpt->store_ = *std::move(store);
 
   TensorChecker check(model_dir, *ckpt->store_, ckpt->config_.torch_dtype);
-  if (absl::Status s = LoadWeights(ckpt->config_, check, &ckpt->weights_); !s.ok()) return s;
+  if (absl::Status s = LoadWeights(ckpt->config_, check, &ckpt->weights_, &ckpt->tensors_); !s.ok())
+    return s;
   // What is cheap to read whole (norms, routers, the first rows of the embedding and lm_head) must
   // be finite: a NaN there makes every answer garbage (engine/model/weight_check.h).
   if (absl::Status s = CheckSmallTensorsFinite(ckpt->weights_); !s.ok()) return s;

@@ -18,13 +18,23 @@
 //   model.norm.weight                                           [hidden]
 //   lm_head.weight                                              [vocab, hidden] (absent when tied)
 // Every tensor must have the config's torch_dtype (bf16, fp16 or fp32).
+//
+// A GGUF file (llama.cpp's format, engine/model/gguf.h) loads into the same ModelWeights: each
+// Hugging Face tensor is found under llama.cpp's name (engine/model/gguf_tensors.h), an expert as
+// its slice of the merged ffn_*_exps tensor, read in place from the mapping in its own type
+// (F32/F16/BF16 as TensorInfo::dtype; Q4_0 ... Q6_K, MXFP4 as TensorInfo::quant, kept quantized).
+// Only llama-architecture q/k projections are copied: their rows are put back in the Hugging Face
+// order (convert_hf_to_gguf.py permuted them for ggml's interleaved RoPE).
 #pragma once
 
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/gguf.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 
@@ -79,17 +89,34 @@ class Checkpoint {
   //                    architecture
   //   DataLoss         truncated file
   // Unexpected extra tensors are ignored (logged at debug level).
+  // `model_dir` may be a GGUF file instead (IsGgufFile); its errors name the file and the tensor:
+  // those of GgufFile::Open and FindGgufSource, InvalidArgument for a tensor type moebatch does not
+  // compute with ("blk.0.attn_q.weight (for ...): type Q2_K; moebatch runs F32, F16, BF16, Q4_0,
+  // ...") or a quantized vector (norms and biases must be F32, F16 or BF16), and the non-finite
+  // checks above (quantized tensors are decoded for them).
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Load(const std::string& model_dir);
 
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_; }  // the directory or GGUF file loaded
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // The tensor of Hugging Face name `name` (a ModelTensors name), or null.
+  const TensorInfo* Find(const std::string& name) const;
+  // The safetensors files; a safetensors checkpoint only (gguf() == nullptr).
   const TensorStore& store() const { return *store_; }
+  // The GGUF file, or null for a safetensors checkpoint.
+  const GgufFile* gguf() const { return gguf_.get(); }
+  // Bytes of the model's tensors as loaded (quantized ones in their blocks).
+  int64_t tensor_bytes() const;
 
  private:
+  static absl::Status LoadGguf(Checkpoint* ckpt);
   std::string dir_;
   ModelConfig config_;
-  std::unique_ptr<TensorStore> store_;
+  std::unique_ptr<TensorStore> store_;                   // safetensors
+  std::unique_ptr<GgufFile> gguf_;                       // GGUF
+  std::deque<TensorInfo> gguf_infos_;                    // GGUF: the TensorInfos weights_ points at
+  std::vector<std::unique_ptr<std::byte[]>> reordered_;  // GGUF: llama q/k in Hugging Face order
+  std::map<std::string, const TensorInfo*> tensors_;     // every model tensor by name
   ModelWeights weights_;
 };
 

@@ -1,6 +1,9 @@
 #include "engine/model/ggml_quants.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/dtype.h"
@@ -234,6 +237,58 @@ absl::Status DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float
   const auto* b = reinterpret_cast<const uint8_t*>(src);
   for (int64_t i = 0; i < n / traits->block_size; ++i) {
     decode(b + i * traits->type_size, dst + i * traits->block_size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeRow(GgmlType type, const float* src, int64_t n, int64_t group_size,
+                         std::byte* dst) {
+  if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_1) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeRow: type ", GgmlTypeInfoOf(type).name,
+                                                   " (only Q8_0 and Q4_1 are made at load)"));
+  }
+  if (n % kQK != 0 || group_size <= 0 || group_size % kQK != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeRow: ", n, " elements in groups of ",
+                                                   group_size, " (both must be multiples of 32)"));
+  }
+  auto* out = reinterpret_cast<uint8_t*>(dst);
+  for (int64_t g0 = 0; g0 < n; g0 += group_size) {
+    const int64_t g1 = std::min(n, g0 + group_size);
+    if (type == GgmlType::kQ8_0) {
+      float amax = 0.0f;
+      for (int64_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float d = amax / ((1 << 7) - 1);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t dh = F32ToF16(d);
+      for (int64_t b = g0; b < g1; b += kQK) {
+        uint8_t* block = out + b / kQK * 34;
+        std::memcpy(block, &dh, 2);
+        for (int j = 0; j < kQK; ++j) {
+          block[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(src[b + j] * id)));
+        }
+      }
+    } else {
+      float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+      for (int64_t i = g0; i < g1; ++i) {
+        lo = std::min(lo, src[i]);
+        hi = std::max(hi, src[i]);
+      }
+      const float d = (hi - lo) / ((1 << 4) - 1);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t dh = F32ToF16(d), mh = F32ToF16(lo);
+      for (int64_t b = g0; b < g1; b += kQK) {
+        uint8_t* block = out + b / kQK * 20;
+        std::memcpy(block, &dh, 2);
+        std::memcpy(block + 2, &mh, 2);
+        for (int j = 0; j < kQK / 2; ++j) {
+          const float x0 = (src[b + j] - lo) * id;
+          const float x1 = (src[b + kQK / 2 + j] - lo) * id;
+          const uint8_t q0 = std::min<int>(15, static_cast<int8_t>(x0 + 0.5f));
+          const uint8_t q1 = std::min<int>(15, static_cast<int8_t>(x1 + 0.5f));
+          block[4 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }

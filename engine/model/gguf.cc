@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <utility>
 
@@ -19,30 +21,6 @@ namespace {
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
 constexpr int kMaxArrayDepth = 8;
 constexpr int kMaxDims = 4;
-
-constexpr GgmlTypeTraits kTypes[] = {
-    {GgmlType::kF32, "F32", 1, 4},
-    {GgmlType::kF16, "F16", 1, 2},
-    {GgmlType::kQ4_0, "Q4_0", 32, 2 + 16},
-    {GgmlType::kQ4_1, "Q4_1", 32, 2 + 2 + 16},
-    {GgmlType::kQ5_0, "Q5_0", 32, 2 + 4 + 16},
-    {GgmlType::kQ5_1, "Q5_1", 32, 2 + 2 + 4 + 16},
-    {GgmlType::kQ8_0, "Q8_0", 32, 2 + 32},
-    {GgmlType::kQ8_1, "Q8_1", 32, 4 + 4 + 32},
-    {GgmlType::kQ2_K, "Q2_K", 256, 2 + 2 + 256 / 16 + 256 / 4},
-    {GgmlType::kQ3_K, "Q3_K", 256, 2 + 256 / 4 + 256 / 8 + 12},
-    {GgmlType::kQ4_K, "Q4_K", 256, 2 + 2 + 256 / 2 + 12},
-    {GgmlType::kQ5_K, "Q5_K", 256, 2 + 2 + 256 / 2 + 256 / 8 + 12},
-    {GgmlType::kQ6_K, "Q6_K", 256, 2 + 256 / 2 + 256 / 4 + 256 / 16},
-    {GgmlType::kQ8_K, "Q8_K", 256, 4 + 256 + 256 / 8},
-    {GgmlType::kI8, "I8", 1, 1},
-    {GgmlType::kI16, "I16", 1, 2},
-    {GgmlType::kI32, "I32", 1, 4},
-    {GgmlType::kI64, "I64", 1, 8},
-    {GgmlType::kF64, "F64", 1, 8},
-    {GgmlType::kBF16, "BF16", 1, 2},
-    {GgmlType::kMXFP4, "MXFP4", 32, 1 + 16},
-};
 
 // Bytes of one scalar of `type` in the file; 0 for string and array.
 size_t ScalarSize(GgufValueType type) {
@@ -238,13 +216,6 @@ std::string JoinDims(const std::vector<int64_t>& ne) {
 }
 
 }  // namespace
-
-std::optional<GgmlTypeTraits> GgmlTypeInfo(uint32_t type) {
-  for (const GgmlTypeTraits& t : kTypes) {
-    if (static_cast<uint32_t>(t.type) == type) return t;
-  }
-  return std::nullopt;
-}
 
 const char* GgufValueTypeName(GgufValueType type) {
   switch (type) {
@@ -546,6 +517,15 @@ absl::StatusOr<std::vector<std::string>> GgufFile::GetStringArray(std::string_vi
   out.reserve((*v)->elements.size());
   for (const GgufValue& e : (*v)->elements) out.push_back(e.s);
   return out;
+}
+
+bool IsGgufFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  uint32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), sizeof magic);
+  return in.gcount() == sizeof magic && magic == kGgufMagic;
 }
 
 }  // namespace moebatch

@@ -28,45 +28,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/ggml_type.h"
 
 namespace moebatch {
-
-// ggml's enum ggml_type: the tensor types a GGUF file names by number (ggml.h; gguf-py's
-// GGMLQuantizationType). Only the values moebatch knows the block layout of are listed.
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ8_1 = 9,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kQ8_K = 15,
-  kI8 = 24,
-  kI16 = 25,
-  kI32 = 26,
-  kI64 = 27,
-  kF64 = 28,
-  kBF16 = 30,
-  kMXFP4 = 39,
-};
-
-// A type's block: `block_size` elements stored in `type_size` bytes (ggml's ggml_type_traits,
-// gguf-py's GGML_QUANT_SIZES), and its name as ggml prints it ("Q4_K").
-struct GgmlTypeTraits {
-  GgmlType type;
-  const char* name;
-  int64_t block_size;
-  int64_t type_size;
-};
-// The traits of type number `type`; nullopt for a number moebatch does not know.
-std::optional<GgmlTypeTraits> GgmlTypeInfo(uint32_t type);
 
 // gguf_type: the metadata value types.
 enum class GgufValueType : uint32_t {
@@ -160,6 +124,10 @@ class GgufFile {
   std::vector<GgufTensor> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
+
+// Whether `path` is a regular file that starts with the GGUF magic (a model given as a file
+// rather than a directory). False for directories, missing files and other files.
+bool IsGgufFile(const std::string& path);
 
 // Parses a whole GGUF image, `size` bytes at `bytes`, which must outlive the result (the tensors
 // point into it). Every read is bounds-checked; errors name `path`, and the key or tensor at fault:

@@ -1,5 +1,7 @@
 #include "engine/model/gguf_tensors.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -134,6 +136,34 @@ absl::StatusOr<GgufTensorSource> FindGgufSource(const GgufFile& file, const Mode
                                                          : config.num_key_value_heads;
   }
   return src;
+}
+
+absl::StatusOr<GgufModelBytes> GgufTensorBytes(const GgufFile& file, const ModelConfig& config) {
+  GgufModelBytes out;
+  ModelWeights scratch;
+  const auto regions = ModelTensors(config, config.num_hidden_layers, &scratch);
+  std::map<std::string, int64_t> by_type;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    int64_t bytes = 0;
+    for (const TensorSpec& spec : regions[r]) {
+      auto src = FindGgufSource(file, config, spec);
+      if (!src.ok()) return src.status();
+      const int64_t b = src->rows * GgmlRowBytes(src->tensor->type, src->cols);
+      bytes += b;
+      by_type[src->tensor->type.name] += b;
+      out.params += src->rows * src->cols;
+    }
+    out.total += bytes;
+    if (r > 0) out.max_layer = std::max(out.max_layer, bytes);
+  }
+  int64_t most = -1;
+  for (const auto& [type, b] : by_type) {
+    if (b > most) {
+      most = b;
+      out.main_type = type;
+    }
+  }
+  return out;
 }
 
 }  // namespace moebatch

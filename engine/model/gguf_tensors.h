@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/model/family.h"
@@ -43,6 +44,17 @@ struct GgufTensorSource {
 // names when the file lacks it; InvalidArgument naming the tensor when its shape disagrees.
 absl::StatusOr<GgufTensorSource> FindGgufSource(const GgufFile& file, const ModelConfig& config,
                                                 const TensorSpec& spec);
+
+// The bytes of the model's tensors in `file` as Checkpoint::Load maps them (each in its own type;
+// a tied lm_head counted once): all of them, and the largest decoder layer's. FindGgufSource's
+// errors.
+struct GgufModelBytes {
+  int64_t total = 0;
+  int64_t max_layer = 0;
+  int64_t params = 0;     // elements
+  std::string main_type;  // the type holding the most bytes ("Q4_K")
+};
+absl::StatusOr<GgufModelBytes> GgufTensorBytes(const GgufFile& file, const ModelConfig& config);
 
 // The GGUF row of Hugging Face row `row` of a q/k projection of `rows` rows permuted over `heads`
 // heads: with d = rows / heads, row h d + s d/2 + i (head h, half s, index i) is at h d + 2 i + s.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -15,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/model/config_keys.h"
 #include "engine/model/family.h"
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_config.h"
 #include "engine/model/json_depth.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -339,6 +342,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  if (IsGgufFile(model_dir)) {
+    auto file = GgufFile::Open(model_dir);
+    if (!file.ok()) return file.status();
+    return GgufModelConfig(**file);
+  }
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model_dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_dir, ": not a GGUF file (no \"GGUF\" magic) and not a model directory"));
+  }
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": no such file (model config)"));

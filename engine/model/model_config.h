@@ -114,6 +114,8 @@ std::vector<std::string> KnownModelConfigNames();
 
 // Reads `<model_dir>/config.json` (NotFound when absent) and parses it, and adds the
 // eos_token_id of `<model_dir>/generation_config.json` (when present) to eos_token_ids.
+// `model_dir` may instead be a GGUF file (engine/model/gguf.h IsGgufFile): its metadata is read as
+// engine/model/gguf_config.h's GgufModelConfig does. Another regular file is InvalidArgument.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 // RoPE's inverse frequencies [head_dim / 2] (f32, as transformers' rotary embedding computes them

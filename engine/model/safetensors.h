@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/dtype.h"
+#include "engine/model/ggml_type.h"
 
 namespace moebatch {
 
@@ -27,6 +28,11 @@ struct TensorInfo {
   std::string name;
   std::string dtype_name;      // as written in the header: "BF16", "F32", "I64", ...
   std::optional<DType> dtype;  // nullopt when moebatch does not compute in that type
+  // A tensor kept in ggml blocks (Q4_K, Q8_0, ...; engine/model/ggml_quants.h), from a GGUF file
+  // or quantized at load: products with it are computed on the blocks
+  // (cpu_attention/gemm/quant_linear.h), it is never widened whole; dtype is then nullopt. Each
+  // row of `shape` is shape.back() / block_size blocks.
+  std::optional<GgmlType> quant;
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;  // into the file mapping
   size_t nbytes = 0;

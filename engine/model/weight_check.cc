@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/dtype.h"
+#include "engine/model/ggml_quants.h"
 
 namespace moebatch {
 namespace {
@@ -26,20 +27,51 @@ int64_t FirstNonFinite(const std::byte* data, DType dtype, int64_t n) {
   return -1;
 }
 
-absl::Status NonFinite(const TensorInfo& t, int64_t index) {
-  float value = 0;
-  ConvertToF32(*t.dtype, t.data + index * DTypeSize(*t.dtype), &value, 1);
+// A quantized tensor (TensorInfo::quant): the index of the first non-finite element among its
+// first `n` elements (whole rows decoded), with its value in *value; -1 when none.
+int64_t FirstNonFiniteQuantized(const TensorInfo& t, int64_t n, float* value) {
+  const GgmlTypeTraits type = GgmlTypeInfoOf(*t.quant);
+  const int64_t cols = t.shape.back();
+  const int64_t row_bytes = GgmlRowBytes(type, cols);
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r * cols < n; ++r) {
+    if (!DequantizeRow(*t.quant, t.data + r * row_bytes, cols, row.data()).ok()) {
+      *value = std::numeric_limits<float>::quiet_NaN();
+      return r * cols;
+    }
+    for (int64_t i = 0; i < cols; ++i) {
+      if (!std::isfinite(row[i])) {
+        *value = row[i];
+        return r * cols + i;
+      }
+    }
+  }
+  return -1;
+}
+
+absl::Status NonFinite(const TensorInfo& t, int64_t index, float value) {
   return absl::InvalidArgumentError(
       absl::StrCat("tensor ", t.name, " (", t.file, "): element ", index, " is ",
                    std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf"),
                    "; the checkpoint holds non-finite weights (a damaged or mis-converted file)"));
 }
 
+absl::Status NonFinite(const TensorInfo& t, int64_t index) {
+  float value = 0;
+  ConvertToF32(*t.dtype, t.data + index * DTypeSize(*t.dtype), &value, 1);
+  return NonFinite(t, index, value);
+}
+
 }  // namespace
 
 absl::Status CheckTensorFinite(const TensorInfo& t, int64_t max_elements) {
-  if (!t.dtype.has_value()) return absl::OkStatus();
   const int64_t n = max_elements > 0 ? std::min(max_elements, t.numel()) : t.numel();
+  if (t.quant.has_value() && !t.shape.empty()) {
+    float value = 0;
+    const int64_t bad = FirstNonFiniteQuantized(t, n, &value);
+    return bad < 0 ? absl::OkStatus() : NonFinite(t, bad, value);
+  }
+  if (!t.dtype.has_value()) return absl::OkStatus();
   const int64_t bad = FirstNonFinite(t.data, *t.dtype, n);
   return bad < 0 ? absl::OkStatus() : NonFinite(t, bad);
 }
@@ -105,8 +137,22 @@ absl::Status CheckAllTensorsFinite(const ModelWeights& w) {
     }
   }
   const int64_t k = first_bad_slice.load();
-  if (k == std::numeric_limits<int64_t>::max()) return absl::OkStatus();
-  return NonFinite(*all[slices[k].tensor], bad_index[k]);
+  if (k != std::numeric_limits<int64_t>::max())
+    return NonFinite(*all[slices[k].tensor], bad_index[k]);
+  // Quantized tensors (a GGUF checkpoint's): decoded row by row, one tensor per thread.
+  std::vector<const TensorInfo*> quantized;
+  for (const TensorInfo* t : all) {
+    if (t != nullptr && t->quant.has_value()) quantized.push_back(t);
+  }
+  std::vector<absl::Status> status(quantized.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < static_cast<int64_t>(quantized.size()); ++i) {
+    status[i] = CheckTensorFinite(*quantized[i]);
+  }
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moebatch

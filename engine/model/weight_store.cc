@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model/family.h"
+#include "engine/model/ggml_quants.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -94,7 +95,63 @@ uint64_t SplitMix64(uint64_t x) {
 
 bool IsNormName(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
+// Whether WeightQuantization applies to tensor `name` of `shape` (the weight matrices of
+// attention, dense FFNs and experts, embed_tokens and lm_head; not routers or the shared-expert
+// gate, whose few values decide routing).
+bool Quantizable(const std::string& name, const std::vector<int64_t>& shape) {
+  if (shape.size() != 2 || shape[1] % 32 != 0) return false;
+  const auto ends_with = [&](const char* suffix) {
+    const std::string s = suffix;
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return !ends_with(".gate.weight") && !ends_with("shared_expert_gate.weight");
+}
+
+bool IsEmbeddingOrHead(const std::string& name) {
+  return name == "model.embed_tokens.weight" || name == "lm_head.weight";
+}
+
+// The format WeightQuantization `q` gives a tensor from a float source in store dtype `dtype`.
+void QuantizedFormat(const std::optional<WeightQuantization>& q, DType dtype, const TensorSpec& t,
+                     WeightTensor* wt) {
+  wt->dtype = dtype;
+  wt->quant.reset();
+  if (q && Quantizable(t.name, t.shape)) {
+    wt->quant = IsEmbeddingOrHead(t.name) ? GgmlType::kQ8_0 : q->type;
+  }
+}
+
+int64_t TensorBytes(const WeightTensor& wt) {
+  if (wt.quant) return wt.shape[0] * GgmlRowBytes(GgmlTypeInfoOf(*wt.quant), wt.shape.back());
+  return Numel(wt.shape) * static_cast<int64_t>(DTypeSize(wt.dtype));
+}
+
+// The group size tensor `wt` is quantized with: the option's, but 32 for embed_tokens / lm_head.
+int64_t GroupSize(const WeightQuantization& q, const WeightTensor& wt) {
+  return IsEmbeddingOrHead(wt.name) ? 32 : q.group_size;
+}
+
+// Quantizes n f32 rows of `cols` into dst (rows of wt's blocks), parallel over rows.
+void QuantizeRows(const WeightTensor& wt, int64_t group_size,
+                  const std::function<void(int64_t, float*)>& row_f32, std::byte* dst) {
+  const int64_t rows = wt.shape[0], cols = wt.shape[1];
+  const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(*wt.quant), cols);
+#pragma omp parallel if (rows * cols > (1 << 16))
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      row_f32(r, buf.data());
+      (void)QuantizeRow(*wt.quant, buf.data(), cols, group_size, dst + r * row_bytes);
+    }
+  }
+}
+
 }  // namespace
+
+const char* WeightQuantizationName(const WeightQuantization& q) {
+  return q.type == GgmlType::kQ4_1 ? "int4" : "int8";
+}
 
 HostAllocator& PageableHostAllocator() {
   static Pageable* allocator = new Pageable();
@@ -113,25 +170,35 @@ int64_t AvailableHostMemoryBytes() {
 }
 
 int64_t WeightStore::RequiredBytes(const ModelConfig& config, int64_t num_layers, DType dtype,
-                                   size_t alignment) {
+                                   size_t alignment,
+                                   const std::optional<WeightQuantization>& quantize) {
   ModelWeights scratch;
   int64_t total = 0;
   for (const auto& region : PlanLayout(config, num_layers, &scratch)) {
     size_t bytes = 0;
     for (const PlannedTensor& t : region) {
-      bytes = AlignUp(bytes, alignment) + Numel(t.shape) * DTypeSize(dtype);
+      WeightTensor wt;
+      wt.name = t.name;
+      wt.shape = t.shape;
+      QuantizedFormat(quantize, dtype, t, &wt);
+      bytes = AlignUp(bytes, alignment) + TensorBytes(wt);
     }
     total += static_cast<int64_t>(bytes);
   }
   return total;
 }
 
-int64_t WeightStore::LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment) {
+int64_t WeightStore::LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment,
+                                      const std::optional<WeightQuantization>& quantize) {
   ModelWeights scratch;
   const auto regions = PlanLayout(config, 1, &scratch);
   size_t bytes = 0;
   for (const PlannedTensor& t : regions[1]) {
-    bytes = AlignUp(bytes, alignment) + Numel(t.shape) * DTypeSize(dtype);
+    WeightTensor wt;
+    wt.name = t.name;
+    wt.shape = t.shape;
+    QuantizedFormat(quantize, dtype, t, &wt);
+    bytes = AlignUp(bytes, alignment) + TensorBytes(wt);
   }
   return static_cast<int64_t>(bytes);
 }
@@ -177,7 +244,7 @@ size_t WeightStore::total_bytes() const {
 
 absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
     const ModelConfig& config, int64_t num_layers, DType dtype, const WeightStoreOptions& options,
-    const std::function<void(const WeightTensor&, std::byte*)>& fill) {
+    const FormatFn& format, const std::function<void(const WeightTensor&, std::byte*)>& fill) {
   if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0 ||
       options.alignment > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -186,13 +253,40 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
   if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
     return absl::InvalidArgumentError("weight dtype: must be bf16, f16 or f32");
   }
-  const int64_t need = RequiredBytes(config, num_layers, dtype, options.alignment);
+  if (options.quantize &&
+      (options.quantize->group_size <= 0 || options.quantize->group_size % 32 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_group_size: must be a positive multiple of 32, got ",
+                     options.quantize->group_size));
+  }
+  // Every tensor's format and bytes, then the total against the budget.
+  std::vector<std::vector<WeightTensor>> formats;
+  int64_t need = 0;
+  {
+    ModelWeights scratch;
+    for (const auto& region : PlanLayout(config, num_layers, &scratch)) {
+      size_t bytes = 0;
+      auto& out = formats.emplace_back();
+      for (const PlannedTensor& t : region) {
+        WeightTensor& wt = out.emplace_back();
+        wt.name = t.name;
+        wt.shape = t.shape;
+        format(t, &wt);
+        wt.offset = AlignUp(bytes, options.alignment);
+        wt.nbytes = static_cast<size_t>(TensorBytes(wt));
+        bytes = wt.offset + wt.nbytes;
+      }
+      need += static_cast<int64_t>(bytes);
+    }
+  }
   const int64_t budget =
       options.host_budget_bytes > 0 ? options.host_budget_bytes : AvailableHostMemoryBytes();
   if (budget > 0 && need + options.reserved_bytes > budget) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "weights need ", GiB(need), " of host memory (", num_layers, " layers, ",
-        std::string(DTypeName(dtype)), ")", options.reserved_bytes > 0 ? " plus " : "",
+        options.quantize ? WeightQuantizationName(*options.quantize)
+                         : std::string(DTypeName(dtype)),
+        ")", options.reserved_bytes > 0 ? " plus " : "",
         options.reserved_bytes > 0 ? GiB(options.reserved_bytes) + " reserved (KV cache)" : "",
         ", but the host memory budget is ", GiB(budget),
         options.host_budget_bytes > 0 ? "" : " (MemAvailable)"));
@@ -213,19 +307,10 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
   // Globals first in the plan; stored last in allocated_ (layers keep their index).
   for (int64_t r = 0; r < regions; ++r) {
     WeightRegion& region = r == 0 ? store->globals_ : store->layers_[r - 1];
-    size_t bytes = 0;
-    for (const PlannedTensor& t : plan[r]) {
-      WeightTensor wt;
-      wt.name = t.name;
-      wt.dtype = dtype;
-      wt.shape = t.shape;
-      wt.offset = AlignUp(bytes, options.alignment);
-      wt.nbytes = static_cast<size_t>(Numel(t.shape)) * DTypeSize(dtype);
-      bytes = wt.offset + wt.nbytes;
-      region.tensors.push_back(std::move(wt));
-    }
-    region.bytes = bytes;
-    const size_t allocation = AlignUp(std::max<size_t>(bytes, 1), 4096);
+    region.tensors = std::move(formats[r]);
+    region.bytes =
+        region.tensors.empty() ? 0 : region.tensors.back().offset + region.tensors.back().nbytes;
+    const size_t allocation = AlignUp(std::max<size_t>(region.bytes, 1), 4096);
     auto data = store->allocator_->Allocate(allocation);
     if (!data.ok()) return data.status();
     region.data = *data;
@@ -236,8 +321,14 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
       fill(wt, dst);
       TensorInfo& info = store->infos_.emplace_back();
       info.name = wt.name;
-      info.dtype_name = std::string(DTypeName(dtype));
-      info.dtype = dtype;
+      if (wt.quant) {
+        info.dtype_name = GgmlTypeInfoOf(*wt.quant).name;
+        info.quant = wt.quant;
+        store->quantized_ = true;
+      } else {
+        info.dtype_name = std::string(DTypeName(wt.dtype));
+        info.dtype = wt.dtype;
+      }
       info.shape = wt.shape;
       info.data = dst;
       info.nbytes = wt.nbytes;
@@ -245,7 +336,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Build(
           absl::StrCat("(host weight region ", r == 0 ? "globals" : std::to_string(r - 1), ")");
       *plan[r][i].target = &info;
     }
-    done_bytes += static_cast<int64_t>(bytes);
+    done_bytes += static_cast<int64_t>(region.bytes);
     if (options.progress) {
       options.progress(r + 1, regions, done_bytes, need);
     } else if (const int decile = static_cast<int>(10 * done_bytes / std::max<int64_t>(need, 1));
@@ -263,27 +354,58 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Load(const Checkpoint&
                                                                const WeightStoreOptions& options) {
   const ModelConfig& c = checkpoint.config();
   const DType dtype = options.dtype.value_or(c.torch_dtype);
-  const TensorStore& tensors = checkpoint.store();
+  if (options.quantize && checkpoint.gguf() != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_dtype ", WeightQuantizationName(*options.quantize), ": ",
+                     checkpoint.dir(), " is a GGUF file, whose tensors keep their own types"));
+  }
   // Every tensor was checked by Checkpoint::Load; look each up by name.
   ModelWeights scratch;
   for (const auto& region : PlanLayout(c, c.num_hidden_layers, &scratch)) {
     for (const PlannedTensor& t : region) {
-      const TensorInfo* info = tensors.Find(t.name);
-      if (info == nullptr || !info->dtype || info->shape != t.shape) {
+      const TensorInfo* info = checkpoint.Find(t.name);
+      if (info == nullptr || (!info->dtype && !info->quant) || info->shape != t.shape) {
         return absl::InvalidArgumentError(
             absl::StrCat("checkpoint tensor \"", t.name, "\" is missing or malformed"));
       }
     }
   }
-  auto store =
-      Build(c, c.num_hidden_layers, dtype, options, [&](const WeightTensor& wt, std::byte* dst) {
-        const TensorInfo* src = tensors.Find(wt.name);
-        CopyConverted(src->data, *src->dtype, dst, wt.dtype, Numel(wt.shape));
+  // GGUF tensors in blocks stay so (bytes copied); float ones take the store dtype, or the
+  // quantization asked for.
+  const FormatFn format = [&](const TensorSpec& t, WeightTensor* wt) {
+    const TensorInfo* src = checkpoint.Find(t.name);
+    if (src->quant) {
+      wt->quant = src->quant;
+      wt->dtype = dtype;
+    } else {
+      QuantizedFormat(options.quantize, dtype, t, wt);
+    }
+  };
+  auto store = Build(
+      c, c.num_hidden_layers, dtype, options, format, [&](const WeightTensor& wt, std::byte* dst) {
+        const TensorInfo* src = checkpoint.Find(wt.name);
+        if (src->quant) {
+          std::memcpy(dst, src->data, wt.nbytes);
+        } else if (wt.quant) {
+          const int64_t cols = wt.shape[1];
+          QuantizeRows(
+              wt, GroupSize(*options.quantize, wt),
+              [&](int64_t r, float* row) {
+                ConvertToF32(*src->dtype, src->data + r * cols * DTypeSize(*src->dtype), row, cols);
+              },
+              dst);
+        } else {
+          CopyConverted(src->data, *src->dtype, dst, wt.dtype, Numel(wt.shape));
+        }
       });
   if (store.ok()) {
-    spdlog::info("weights: {} copied into {} {} regions ({}, max layer {})", checkpoint.dir(),
+    spdlog::info("weights: {} copied into {} {} regions ({}{}, max layer {})", checkpoint.dir(),
                  (*store)->num_layers() + 1, (*store)->allocator_name(),
                  GiB(static_cast<int64_t>((*store)->total_bytes())),
+                 options.quantize
+                     ? absl::StrCat(", quantized to ", WeightQuantizationName(*options.quantize),
+                                    " in groups of ", options.quantize->group_size)
+                     : std::string(),
                  GiB(static_cast<int64_t>((*store)->max_layer_bytes())));
   }
   return store;
@@ -300,11 +422,27 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Synthetic(
   const DType dtype = options.dtype.value_or(config.torch_dtype);
   // Uniform on [-a, a) with a = 0.02 * sqrt(3): standard deviation 0.02.
   const float a = 0.02f * std::sqrt(3.0f);
-  auto store =
-      Build(config, num_layers, dtype, options, [&](const WeightTensor& wt, std::byte* dst) {
+  const FormatFn format = [&](const TensorSpec& t, WeightTensor* wt) {
+    QuantizedFormat(options.quantize, dtype, t, wt);
+  };
+  auto store = Build(
+      config, num_layers, dtype, options, format, [&](const WeightTensor& wt, std::byte* dst) {
         const int64_t n = Numel(wt.shape);
         const bool norm = IsNormName(wt.name);
         const uint64_t key = SplitMix64(seed ^ HashName(wt.name));
+        if (wt.quant) {  // the same values, quantized
+          const int64_t cols = wt.shape[1];
+          QuantizeRows(
+              wt, GroupSize(*options.quantize, wt),
+              [&](int64_t r, float* row) {
+                for (int64_t j = 0; j < cols; ++j) {
+                  const uint64_t x = SplitMix64(key + static_cast<uint64_t>(r * cols + j));
+                  row[j] = (static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f) * a;
+                }
+              },
+              dst);
+          return;
+        }
         constexpr int64_t kChunk = 1 << 16;
 #pragma omp parallel if (n > kChunk)
         {

@@ -12,9 +12,10 @@
 // Checkpoint.
 //
 // Sources: a Checkpoint (its tensors copied, optionally converted to another dtype: bf16 -> f16
-// for GPUs without bf16, the T4) or synthetic weights for benchmarks (a real model's config with
-// deterministic pseudo-random values, optionally fewer layers, so no 94 GB download is needed).
-// Before allocating, the total is checked against a host memory budget.
+// for GPUs without bf16, the T4; or quantized at load, see WeightQuantization; a GGUF checkpoint's
+// quantized tensors are copied as they are) or synthetic weights for benchmarks (a real model's
+// config with deterministic pseudo-random values, optionally fewer layers, so no 94 GB download is
+// needed). Before allocating, the total is checked against a host memory budget.
 //
 // Memory comes from a HostAllocator: pageable anonymous memory here, page-locked (pinned) memory
 // from the cuda backend (cudaHostAlloc), which the GPU copies from at full PCIe speed.
@@ -34,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/family.h"
 #include "engine/model/host_memory.h"
 #include "engine/model/model_config.h"
 
@@ -41,7 +43,8 @@ namespace moebatch {
 
 struct WeightTensor {
   std::string name;  // the checkpoint's name, e.g. "model.layers.3.self_attn.q_proj.weight"
-  DType dtype = DType::kBF16;
+  DType dtype = DType::kBF16;     // the float type (when quant is not set)
+  std::optional<GgmlType> quant;  // ggml blocks (engine/model/ggml_quants.h) instead
   std::vector<int64_t> shape;
   size_t offset = 0;  // bytes from the region start
   size_t nbytes = 0;
@@ -53,10 +56,31 @@ struct WeightRegion {
   std::vector<WeightTensor> tensors;  // in layout order
 };
 
+// Weights quantized at load (--weight_dtype int8|int4, --weight_group_size): round to nearest,
+// group-wise, into ggml's blocks of 32 so the quantized kernels (cpu_attention/gemm/
+// quant_linear.h) and the GGUF path share one format:
+//   int8  Q8_0 blocks: q = round(x / d), d = max|x| / 127 over the group (symmetric);
+//   int4  Q4_1 blocks: q = round((x - m) / d), m = min x, d = (max x - m) / 15 over the group.
+// A group of `group_size` elements (a multiple of 32; the last group of a row may be shorter)
+// shares d (and m): each of its blocks repeats them. group_size 32 is exactly ggml's
+// quantize_row_q8_0_ref / quantize_row_q4_1_ref. The matrices of attention, the dense FFNs and
+// the experts take `type`; embed_tokens and lm_head take int8 (Q8_0, group 32) whatever `type`
+// (as llama.cpp keeps its output matrix at higher precision); norms, biases, routers and the
+// shared-expert gate keep the store's float dtype.
+struct WeightQuantization {
+  GgmlType type = GgmlType::kQ8_0;  // kQ8_0 (int8) or kQ4_1 (int4)
+  int64_t group_size = 32;          // elements per scale, a positive multiple of 32
+};
+// "int8" / "int4" for the quantization's type.
+const char* WeightQuantizationName(const WeightQuantization& q);
+
 struct WeightStoreOptions {
   // Store the weights in this dtype (bf16/f16/f32); nullopt keeps the checkpoint's (synthetic:
   // config torch_dtype). Norm weights are converted too.
   std::optional<DType> dtype;
+  // Quantize the weight matrices at load (see WeightQuantization). Not for a GGUF checkpoint,
+  // whose tensors keep their own types.
+  std::optional<WeightQuantization> quantize;
   // The weights must fit in this many bytes of host memory together with `reserved_bytes`
   // (the KV cache and whatever else the caller will allocate). 0: AvailableHostMemoryBytes().
   int64_t host_budget_bytes = 0;
@@ -90,19 +114,23 @@ class WeightStore {
   static absl::StatusOr<std::unique_ptr<WeightStore>> View(const WeightStore& base,
                                                            int64_t num_layers);
 
-  // Bytes the regions of `config` (num_layers layers) take in `dtype` with `alignment`.
+  // Bytes the regions of `config` (num_layers layers) take in `dtype` (with `quantize`) with
+  // `alignment`.
   static int64_t RequiredBytes(const ModelConfig& config, int64_t num_layers, DType dtype,
-                               size_t alignment = 256);
-  // Bytes of one decoder layer's region in `dtype` with `alignment`: max_layer_bytes() of a store
-  // of `config` (every layer has the same shape).
-  static int64_t LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment = 256);
+                               size_t alignment = 256,
+                               const std::optional<WeightQuantization>& quantize = std::nullopt);
+  // Bytes of one decoder layer's region in `dtype` (with `quantize`) with `alignment`:
+  // max_layer_bytes() of a store of `config` (every layer has the same shape).
+  static int64_t LayerRegionBytes(const ModelConfig& config, DType dtype, size_t alignment = 256,
+                                  const std::optional<WeightQuantization>& quantize = std::nullopt);
 
   ~WeightStore();
   WeightStore(const WeightStore&) = delete;
   WeightStore& operator=(const WeightStore&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  DType dtype() const { return dtype_; }
+  DType dtype() const { return dtype_; }         // the float tensors' type
+  bool quantized() const { return quantized_; }  // whether any tensor is in ggml blocks
   const ModelWeights& weights() const { return weights_; }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const WeightRegion& layer(int64_t i) const { return layers_[i]; }
@@ -113,12 +141,15 @@ class WeightStore {
 
  private:
   WeightStore() = default;
+  // The format of each tensor: `format` fills a WeightTensor's dtype / quant from its spec.
+  using FormatFn = std::function<void(const TensorSpec&, WeightTensor*)>;
   static absl::StatusOr<std::unique_ptr<WeightStore>> Build(
       const ModelConfig& config, int64_t num_layers, DType dtype, const WeightStoreOptions& options,
-      const std::function<void(const WeightTensor&, std::byte*)>& fill);
+      const FormatFn& format, const std::function<void(const WeightTensor&, std::byte*)>& fill);
 
   ModelConfig config_;
   DType dtype_ = DType::kBF16;
+  bool quantized_ = false;
   HostAllocator* allocator_ = nullptr;
   bool owns_memory_ = true;        // false for a View
   std::vector<size_t> allocated_;  // per region (globals last)

@@ -14,8 +14,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "engine/model/checkpoint.h"
 #include "engine/model/ggml_quants.h"
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_config.h"
@@ -467,6 +469,149 @@ TEST_CASE("gguf tensors: GgufRowOf undoes convert_hf_to_gguf's q/k permutation",
     seen[g] = true;
   }
   CHECK(std::find(seen.begin(), seen.end(), false) == seen.end());
+}
+
+// --- Checkpoint::Load of a GGUF file ----------------------------------------------------------
+
+TEST_CASE("gguf checkpoint: SmolLM2 loads in place, quantized, q/k rows back in HF order",
+          "[gguf]") {
+  const std::string path = CasesDir() + "/smollm2.gguf";
+  auto ckpt = Checkpoint::Load(path);
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  const Checkpoint& c = **ckpt;
+  REQUIRE(c.gguf() != nullptr);
+  const GgufFile& file = *c.gguf();
+  const ModelWeights& w = c.weights();
+  REQUIRE(w.layers.size() == 30);
+  CHECK(w.embed_tokens->quant == GgmlType::kQ8_0);
+  CHECK(w.lm_head == w.embed_tokens);  // tied
+  CHECK(w.norm->dtype == DType::kF32);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& layer = w.layers[l];
+    INFO("layer " << l);
+    CHECK(layer.q_proj->quant == GgmlType::kQ4_1);
+    CHECK(layer.q_proj->shape == std::vector<int64_t>{576, 576});
+    CHECK(layer.k_proj->shape == std::vector<int64_t>{192, 576});
+    CHECK(layer.input_layernorm->dtype == DType::kF32);
+    CHECK(layer.router == nullptr);
+    // v is read in place; q and k are copies with row r = GGUF row GgufRowOf(r).
+    const GgufTensor* v = file.FindTensor("blk." + std::to_string(l) + ".attn_v.weight");
+    CHECK(layer.v_proj->data == v->data);
+    for (const auto& [info, gguf_name, heads] :
+         {std::tuple{layer.q_proj, "attn_q", 9}, std::tuple{layer.k_proj, "attn_k", 3}}) {
+      const GgufTensor* t =
+          file.FindTensor("blk." + std::to_string(l) + "." + gguf_name + ".weight");
+      REQUIRE(t != nullptr);
+      CHECK_FALSE((info->data >= t->data && info->data < t->data + t->nbytes));  // a copy
+      const int64_t rows = info->shape[0];
+      const int64_t row_bytes = GgmlRowBytes(t->type, 576);
+      REQUIRE(static_cast<int64_t>(info->nbytes) == rows * row_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+        REQUIRE(std::memcmp(info->data + r * row_bytes,
+                            t->data + GgufRowOf(r, rows, heads) * row_bytes, row_bytes) == 0);
+      }
+    }
+  }
+  auto bytes = GgufTensorBytes(file, c.config());
+  REQUIRE(bytes.ok());
+  CHECK(bytes->total == c.tensor_bytes());
+  CHECK(bytes->main_type == "Q4_1");
+  CHECK(bytes->params == 134515008);  // SmolLM2-135M: 30 layers of 3.54 M + the 28.3 M embedding
+  CHECK(c.Find("model.layers.3.mlp.down_proj.weight") == w.layers[3].experts[0].w2);
+  CHECK(c.Find("lm_head.weight") == nullptr);
+}
+
+TEST_CASE("gguf checkpoint: merged experts are slices of the file's tensors", "[gguf]") {
+  auto ckpt = Checkpoint::Load(CasesDir() + "/moe-tiny.gguf");
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  const GgufFile& file = *(*ckpt)->gguf();
+  for (int l = 0; l < 2; ++l) {
+    const LayerWeights& layer = (*ckpt)->weights().layers[l];
+    REQUIRE(layer.experts.size() == 4);
+    const GgufTensor* gate = file.FindTensor("blk." + std::to_string(l) + ".ffn_gate_exps.weight");
+    const GgufTensor* down = file.FindTensor("blk." + std::to_string(l) + ".ffn_down_exps.weight");
+    for (int e = 0; e < 4; ++e) {
+      CHECK(layer.experts[e].w1->data == gate->data + e * 16 * 32 * 4);
+      CHECK(layer.experts[e].w2->data == down->data + e * 32 * 16 * 4);
+      CHECK(layer.experts[e].w1->dtype == DType::kF32);
+    }
+    CHECK(layer.shared_expert_gate->shape == std::vector<int64_t>{1, 32});
+    CHECK(layer.q_bias != nullptr);
+  }
+}
+
+TEST_CASE("gguf checkpoint: a type it does not compute with and a quantized norm are refused",
+          "[gguf]") {
+  auto i8 = Checkpoint::Load(CasesDir() + "/moe-tiny-i8.gguf");
+  REQUIRE(i8.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(i8.status().message()),
+             Catch::Contains("moe-tiny-i8.gguf") && Catch::Contains("blk.1.attn_q.weight") &&
+                 Catch::Contains("type I8") && Catch::Contains("Q4_K"));
+  auto qnorm = Checkpoint::Load(CasesDir() + "/moe-tiny-qnorm.gguf");
+  REQUIRE(qnorm.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(qnorm.status().message()),
+             Catch::Contains("blk.0.ffn_norm.weight") && Catch::Contains("Q8_0") &&
+                 Catch::Contains("norms and biases must be F32, F16 or BF16"));
+  // A file that is not GGUF where a model is expected.
+  const std::string not_gguf = CasesDir() + "/types.json";
+  auto other = Checkpoint::Load(not_gguf);
+  REQUIRE_FALSE(other.ok());
+  auto config = LoadModelConfig(not_gguf);
+  REQUIRE(config.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(config.status().message()), Catch::Contains("not a GGUF file"));
+}
+
+TEST_CASE("quantize: int8 and int4 rows equal gguf.quants.quantize (Q8_0, Q4_1)", "[gguf]") {
+  const Json cases = ReadJson("quantize");
+  const std::vector<std::byte> bin = ReadBytes(CasesDir() + "/quantize.bin");
+  const int64_t rows = cases["rows"], cols = cases["cols"];
+  const auto* x = reinterpret_cast<const float*>(bin.data());
+  for (const auto& [name, type] : {std::pair{"Q8_0", GgmlType::kQ8_0}, {"Q4_1", GgmlType::kQ4_1}}) {
+    INFO(name);
+    const Json& c = cases["types"][name];
+    const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(type), cols);
+    REQUIRE(c["nbytes"].get<int64_t>() == rows * row_bytes);
+    std::vector<std::byte> got(static_cast<size_t>(row_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      INFO("row " << r);
+      REQUIRE(QuantizeRow(type, x + r * cols, cols, 32, got.data()).ok());
+      CHECK(std::memcmp(got.data(), bin.data() + c["offset"].get<int64_t>() + r * row_bytes,
+                        row_bytes) == 0);
+      // A group of 128: every block of a group carries the group's scale, and decoding stays
+      // within half a step of the input.
+      REQUIRE(QuantizeRow(type, x + r * cols, cols, 128, got.data()).ok());
+      std::vector<float> back(static_cast<size_t>(cols));
+      REQUIRE(DequantizeRow(type, got.data(), cols, back.data()).ok());
+      const int64_t block_bytes = GgmlTypeInfoOf(type).type_size;
+      for (int64_t g = 0; g < cols / 128; ++g) {
+        float lo = x[r * cols + g * 128], hi = lo, amax = 0;
+        for (int64_t i = 0; i < 128; ++i) {
+          const float v = x[r * cols + g * 128 + i];
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+          amax = std::max(amax, std::fabs(v));
+        }
+        const float step = type == GgmlType::kQ8_0 ? amax / 127 : (hi - lo) / 15;
+        for (int64_t b = 1; b < 4; ++b) {
+          CHECK(std::memcmp(got.data() + (g * 4 + b) * block_bytes,
+                            got.data() + g * 4 * block_bytes,
+                            type == GgmlType::kQ8_0 ? 2 : 4) == 0);
+        }
+        for (int64_t i = 0; i < 128; ++i) {
+          // Half a step, plus the f16 rounding of the stored scale (and min): 2^-11 relative.
+          CHECK(std::fabs(back[g * 128 + i] - x[r * cols + g * 128 + i]) <=
+                0.5f * step + (128 * step + std::fabs(lo)) / 2048 + 1e-6f);
+        }
+      }
+    }
+  }
+  std::vector<std::byte> out(64);
+  CHECK(QuantizeRow(GgmlType::kQ4_K, x, 256, 32, out.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(QuantizeRow(GgmlType::kQ8_0, x, 256, 48, out.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cuda/device_probe.h"
 #include "engine/engine.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/ggml_quants.h"
 #include "engine/model/weight_store.h"
 #include "engine/model_runner.h"
 
@@ -414,6 +416,92 @@ TEST_CASE("engine: host-copied and synthetic weights", "[weight_store]") {
 
   REQUIRE(WeightSourceFromString("host") == WeightSource::kHostCopy);
   REQUIRE(!WeightSourceFromString("disk").has_value());
+}
+
+TEST_CASE("weight store: int8 / int4 at load quantize the weight matrices only", "[weights]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  for (const auto& q :
+       {WeightQuantization{GgmlType::kQ8_0, 32}, WeightQuantization{GgmlType::kQ4_1, 64}}) {
+    INFO(WeightQuantizationName(q) << " group " << q.group_size);
+    WeightStoreOptions options;
+    options.quantize = q;
+    auto store = WeightStore::Load(**checkpoint, options);
+    INFO(store.status().ToString());
+    REQUIRE(store.ok());
+    const WeightStore& s = **store;
+    CHECK(s.quantized());
+    CHECK(static_cast<int64_t>(s.total_bytes()) ==
+          WeightStore::RequiredBytes(c, c.num_hidden_layers, c.torch_dtype, 256, q));
+    // A layer: 8.5 (Q8_0) or 5 (Q4_1) bits per weight against bf16's 16.
+    CHECK(static_cast<double>(s.max_layer_bytes()) <
+          WeightStore::LayerRegionBytes(c, c.torch_dtype) /
+              (q.type == GgmlType::kQ8_0 ? 1.8 : 3.0));
+    CHECK(static_cast<int64_t>(s.max_layer_bytes()) ==
+          WeightStore::LayerRegionBytes(c, c.torch_dtype, 256, q));
+    const ModelWeights& w = s.weights();
+    CHECK(w.embed_tokens->quant == GgmlType::kQ8_0);
+    CHECK(w.norm->dtype == c.torch_dtype);
+    for (const LayerWeights& layer : w.layers) {
+      CHECK(layer.q_proj->quant == q.type);
+      CHECK(layer.router->dtype == c.torch_dtype);
+      CHECK_FALSE(layer.router->quant.has_value());
+      CHECK(layer.input_layernorm->dtype == c.torch_dtype);
+      for (const ExpertWeights& e : layer.experts) CHECK(e.w2->quant == q.type);
+    }
+    // An expert row decodes to the checkpoint's within half a quantization step of its group.
+    const TensorInfo& src = *(*checkpoint)->weights().layers[1].experts[3].w1;
+    const TensorInfo& dst = *w.layers[1].experts[3].w1;
+    const int64_t cols = src.shape[1];
+    std::vector<float> want(static_cast<size_t>(cols)), got(static_cast<size_t>(cols));
+    const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(q.type), cols);
+    for (int64_t r = 0; r < src.shape[0]; ++r) {
+      ConvertToF32(*src.dtype, src.data + r * cols * DTypeSize(*src.dtype), want.data(), cols);
+      REQUIRE(DequantizeRow(q.type, dst.data + r * row_bytes, cols, got.data()).ok());
+      for (int64_t g = 0; g < cols; g += q.group_size) {
+        float lo = want[g], hi = want[g], amax = 0;
+        for (int64_t i = g; i < std::min(cols, g + q.group_size); ++i) {
+          lo = std::min(lo, want[i]);
+          hi = std::max(hi, want[i]);
+          amax = std::max(amax, std::fabs(want[i]));
+        }
+        const float step = q.type == GgmlType::kQ8_0 ? amax / 127 : (hi - lo) / 15;
+        for (int64_t i = g; i < std::min(cols, g + q.group_size); ++i) {
+          // Half a step, plus the f16 rounding of the stored scale (and min): 2^-11 relative.
+          REQUIRE(std::fabs(got[i] - want[i]) <=
+                  0.5f * step + (128 * step + std::fabs(lo)) / 2048 + 1e-6f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("weight store: a GGUF checkpoint's blocks are copied as they are", "[weights]") {
+  const char* deps = std::getenv("MOEBATCH_DEPS_DIR");
+  const std::string path =
+      (deps != nullptr && *deps != '\0' ? std::string(deps) : Fixture("../../.deps")) +
+      "/gguf/moe-tiny.gguf";
+  auto checkpoint = Checkpoint::Load(path);
+  INFO(checkpoint.status().ToString());
+  REQUIRE(checkpoint.ok());
+  auto store = WeightStore::Load(**checkpoint, WeightStoreOptions{});
+  REQUIRE(store.ok());
+  const ModelWeights& a = (*checkpoint)->weights();
+  const ModelWeights& b = (*store)->weights();
+  for (size_t l = 0; l < a.layers.size(); ++l) {
+    for (size_t e = 0; e < a.layers[l].experts.size(); ++e) {
+      const TensorInfo& x = *a.layers[l].experts[e].w3;
+      const TensorInfo& y = *b.layers[l].experts[e].w3;
+      REQUIRE(x.nbytes == y.nbytes);
+      CHECK(std::memcmp(x.data, y.data, x.nbytes) == 0);
+    }
+  }
+  WeightStoreOptions quantize;
+  quantize.quantize = WeightQuantization{GgmlType::kQ4_1, 32};
+  auto refused = WeightStore::Load(**checkpoint, quantize);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("GGUF file"));
 }
 
 }  // namespace
