@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include "engine/kv/block_allocator.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/gguf.h"
 #include "engine/model/weight_check.h"
 #include "engine/model/weight_store.h"
 #include "engine/model_runner.h"
@@ -120,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   engine->options_ = options;
   WeightStoreOptions store_options;
   store_options.dtype = device_plan.weight_dtype;
+  store_options.quantize = options.weights.quantize;
   store_options.allocator = device_plan.pinned_weights ? backend.pinned_allocator() : nullptr;
   store_options.host_budget_bytes = options.host_memory_bytes;
   store_options.reserved_bytes = options.kv.bytes;
@@ -140,6 +144,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         auto store = WeightStore::Load(*engine->checkpoint_, store_options);
         if (!store.ok()) return store.status();
         engine->weight_store_ = *std::move(store);
+        // The copy holds every weight: the checkpoint's mapping goes (its pages leave the
+        // process's memory, so a model quantized at load holds what its format says).
+        engine->checkpoint_.reset();
       }
       break;
     }
@@ -159,23 +166,46 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
-  auto tokenizer = Tokenizer::LoadFromModelDir(options.model_dir, c.bos_token_id, c.eos_token_id,
-                                               options.text.chat_template);
+  // The tokenizer: a GGUF file's metadata, else the model directory's files.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer;
+  std::string tokenizer_source;
+  if (IsGgufFile(options.model_dir)) {
+    std::unique_ptr<GgufFile> opened;
+    const GgufFile* gguf = engine->checkpoint_ != nullptr ? engine->checkpoint_->gguf() : nullptr;
+    if (gguf == nullptr) {  // synthetic weights of a GGUF model
+      auto file = GgufFile::Open(options.model_dir);
+      if (!file.ok()) return file.status();
+      opened = *std::move(file);
+      gguf = opened.get();
+    }
+    tokenizer =
+        Tokenizer::LoadFromGguf(*gguf, c.bos_token_id, c.eos_token_id, options.text.chat_template);
+    tokenizer_source = options.model_dir + " (tokenizer.ggml.tokens)";
+  } else {
+    tokenizer = Tokenizer::LoadFromModelDir(options.model_dir, c.bos_token_id, c.eos_token_id,
+                                            options.text.chat_template);
+  }
   if (!tokenizer.ok()) return tokenizer.status();
   engine->tokenizer_ = *std::move(tokenizer);
+  const bool bpe = engine->tokenizer_->kind() == TokenizerKind::kBpe;
+  if (tokenizer_source.empty()) {
+    tokenizer_source =
+        absl::StrCat(options.model_dir, "/", bpe ? "tokenizer.json" : "tokenizer.model");
+  }
   if (engine->tokenizer_->vocab_size() > c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.model_dir, "/",
-        engine->tokenizer_->kind() == TokenizerKind::kBpe ? "tokenizer.json" : "tokenizer.model",
-        " has ", engine->tokenizer_->vocab_size(), " tokens but ", options.model_dir,
-        "/config.json vocab_size is ", c.vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(tokenizer_source, " has ", engine->tokenizer_->vocab_size(), " tokens but ",
+                     IsGgufFile(options.model_dir) ? options.model_dir + "'s"
+                                                   : options.model_dir + "/config.json",
+                     " vocab_size is ", c.vocab_size));
   }
   engine->eos_token_ids_ = c.eos_token_ids;
-  spdlog::info(
-      "tokenizer: {} {} tokens, chat layout {}, end of sequence {}",
-      engine->tokenizer_->kind() == TokenizerKind::kBpe ? "tokenizer.json" : "tokenizer.model",
-      engine->tokenizer_->vocab_size(), engine->tokenizer_->chat_layout_name(),
-      absl::StrJoin(engine->eos_token_ids_, ", "));
+  spdlog::info("tokenizer: {} {} tokens, chat layout {}, end of sequence {}", tokenizer_source,
+               engine->tokenizer_->vocab_size(), engine->tokenizer_->chat_layout_name(),
+               absl::StrJoin(engine->eos_token_ids_, ", "));
+
+  // What loading parsed and dropped (GGUF metadata, a tokenizer's JSON) goes back to the system.
+  malloc_trim(0);
 
   // MoE-Lens §6.3: the backend may lower the tokens per pass to its profiled n_real; the plan is
   // then made again with it (the device and the pass buffers are sized for that budget, no more).
@@ -225,6 +255,76 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
           : std::string(),
       p.schedule.max_num_seqs);
   return engine;
+}
+
+absl::StatusOr<std::vector<std::vector<double>>> Engine::ScoreTokens(
+    const std::vector<std::vector<int32_t>>& sequences, int64_t first) {
+  if (!sequences_.empty()) {
+    return absl::FailedPreconditionError("ScoreTokens: requests are in flight");
+  }
+  ForwardBatch batch;
+  std::vector<std::vector<int32_t>> tables(sequences.size());
+  const auto release = [&] {
+    for (auto& table : tables) allocator_->FreeAll(&table);
+  };
+  const int64_t block_size = cache_->config().block_size;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const auto& ids = sequences[s];
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (first < 1 || first >= n) {
+      release();
+      return absl::InvalidArgumentError(absl::StrCat("ScoreTokens: sequence ", s, " has ", n,
+                                                     " tokens; first must be in [1, ", n, ")"));
+    }
+    for (int64_t b = 0; b < BlocksForTokens(n, block_size); ++b) {
+      const std::optional<int32_t> block = allocator_->Allocate();
+      if (!block) {
+        release();
+        return absl::InvalidArgumentError(
+            absl::StrCat("ScoreTokens: the KV cache's ", allocator_->num_blocks(), " blocks of ",
+                         block_size, " tokens do not hold the sequences"));
+      }
+      tables[s].push_back(*block);
+    }
+    ForwardSequence fs;
+    fs.block_table = &tables[s];
+    fs.token_start = static_cast<int64_t>(batch.token_ids.size());
+    fs.num_tokens = n;
+    fs.context_len = n;
+    fs.need_logits = true;
+    // Logits of rows first - 1 .. n - 1 (the last rows, as ForwardSequence gives them): rows
+    // first - 1 .. n - 2 predict ids[first .. n - 1]; the last row's are not used.
+    fs.num_logits = n - first + 1;
+    batch.token_ids.insert(batch.token_ids.end(), ids.begin(), ids.end());
+    batch.seqs.push_back(fs);
+  }
+  if (static_cast<int64_t>(batch.token_ids.size()) > plan_.schedule.max_tokens_per_pass) {
+    release();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ScoreTokens: ", batch.token_ids.size(), " tokens exceed the ",
+        plan_.schedule.max_tokens_per_pass, " tokens per pass (--max_tokens_per_pass)"));
+  }
+  std::vector<float> logits;
+  absl::Status st = model_->Forward(batch, *cache_, &logits);
+  release();
+  if (!st.ok()) return st;
+  const int64_t vocab = config().vocab_size;
+  std::vector<std::vector<double>> out(sequences.size());
+  size_t row = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const auto& ids = sequences[s];
+    const int64_t n = static_cast<int64_t>(ids.size());
+    for (int64_t i = first; i < n; ++i, ++row) {
+      const float* z = logits.data() + row * vocab;
+      double max = z[0];
+      for (int64_t v = 1; v < vocab; ++v) max = std::max<double>(max, z[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v]) - max);
+      out[s].push_back(static_cast<double>(z[ids[i]]) - max - std::log(sum));
+    }
+    ++row;  // the last row's logits
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> Engine::AddRequest(GenerationRequest request) {
@@ -342,7 +442,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   stats_.expert_token_pairs += pass.expert_token_pairs;
   stats_.experts_touched += pass.experts_touched;
   stats_.last_pass = pass;
-  const double weight_elem = static_cast<double>(DTypeSize(plan_.weight_dtype));
+  const double weight_elem = plan_.weight_bytes_per_param;
   stats_.last_utilization = ComputeSparseUtilization(
       config(), weight_elem, static_cast<double>(DTypeSize(cache_->config().dtype)), pass,
       options_.metrics.peak_memory_bytes_per_second, options_.metrics.peak_flops);

@@ -109,6 +109,17 @@ class Engine {
   // (and pins) that thread's CPU pool as the options ask.
   absl::Status Step(std::vector<GenerationOutput>* outputs);
 
+  // Scores texts: for each sequence of token ids, the natural-log probability of ids[i] given
+  // ids[0, i) for every i in [first, ids.size()), from one prefill of all of them (f32 logits,
+  // log-softmax in f64): what perplexity needs (llama.cpp's llama-perplexity scores the second
+  // half of each context this way). Returns one vector of ids.size() - first values per sequence.
+  // Only while no request is in flight (FailedPrecondition otherwise). InvalidArgument for first
+  // < 1 or >= a sequence's length, a token id outside the vocabulary, or more tokens in total
+  // than the plan's tokens per pass or KV blocks hold (naming the limit). The KV blocks are
+  // released before it returns.
+  absl::StatusOr<std::vector<std::vector<double>>> ScoreTokens(
+      const std::vector<std::vector<int32_t>>& sequences, int64_t first);
+
   // Stops a request; its final output (FinishReason::kAborted) comes from the next Step. Unknown
   // or finished ids are ignored.
   void Abort(int64_t request_id);
@@ -139,7 +150,7 @@ class Engine {
   EngineOptions options_;
   EnginePlan plan_;
   std::thread::id cpu_pool_owner_;             // the thread whose pool ConfigureCpuThreads set up
-  std::unique_ptr<Checkpoint> checkpoint_;     // null with synthetic weights
+  std::unique_ptr<Checkpoint> checkpoint_;     // mapped weights only (else null)
   std::unique_ptr<WeightStore> weight_store_;  // kHostCopy, kSynthetic
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<int32_t>

@@ -5,6 +5,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/model/family.h"
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_tensors.h"
 #include "engine/model/weight_store.h"
 
 namespace moebatch {
@@ -61,14 +64,49 @@ absl::StatusOr<EnginePlan> MakeEnginePlan(const EngineOptions& options, const Mo
   plan.device = *std::move(device);
 
   // The weights' bytes as WeightStore lays them out (engine/model/weight_store.h); mapped weights
-  // take the checkpoint's dtype and no alignment (the tensors' bytes).
+  // take the checkpoint's dtype and no alignment (the tensors' bytes). A GGUF file's tensors keep
+  // their own types: its bytes are the file's.
   plan.weight_dtype = plan.device.weight_source == WeightSource::kMapped
                           ? c.torch_dtype
                           : plan.device.weight_dtype.value_or(c.torch_dtype);
   const bool mapped = plan.device.weight_source == WeightSource::kMapped;
-  plan.weight_bytes = WeightStore::RequiredBytes(c, c.num_hidden_layers, plan.weight_dtype,
-                                                 /*alignment=*/mapped ? 1 : 256);
-  plan.layer_bytes = WeightStore::LayerRegionBytes(c, plan.weight_dtype);
+  const std::optional<WeightQuantization> quantize =
+      plan.device.weight_source == WeightSource::kMapped ? std::nullopt : options.weights.quantize;
+  int64_t params = 0;
+  {
+    ModelWeights scratch;
+    for (const auto& region : ModelTensors(c, c.num_hidden_layers, &scratch)) {
+      for (const TensorSpec& t : region) {
+        int64_t n = 1;
+        for (int64_t d : t.shape) n *= d;
+        params += n;
+      }
+    }
+  }
+  if (options.weights.source != WeightSource::kSynthetic && IsGgufFile(options.model_dir)) {
+    if (quantize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight_dtype ", WeightQuantizationName(*quantize), ": ", options.model_dir,
+                       " is a GGUF file, whose tensors keep their own types"));
+    }
+    auto file = GgufFile::Open(options.model_dir);
+    if (!file.ok()) return file.status();
+    auto bytes = GgufTensorBytes(**file, c);
+    if (!bytes.ok()) return bytes.status();
+    plan.weight_bytes = bytes->total;
+    plan.layer_bytes = bytes->max_layer;
+    plan.weight_format = absl::StrCat("GGUF ", bytes->main_type);
+  } else {
+    plan.weight_bytes = WeightStore::RequiredBytes(c, c.num_hidden_layers, plan.weight_dtype,
+                                                   /*alignment=*/mapped ? 1 : 256, quantize);
+    plan.layer_bytes = WeightStore::LayerRegionBytes(c, plan.weight_dtype, 256, quantize);
+    plan.weight_format = quantize ? absl::StrCat(WeightQuantizationName(*quantize), " (",
+                                                 GgmlTypeInfoOf(quantize->type).name,
+                                                 ", groups of ", quantize->group_size, ")")
+                                  : std::string(DTypeName(plan.weight_dtype));
+  }
+  plan.weight_bytes_per_param =
+      params > 0 ? static_cast<double>(plan.weight_bytes) / static_cast<double>(params) : 2;
 
   // Tokens per pass and sequences (MoE-Lens §6.2-6.3): the backend's ceiling, lowered to n_real.
   plan.n_real = n_real;
@@ -125,9 +163,8 @@ std::string EnginePlan::ToString() const {
                   c.num_key_value_heads, " KV heads x ", c.head_dim, ", ", c.num_local_experts,
                   " experts (top-", c.num_experts_per_tok, "), vocab ", c.vocab_size, "\n");
   absl::StrAppend(&out, "weights       ", WeightSourceName(device.weight_source), ", ",
-                  std::string(DTypeName(weight_dtype)),
-                  device.pinned_weights ? ", page-locked" : "", ": ", GiB(weight_bytes), " (",
-                  GiB(layer_bytes), " per layer)\n");
+                  weight_format, device.pinned_weights ? ", page-locked" : "", ": ",
+                  GiB(weight_bytes), " (", GiB(layer_bytes), " per layer)\n");
   absl::StrAppend(&out, "compute       ", std::string(DTypeName(device.compute_dtype)), "\n");
   if (device.device_memory_bytes > 0) {
     absl::StrAppend(&out, "device memory ", GiB(device.device_memory_bytes), ", ",

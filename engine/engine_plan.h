@@ -43,6 +43,9 @@ struct EngineOptions {
     // kHostCopy / kSynthetic: stored dtype (nullopt: the model's; the cuda backend: the GPU's
     // compute dtype).
     std::optional<DType> dtype;
+    // kHostCopy / kSynthetic: the weight matrices quantized at load (int8 / int4,
+    // engine/model/weight_store.h WeightQuantization); the other tensors take `dtype`.
+    std::optional<WeightQuantization> quantize;
     int64_t synthetic_layers = 0;  // kSynthetic: layers generated (0: all)
     uint64_t synthetic_seed = 0;   // kSynthetic: the values are a function of it
     // Check every weight for NaN and infinity at load (engine/model/weight_check.h: one pass over
@@ -126,7 +129,11 @@ struct EnginePlan {
   std::string backend;  // the registered backend's name
   BackendPlan device;   // the backend's plan
   ModelConfig config;   // config.json, num_hidden_layers as the engine runs it (synthetic layers)
-  DType weight_dtype = DType::kBF16;  // as the weights are kept
+  DType weight_dtype = DType::kBF16;  // as the float weights are kept
+  // How the weight matrices are kept: the dtype's name, "int4 (Q4_1, groups of 32)" when quantized
+  // at load, "GGUF Q4_K" (the type of most bytes) for a GGUF file.
+  std::string weight_format;
+  double weight_bytes_per_param = 2;  // weight_bytes / the model's parameters
   int64_t weight_bytes = 0;           // all weights in host memory, bytes
   int64_t layer_bytes = 0;            // one decoder layer's region (what streams per layer)
   // The scheduler: the backend's ceiling lowered to n_real when the profile gave one.

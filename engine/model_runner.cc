@@ -78,6 +78,8 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
     const ForwardSequence& seq = batch.seqs[s];
     if (seq.num_tokens <= 0 || seq.token_start < 0 || seq.token_start + seq.num_tokens > tokens ||
         seq.context_len < seq.num_tokens || seq.block_table == nullptr ||
+        (seq.need_logits && !seq.greedy &&
+         (seq.num_logits < 1 || seq.num_logits > seq.num_tokens)) ||
         BlocksForTokens(seq.context_len, cache.config().block_size) >
             static_cast<int64_t>(seq.block_table->size())) {
       return absl::InvalidArgumentError(
@@ -144,7 +146,13 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
   size_t logits_out = 0, greedy_out = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const ForwardSequence& seq = batch.seqs[s];
-    if (seq.need_logits) output_index[s] = seq.greedy ? greedy_out++ : logits_out++;
+    if (!seq.need_logits) continue;
+    if (seq.greedy) {
+      output_index[s] = greedy_out++;
+    } else {
+      output_index[s] = logits_out;
+      logits_out += static_cast<size_t>(seq.num_logits);
+    }
   }
   for (int round = 0; round < 2; ++round) {
     for (int64_t s = 0; s < num_seqs; ++s) {
@@ -169,8 +177,10 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
         mb.greedy_rows.push_back(start + seq.num_tokens - 1);
         mb.greedy_outputs.push_back(output_index[s]);
       } else if (seq.need_logits) {
-        mb.logit_rows.push_back(start + seq.num_tokens - 1);
-        mb.logit_outputs.push_back(output_index[s]);
+        for (int64_t j = 0; j < seq.num_logits; ++j) {
+          mb.logit_rows.push_back(start + seq.num_tokens - seq.num_logits + j);
+          mb.logit_outputs.push_back(output_index[s] + static_cast<size_t>(j));
+        }
       }
     }
   }

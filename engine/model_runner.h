@@ -1,7 +1,7 @@
 // The forward pass over the paged KV cache, the same for every backend: drives a Device (tasks A
 // and B, engine/device.h) layer by layer and runs the CPU task between them: new K/V rows into the
-// cache (cpu_attention/attention/kv_append.h) and attention over it (cpu_attention/attention/decode_attention.h),
-// MoE-Lens §6.4 / §6.6.
+// cache (cpu_attention/attention/kv_append.h) and attention over it
+// (cpu_attention/attention/decode_attention.h), MoE-Lens §6.4 / §6.6.
 //
 // One pass may hold prefill chunks of many sequences of different lengths (no padding) and decode
 // tokens of others: every token carries its own position and block table.
@@ -39,8 +39,8 @@
 #include "cpu_attention/attention/kv_append.h"
 #include "cpu_attention/attention/paged_attention.h"
 #include "engine/device.h"
-#include "engine/model/host_memory.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/model/host_memory.h"
 #include "engine/pipeline_trace.h"
 
 namespace moebatch {
@@ -54,6 +54,9 @@ struct ForwardSequence {
   int64_t num_tokens = 0;
   int64_t context_len = 0;
   bool need_logits = false;  // produce logits for its last token in this pass
+  // With need_logits and not greedy: logits for its last num_logits rows (in [1, num_tokens]),
+  // in row order: what scoring a text needs (Engine::ScoreTokens).
+  int64_t num_logits = 1;
   // With need_logits: produce its greedy token instead of its logits (Device::GreedyTokens), so
   // the device moves one token id rather than a row of vocab_size logits.
   bool greedy = false;
@@ -74,11 +77,11 @@ class ModelRunner {
   ~ModelRunner();
 
   // Runs all layers over `batch`, writing each token's K/V into `cache` at its position, and
-  // returns in `logits` a [n, vocab] f32 row-major block, one row per sequence with need_logits and
-  // not greedy (in batch order), and in `greedy_tokens` one token per sequence with need_logits and
-  // greedy (in batch order; may be null when there are none). InvalidArgument for a token id
-  // outside the vocabulary, a position beyond max_position_embeddings or a malformed batch (naming
-  // the sequence or token); the device's errors otherwise.
+  // returns in `logits` a [n, vocab] f32 row-major block, num_logits rows per sequence with
+  // need_logits and not greedy (in batch order), and in `greedy_tokens` one token per sequence with
+  // need_logits and greedy (in batch order; may be null when there are none). InvalidArgument for a
+  // token id outside the vocabulary, a position beyond max_position_embeddings or a malformed batch
+  // (naming the sequence or token); the device's errors otherwise.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>* logits,
                        ForwardStats* stats = nullptr,
                        std::vector<int32_t>* greedy_tokens = nullptr);
@@ -100,10 +103,10 @@ class ModelRunner {
     std::vector<KvAppendRow> append_rows;
     std::vector<AttentionSequence> attn_seqs;  // attended on the CPU
     std::vector<int32_t> prefill_cu_rows;      // segments the device attends (empty: none)
-    std::vector<int64_t> logit_rows;    // rows of this micro-batch that need logits
-    std::vector<size_t> logit_outputs;  // their row in the pass's logits
-    std::vector<int64_t> greedy_rows;   // rows that need their greedy token
-    std::vector<size_t> greedy_outputs;  // their index in the pass's greedy tokens
+    std::vector<int64_t> logit_rows;           // rows of this micro-batch that need logits
+    std::vector<size_t> logit_outputs;         // their row in the pass's logits
+    std::vector<int64_t> greedy_rows;          // rows that need their greedy token
+    std::vector<size_t> greedy_outputs;        // their index in the pass's greedy tokens
     std::vector<int32_t> greedy_tokens;
     // Task A outputs, attention output: the device's host_buffer_allocator() memory.
     HostBuffer<float> q, k, v, attn;

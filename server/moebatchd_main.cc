@@ -1,6 +1,6 @@
 // moebatchd: the batch-job daemon.
 //
-//   moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]
+//   moebatchd --model DIR|FILE.gguf --listen HOST:PORT --data-dir DIR [--config FILE] [flags]
 //
 // Opens the job store (SQLite under --data-dir), starts serving (grpc.health.v1 NOT_SERVING while
 // the model loads), loads the model, queues again whatever an earlier run left unfinished, and
@@ -60,9 +60,11 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "",
-          "Hugging Face model directory (config.json, safetensors, "
-          "tokenizer.model)");
-ABSL_FLAG(std::string, model_name, "", "the model's name in the API (default: the directory name)");
+          "the model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json or "
+          "tokenizer.model) or a GGUF file (llama.cpp's format: Q4_K, Q8_0, ... kept quantized)");
+ABSL_FLAG(
+    std::string, model_name, "",
+    "the model's name in the API (default: the directory name, or the GGUF file's without .gguf)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address HOST:PORT");
 ABSL_FLAG(std::string, data_dir, "", "directory of the job store (moebatch.db)");
 ABSL_FLAG(std::string, config, "", "JSON file of flag values; the command line overrides it");
@@ -416,7 +418,9 @@ int Run(const std::set<std::string>& given) {
   JobLimits limits;
   limits.model_name = absl::GetFlag(FLAGS_model_name);
   if (limits.model_name.empty()) {
-    limits.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+    const std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
+    // A GGUF file: its name without ".gguf".
+    limits.model_name = (path.extension() == ".gguf" ? path.stem() : path.filename()).string();
     if (limits.model_name.empty()) {
       limits.model_name =
           std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
@@ -499,7 +503,8 @@ int main(int argc, char** argv) {
   moebatch::ShowEngineFlagsInHelp();
   std::set<std::string> given;
   moebatch::ParseProgramFlags(
-      argc, argv, "moebatchd --model DIR --listen HOST:PORT --data-dir DIR [--config FILE] [flags]",
+      argc, argv,
+      "moebatchd --model DIR|FILE.gguf --listen HOST:PORT --data-dir DIR [--config FILE] [flags]",
       &given);
   return moebatch::Run(given);
 }

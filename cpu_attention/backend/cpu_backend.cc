@@ -45,6 +45,10 @@ class CpuBackend final : public Backend {
     if (!device.ok()) return device.status();
     plan.device = *std::move(device);
     plan.weight_source = options.weights.source;
+    // Weights quantized at load are a copy.
+    if (options.weights.quantize && plan.weight_source == WeightSource::kMapped) {
+      plan.weight_source = WeightSource::kHostCopy;
+    }
     plan.weight_dtype = options.weights.dtype;
     plan.compute_dtype = compute;
     plan.max_tokens_per_pass = options.schedule.max_tokens_per_pass > 0

@@ -7,7 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cpu_attention/gemm/quant_linear.h"
 #include "cpu_attention/ops/ops.h"
+#include "engine/model/ggml_quants.h"
 
 namespace moebatch {
 namespace {
@@ -68,6 +70,7 @@ absl::StatusOr<CpuDevice::MicroBatch*> CpuDevice::Get(int micro_batch, int64_t l
 }
 
 absl::Status CpuDevice::Linear(const float* x, int64_t rows, const TensorInfo& w, float* y) {
+  if (w.quant) return QuantLinear(x, rows, w.shape[1], w.data, *w.quant, w.shape[0], y);
   return matmul_->Linear(x, rows, w.shape[1], w.data, *w.dtype, w.shape[0], y);
 }
 
@@ -94,6 +97,17 @@ absl::Status CpuDevice::Embed(int micro_batch, const int32_t* token_ids, const i
   mb.tokens = tokens;
   mb.positions.assign(positions, positions + tokens);
   mb.h.resize(static_cast<size_t>(tokens * hidden));
+  if (table.quant) {  // a GGUF or int8 table: each row decoded (ggml's get_rows)
+    const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(*table.quant), hidden);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (auto st = DequantizeRow(*table.quant, table.data + token_ids[t] * row_bytes, hidden,
+                                  mb.h.data() + t * hidden);
+          !st.ok()) {
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  }
   return cpu_ops::EmbeddingGather(table.data, *table.dtype, config_.vocab_size, hidden, token_ids,
                                   tokens, mb.h.data());
 }
@@ -298,8 +312,7 @@ absl::Status CpuDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, 
       return st;
     }
   }
-  return matmul_->Linear(x_.data(), n, hidden, weights_.lm_head->data, *weights_.lm_head->dtype,
-                         config_.vocab_size, logits);
+  return Linear(x_.data(), n, *weights_.lm_head, logits);
 }
 
 }  // namespace moebatch

@@ -66,7 +66,11 @@ ABSL_FLAG(std::string, weights, "mapped",
           "into one host region per layer, as the cuda backend streams them) or synthetic "
           "(generated from config.json, for benchmarks without the checkpoint)");
 ABSL_FLAG(std::string, weight_dtype, "",
-          "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's)");
+          "with --weights=host|synthetic: store weights as bf16|f16|f32 (default: the model's); "
+          "int8|int4: quantize the weight matrices at load, round to nearest in groups of "
+          "--weight_group_size (a copy: --weights=mapped becomes host)");
+ABSL_FLAG(int64_t, weight_group_size, 32,
+          "with --weight_dtype=int8|int4: elements sharing one scale, a multiple of 32");
 ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to generate (0: all)");
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
 ABSL_FLAG(std::string, chat_template, "",
@@ -184,11 +188,22 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
         absl::StrCat("--weights: must be mapped, host or synthetic, got '", weights, "'"));
   }
   options.weights.source = *source;
-  if (const std::string wd = absl::GetFlag(FLAGS_weight_dtype); !wd.empty()) {
+  const int64_t group_size = absl::GetFlag(FLAGS_weight_group_size);
+  if (group_size <= 0 || group_size % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_group_size: must be a positive multiple of 32, got ", group_size));
+  }
+  if (const std::string wd = absl::GetFlag(FLAGS_weight_dtype); wd == "int8" || wd == "int4") {
+    options.weights.quantize =
+        WeightQuantization{wd == "int8" ? GgmlType::kQ8_0 : GgmlType::kQ4_1, group_size};
+    if (options.weights.source == WeightSource::kMapped) {
+      options.weights.source = WeightSource::kHostCopy;
+    }
+  } else if (!wd.empty()) {
     options.weights.dtype = DTypeFromString(wd);
     if (!options.weights.dtype) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--weight_dtype: must be bf16, f16 or f32, got '", wd, "'"));
+          absl::StrCat("--weight_dtype: must be bf16, f16, f32, int8 or int4, got '", wd, "'"));
     }
     if (options.weights.source == WeightSource::kMapped) {
       return absl::InvalidArgumentError(

@@ -1,6 +1,6 @@
 // moebatch-run: runs an OpenAI-batch JSONL file through the engine, offline, on this host.
 //
-//   moebatch-run --model DIR --input IN.jsonl --output OUT.jsonl [--compute-dtype f32|bf16] ...
+//   moebatch-run --model DIR|FILE.gguf --input IN.jsonl --output OUT.jsonl [flags]
 //
 // Lines go through the batch front end (engine/batch/batch_reader.h) with InvalidLinePolicy::
 // kFailRequest and ModelPolicy::kAccept: every non-blank input line becomes one output line,
@@ -40,8 +40,8 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "",
-          "Hugging Face model directory (config.json, *.safetensors, "
-          "tokenizer.model)");
+          "the model: a Hugging Face directory (config.json, *.safetensors, tokenizer.json or "
+          "tokenizer.model) or a GGUF file (llama.cpp's format: Q4_K, Q8_0, ... kept quantized)");
 ABSL_FLAG(std::string, input, "", "input JSONL file, OpenAI batch format ('-' for stdin)");
 ABSL_FLAG(std::string, output, "", "output JSONL file, OpenAI batch output format");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for lines that give none");
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   moebatch::ShowEngineFlagsInHelp();
   moebatch::ParseProgramFlags(
       argc, argv,
-      "moebatch-run --model DIR --input IN.jsonl --output OUT.jsonl [flags]\n"
+      "moebatch-run --model DIR|FILE.gguf --input IN.jsonl --output OUT.jsonl [flags]\n"
       "Runs an OpenAI-batch JSONL file through a Hugging Face checkpoint (Mixtral, Qwen3-MoE, "
       "Qwen2-MoE, OLMoE, Llama, Mistral, Qwen2, Qwen3) on this host.");
   const std::string level = absl::GetFlag(FLAGS_log_level);

@@ -1,0 +1,78 @@
+// Quantized dense layer on the CPU: y = x · Wᵀ (torch.nn.Linear's math, no bias) with W read in
+// place in one of ggml's block formats (llama.cpp's GGUF tensor types), never widened to floats.
+//
+// Method: llama.cpp's (ggml-cpu quants.c, ggml_vec_dot_<type>_q8_0 / _q8_K): every activation row
+// is quantized once per call to int8 in blocks of 32 (d = amax / 127, q = x · (1 / d) rounded half
+// to even, |q| <= 127, as quantize_row_q8_0), the weight blocks are unpacked to small integers and
+// the products are integer dot products (AVX2: vpmaddubsw + vpmaddwd; AVX-512: VNNI vpdpbusd), with
+// the float scales applied per block of 32. Block layouts: ggml-common.h (block_q4_0 ...
+// block_q6_K, block_mxfp4); the value each element stands for: engine/model/ggml_quants.h
+// (DequantizeRow).
+//
+// The unified view that every type is computed in: a block of 32 weights is 32 int8 w_i, a float
+// scale per lane of 4 elements, and an optional float c, with value_i = scale_i · w_i + c:
+//   Q4_0  w = q - 8, scale d              Q4_1  w = q, scale d, c = m
+//   Q5_0  w = q - 16, scale d             Q5_1  w = q, scale d, c = m
+//   Q8_0  w = q, scale d                  MXFP4 w = kvalues[q] (E2M1 doubled), scale 2^(e - 128)
+//   Q4_K, Q5_K  w = q, per 32: scale d·sc_j, c = -(dmin·m_j)
+//   Q6_K  w = q - 32, per 16: scale d·sc_j
+// Every output element is one fixed sequence of float operations, whatever M, the other rows of x,
+// the tiling, the thread count or the ISA level (AVX-512 VNNI, AVX2 and portable give the same
+// bits; quant_linear_portable.cc is the lane-exact model the vector kernels follow):
+//   1. integer lanes: for weight block b and lane l (elements 4l..4l+3), p = Σ w_i · q_i (exact);
+//   2. 16 float partial sums a[0..16): a[8·(b mod 2) + l] = fma(scale_bl · d_b, float(p), a[..]),
+//      the product scale · d rounded to float first, blocks in increasing b;
+//   3. types with c: 8 partial sums e[0..8): e[b mod 8] = fma(c_b, s_b, e[b mod 8]) with
+//      s_b = d_b · float(Σ_i q_i) (one rounding), blocks in increasing b;
+//   4. y = Tree(a) (lane i += lane i+8, then i+4, i+2, i+1), and for types with c
+//      y = Tree(a) + Tree(e) (e: lane i += lane i+4, i+2, i+1).
+// Accuracy: besides float rounding (~1e-6 relative to Σ|x·w|), the int8 activations: each x_i is
+// replaced by d_b · q_i, |x_i - d_b · q_i| <= d_b / 2, so |y - x·Wᵀ| <= Σ_b (d_b / 2) Σ_{i in b}
+// |value_i| (tests/cpu_attention/test_quant_linear.cc checks that bound, and a relative RMS error
+// near 0.5% on Gaussian data).
+//
+// Shapes and types: x [m, k] f32 row-major contiguous; W [n, k] as a GGUF tensor stores a Linear
+// weight (or one expert's slice of it): n rows, each k / block_size blocks of type_size bytes (row
+// stride k / block_size · type_size bytes, no padding; only the blocks' own bytes are read); y
+// [m, n] f32 row-major. m or n may be 0 (nothing written); k 0 writes zeros.
+// Work split: m <= 8 (decode) streams each weight row once from memory and unpacks each group of 8
+// blocks once for all m rows (AVX2 keeps 4 rows in registers: m 5..8 unpacks a row twice, the
+// second time from L1); larger m unpacks a tile of weight rows once into a ~256 KiB buffer (L2)
+// and runs 8 rows of x at a time over it in K slices of 1024 that stay in L1 (as InvariantLinear).
+// The activations are quantized once per call, on the calling thread's pool, into a thread_local
+// buffer of the calling thread (~3.3 bytes per element of x).
+// Threading: parallel over tiles of weight rows (and of 64 x rows) on the calling thread's OpenMP
+// pool; each output element is computed whole by one thread. Reentrant. Rounding of q uses the
+// current rounding mode (the default, to nearest even). Ownership: reads x and w, writes y; keeps
+// no pointers.
+// Errors: InvalidArgument, naming the type and the reason, for a type QuantLinearSupports refuses,
+// k not a multiple of the type's block size, a negative size, a null pointer with m, n, k > 0, or
+// an `isa` SupportedCpuIsas() does not list. Nothing aborts.
+// ISA: kAvx512 runs the AVX-512 VNNI kernels where CPUID has avx512vnni, else the AVX2 ones (same
+// bits); kAvx2 needs AVX2 + FMA + F16C.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "cpu_attention/runtime/cpu_isa.h"
+#include "engine/model/ggml_type.h"
+
+namespace moebatch {
+
+// Whether QuantLinear computes with weights of `type`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+// Q6_K and MXFP4.
+bool QuantLinearSupports(GgmlType type);
+
+// y[m, n] = x[m, k] · Wᵀ where W [n, k] is stored as ggml blocks of `type` at w (see above).
+absl::Status QuantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const std::byte* w,
+                         GgmlType type, int64_t n, float* y);
+
+// With SelectedCpuIsa() (MOEBATCH_CPU_ISA forces a level, as for attention).
+inline absl::Status QuantLinear(const float* x, int64_t m, int64_t k, const std::byte* w,
+                                GgmlType type, int64_t n, float* y) {
+  return QuantLinear(SelectedCpuIsa(), x, m, k, w, type, n, y);
+}
+
+}  // namespace moebatch

@@ -1,0 +1,133 @@
+// QuantLinear's kernels with AVX2 + FMA + F16C (compiled with those flags only; run where CPUID has
+// them): one 32-block per ymm. The integer lanes are vpmaddubsw (unsigned u = w + bias times signed
+// q, pairs summed to int16: at most 2·63·127, no saturation) then vpmaddwd with ones (4 elements
+// per int32 lane) plus the activations' correction -bias·Σq; Q8_0, whose bytes are signed, uses the
+// sign trick instead (|w| times q·sign(w)). Blocks alternate between two ymm of partial sums (the
+// model's lanes 0-7 and 8-15). Bits equal to quant_linear_portable.cc's.
+#define MOEBATCH_QUANT_ISA avx2
+#include <immintrin.h>
+
+#include "cpu_attention/gemm/quant_linear_internal.h"
+
+namespace moebatch {
+namespace quant_linear_internal {
+namespace avx2 {
+namespace {
+
+struct Acc {
+  __m256 lo, hi;  // step 2's lanes 0-7 (even blocks) and 8-15 (odd blocks)
+  __m256 e;       // step 3
+};
+
+template <GgmlType T>
+struct Policy {
+  static constexpr bool kSign = T == GgmlType::kQ8_0;
+  using U = Unpack<T, kSign>;
+  static constexpr int kBias = U::kBias;
+  static constexpr bool kHasC = U::kHasC;
+  static constexpr int kMR = 4;
+
+  struct DG {
+    __m256i w[kGroupBlocks];                  // u = w + bias (kSign: w)
+    __m256i abs_w[kSign ? kGroupBlocks : 1];  // kSign: |w|
+    __m256 scale[kGroupBlocks];               // lane l of block i: the scale of elements 4l..4l+3
+    __m256 c;
+  };
+  using Acc = avx2::Acc;
+
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int nblk,
+                                                    DG* dg) {
+    Unpacked u;
+    U::Group(row, g, nblk, &u);
+    for (int i = 0; i < kGroupBlocks; ++i) {
+      dg->w[i] = u.w[i];
+      if constexpr (kSign) dg->abs_w[i] = _mm256_abs_epi8(u.w[i]);
+      if constexpr (U::kPer16) {
+        // Lanes 0-3 take sub-block 2i's scale, lanes 4-7 sub-block 2i + 1's.
+        const int j = 2 * (i % 4);
+        dg->scale[i] = _mm256_permutevar8x32_ps(
+            u.scale[i / 4], _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1));
+      } else {
+        dg->scale[i] = _mm256_permutevar8x32_ps(u.scale[0], _mm256_set1_epi32(i));
+      }
+    }
+    if constexpr (kHasC) dg->c = u.c;
+  }
+
+  static Acc Zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+  // Steps 1-2 for block i into *a.
+  __attribute__((always_inline)) static void Block(__m256* a, const DG& dg, int i, const XRow& x) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + i * kBlock));
+    __m256i p16;
+    if constexpr (kSign) {
+      p16 = _mm256_maddubs_epi16(dg.abs_w[i], _mm256_sign_epi8(q, dg.w[i]));
+    } else {
+      p16 = _mm256_maddubs_epi16(dg.w[i], q);
+    }
+    __m256i p = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    if constexpr (kBias != 0) {
+      p = _mm256_add_epi32(p, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr + i * 8)));
+    }
+    const __m256 s = _mm256_mul_ps(dg.scale[i], _mm256_loadu_ps(x.d8 + i * 8));
+    *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
+  }
+
+  template <bool kFull>
+  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
+                                                        const XRow& x) {
+    if (kFull) {
+      for (int i = 0; i < kGroupBlocks; i += 2) {
+        Block(&acc->lo, dg, i, x);
+        Block(&acc->hi, dg, i + 1, x);
+      }
+    } else {
+      for (int i = 0; i < nblk; ++i) Block(i % 2 ? &acc->hi : &acc->lo, dg, i, x);
+    }
+    // The missing blocks of a short group have c = 0 and s = 0: adding 0 · 0 changes nothing.
+    if constexpr (kHasC) acc->e = _mm256_fmadd_ps(dg.c, _mm256_loadu_ps(x.s), acc->e);
+  }
+
+  static float Finish(const Acc& acc) {
+    const float a = TreeSum8(_mm256_add_ps(acc.lo, acc.hi));
+    if constexpr (kHasC) return a + TreeSum8(acc.e);
+    return a;
+  }
+};
+
+template <GgmlType T>
+Kernel KernelOf() {
+  return Kernel{Tile<Policy<T>>, Policy<T>::kBias,
+                static_cast<int64_t>(sizeof(typename Policy<T>::DG))};
+}
+
+}  // namespace
+}  // namespace avx2
+
+Kernel Avx2Kernel(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return avx2::KernelOf<GgmlType::kQ4_0>();
+    case GgmlType::kQ4_1:
+      return avx2::KernelOf<GgmlType::kQ4_1>();
+    case GgmlType::kQ5_0:
+      return avx2::KernelOf<GgmlType::kQ5_0>();
+    case GgmlType::kQ5_1:
+      return avx2::KernelOf<GgmlType::kQ5_1>();
+    case GgmlType::kQ8_0:
+      return avx2::KernelOf<GgmlType::kQ8_0>();
+    case GgmlType::kQ4_K:
+      return avx2::KernelOf<GgmlType::kQ4_K>();
+    case GgmlType::kQ5_K:
+      return avx2::KernelOf<GgmlType::kQ5_K>();
+    case GgmlType::kQ6_K:
+      return avx2::KernelOf<GgmlType::kQ6_K>();
+    case GgmlType::kMXFP4:
+      return avx2::KernelOf<GgmlType::kMXFP4>();
+    default:
+      return Kernel{};
+  }
+}
+
+}  // namespace quant_linear_internal
+}  // namespace moebatch
