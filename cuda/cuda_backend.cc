@@ -4,7 +4,8 @@
 // says why it cannot run.
 //
 // Its plan (MoE-Lens §6.2-6.5): the weights copied into page-locked host regions in the GPU's
-// compute dtype (bf16 on sm_80+, f16 on the T4), streamed layer by layer; the GPU budget resolved
+// compute dtype (bf16 on sm_80+, f16 on the T4), or in their ggml blocks (a GGUF file's, or
+// quantized at load: --weight_dtype int8|int4), streamed layer by layer; the GPU budget resolved
 // once (--gpu_memory_gb, else the free memory less 1 GiB); the tokens per pass the budget holds
 // activations for (capped), lowered to the pipeline profiler's n_real (§6.3); the first layers kept
 // resident where the budget has room; VSLPipe on.
@@ -22,6 +23,9 @@
 #include "cuda/device_probe.h"
 #include "engine/backend.h"
 #include "engine/engine_plan.h"
+#include "engine/model/family.h"
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_tensors.h"
 #include "engine/offload/gpu_memory_plan.h"
 #include "engine/offload/pipeline_profiler.h"
 #include "spdlog/spdlog.h"
@@ -36,6 +40,52 @@ std::string GpuName(int device) {
     }
   }
   return absl::StrCat("gpu", device);
+}
+
+// What the device holds of the weights, planned before they are read: one decoder layer's region
+// as WeightStore lays it out (a weight slot) and the dequantization scratch (0: nothing quantized).
+struct DeviceWeightBytes {
+  int64_t layer = 0;
+  int64_t dequant = 0;
+};
+
+// A GGUF file's tensors keep their ggml types in the store (its float tensors take `dtype`): each
+// layer's region from the file's tensor types, every tensor at a 256-byte boundary as WeightStore
+// places them (an upper bound by at most the last tensor's padding); the scratch holds the largest
+// quantized matrix of a layer in `dtype`. Otherwise the store's own arithmetic
+// (WeightStore::LayerRegionBytes, with the quantization asked for) and GpuDequantScratchBytes.
+absl::StatusOr<DeviceWeightBytes> PlanDeviceWeightBytes(const EngineOptions& options,
+                                                        const ModelConfig& config, DType dtype) {
+  DeviceWeightBytes out;
+  if (options.weights.source == WeightSource::kSynthetic || !IsGgufFile(options.model_dir)) {
+    out.layer = WeightStore::LayerRegionBytes(config, dtype, 256, options.weights.quantize);
+    if (options.weights.quantize) out.dequant = GpuDequantScratchBytes(config, dtype);
+    return out;
+  }
+  auto file = GgufFile::Open(options.model_dir);
+  if (!file.ok()) return file.status();
+  ModelWeights scratch;
+  const auto regions = ModelTensors(config, config.num_hidden_layers, &scratch);
+  int64_t largest_quantized = 0;
+  for (size_t r = 1; r < regions.size(); ++r) {
+    int64_t bytes = 0;
+    for (const TensorSpec& spec : regions[r]) {
+      auto src = FindGgufSource(**file, config, spec);
+      if (!src.ok()) return src.status();
+      int64_t numel = 1;
+      for (int64_t d : spec.shape) numel *= d;
+      const GgmlType type = src->tensor->type.type;
+      const bool is_float =
+          type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16;
+      bytes = (bytes + 255) / 256 * 256 +
+              (is_float ? numel * static_cast<int64_t>(DTypeSize(dtype))
+                        : src->rows * GgmlRowBytes(src->tensor->type, src->cols));
+      if (!is_float) largest_quantized = std::max(largest_quantized, numel);
+    }
+    out.layer = std::max(out.layer, bytes);
+  }
+  out.dequant = largest_quantized * static_cast<int64_t>(DTypeSize(dtype));
+  return out;
 }
 
 class CudaBackend final : public Backend {
@@ -64,7 +114,8 @@ class CudaBackend final : public Backend {
     if (!compute.ok()) return compute.status();
     BackendPlan plan;
     plan.device = *std::move(device);
-    // The weights stream from page-locked host regions, in the dtype the GPU computes in.
+    // The weights stream from page-locked host regions, in the dtype the GPU computes in (the
+    // float ones; quantized ones in their blocks, dequantized on the GPU before each GEMM).
     plan.weight_source = options.weights.source == WeightSource::kSynthetic
                              ? WeightSource::kSynthetic
                              : WeightSource::kHostCopy;
@@ -76,10 +127,13 @@ class CudaBackend final : public Backend {
     cuda.gpu_memory_bytes = options.gpu.memory_bytes;
     auto budget = CudaMemoryBudget(cuda);
     if (!budget.ok()) return budget.status();
-    const int64_t layer_bytes = WeightStore::LayerRegionBytes(config, plan.compute_dtype);
-    auto memory =
-        PlanGpuDevice(config, plan.compute_dtype, layer_bytes, config.num_hidden_layers,
-                      options.schedule.max_tokens_per_pass, *budget, options.gpu.resident_layers);
+    // The layer regions as the store will hold them (ggml blocks stay blocks: a quantized layer
+    // streams and occupies a slot at its real size) and the scratch they are dequantized into.
+    auto weight_bytes = PlanDeviceWeightBytes(options, config, plan.compute_dtype);
+    if (!weight_bytes.ok()) return weight_bytes.status();
+    auto memory = PlanGpuDevice(config, plan.compute_dtype, weight_bytes->layer,
+                                config.num_hidden_layers, options.schedule.max_tokens_per_pass,
+                                *budget, options.gpu.resident_layers, weight_bytes->dequant);
     if (!memory.ok()) return memory.status();
     plan.max_tokens_per_pass = memory->tokens_per_pass;
     plan.device_memory_bytes = *budget;
@@ -93,15 +147,22 @@ class CudaBackend final : public Backend {
   HostAllocator* pinned_allocator() const override { return PinnedHostAllocator(); }
 
   // n_real from a one-layer device (weights resident), the layer's transfer time from the data
-  // mover's first fill; cached under options.schedule.profile_dir, keyed by the model, the GPU and
-  // the resolved budget. nullopt (with a warning) when the timings give no usable line (e.g. a
-  // model so small that the time does not grow with tokens). Device errors are errors.
+  // mover's first fill; cached under options.schedule.profile_dir, keyed by the model, the GPU, the
+  // resolved budget and, for quantized weights, a layer's bytes. nullopt (with a warning) when the
+  // timings give no usable line (e.g. a model so small that the time does not grow with tokens).
+  // Device errors are errors.
   absl::StatusOr<std::optional<int64_t>> ProfileTokenBudget(
       const LoadedWeights& weights, const EngineOptions& options,
       const BackendPlan& plan) const override {
     const WeightStore& store = *weights.store;
-    const std::string key =
-        ProfileKey(store.config(), GpuName(options.gpu.device), plan.device_memory_bytes);
+    // A quantized store moves fewer bytes a layer and dequantizes before its GEMMs: its own n_real,
+    // keyed by its layer's bytes.
+    const std::string key = ProfileKey(
+        store.config(),
+        store.quantized()
+            ? absl::StrCat(GpuName(options.gpu.device), "-quantized-layer", store.max_layer_bytes())
+            : GpuName(options.gpu.device),
+        plan.device_memory_bytes);
     const std::string& dir = options.schedule.profile_dir;
     if (!dir.empty()) {
       auto cached = LoadProfile(dir, key);

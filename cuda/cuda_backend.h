@@ -3,18 +3,28 @@
 // nvcc link cuda_backend_none.cc, where every function says so (Unavailable).
 //
 // What the backend is (cuda/cuda_device.cc; MoE-Lens §6.4-6.5):
-//  * one cudaMalloc of the GpuMemoryPlan (engine/offload/gpu_memory_plan.h) for the budget, carved into
+//  * one cudaMalloc of the GpuMemoryPlan (engine/offload/gpu_memory_plan.h) for the budget, carved
+//  into
 //    the two-slot weight buffer, the resident lm_head and final norm, the activations of
-//    max_tokens_per_pass tokens and the cuBLAS workspace: nothing else is allocated on the device;
+//    max_tokens_per_pass tokens, the dequantization scratch of quantized weights and the cuBLAS
+//    workspace: nothing else is allocated on the device;
 //  * the weights in page-locked host memory (a WeightStore made with PinnedHostAllocator()),
-//    streamed layer by layer into the slots by the DataMover (engine/offload/data_mover.h) with a copy
-//    engine on its own CUDA stream, packet by packet; visit i of a layer uses slot i % 2 and the
-//    next layer is prefetched while L computes;
+//    streamed layer by layer into the slots by the DataMover (engine/offload/data_mover.h) with a
+//    copy engine on its own CUDA stream, packet by packet; visit i of a layer uses slot i % 2 and
+//    the next layer is prefetched while L computes;
 //  * task A and task B as cuda/kernels.h kernels plus cuBLAS GEMMs (f32 accumulation) on a compute
 //    stream; q/k/v to the host and attention outputs back on a transfer stream, so they never
 //    queue behind a weight packet.
 // Precision: the compute dtype is the WeightStore's: bf16 on sm_80 and later, f16 on sm_75 (the
 // T4 has no bf16 tensor cores; the store converts at load), f32 for the exactness checks.
+// Quantized weights (a store with ggml-block tensors: a GGUF file's, or --weight_dtype int8|int4)
+// cross PCIe and sit in the slots as blocks; each matrix is dequantized on the GPU
+// (gpu::DequantizeRows: ggml's dequantize_row_<type>, rounded once to the compute dtype) into the
+// scratch right before its GEMM; lm_head once at set-up into its resident buffer; the embedding's
+// gathered rows to f32. So the GEMMs see the decoded weights rounded to the compute dtype (exactly
+// the decoded weights in f32), where the cpu backend keeps them exact and quantizes the
+// activations to int8 (cpu_attention/gemm/quant_linear.h): tests/cuda/test_cuda_backend.cc
+// measures the two against each other.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +72,8 @@ absl::StatusOr<int64_t> CudaMemoryBudget(const CudaBackendOptions& options);
 // The cuda backend's Device over `store` (which must outlive it; its dtype is the compute dtype).
 // ResourceExhausted when the GpuMemoryPlan exceeds the budget (naming the parts and how many tokens
 // per pass would fit), Unavailable without CUDA or a device, Internal for CUDA/cuBLAS failures,
-// InvalidArgument for a MOEBATCH_CUDA_GUARD_BYTES outside its range.
+// InvalidArgument for a MOEBATCH_CUDA_GUARD_BYTES outside its range, Unimplemented (naming the
+// tensor and its type) for a quantized tensor whose type gpu::GpuDequantizes refuses.
 absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const WeightStore& store,
                                                          const CudaBackendOptions& options);
 

@@ -1,6 +1,13 @@
 // The cuda backend's Device (cuda/cuda_backend.h): tasks A and B with cuda/kernels.h and cuBLAS,
 // weights from resident layers or the two weight slots (engine/offload/weight_slots.h) the data
 // mover fills through cuda/cuda_memory.h's copy engine (MoE-Lens §6.4-6.5).
+//
+// Quantized weights (a store with ggml-block tensors: a GGUF file, --weight_dtype int8|int4) are
+// streamed as they are (the slots hold the store's region bytes) and each such matrix is
+// dequantized on the GPU (gpu::DequantizeRows) into one scratch buffer in the compute dtype right
+// before its GEMM, on the compute stream, so the scratch is free again when the next GEMM's
+// dequantization starts; lm_head is dequantized once, at set-up, into its resident buffer; the
+// embedding's gathered rows are decoded to f32 on the device.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -19,6 +26,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_memory.h"
 #include "cuda/kernels.h"
+#include "engine/model/ggml_type.h"
 #include "engine/offload/data_mover.h"
 #include "engine/offload/gpu_memory_plan.h"
 #include "engine/offload/weight_slots.h"
@@ -154,6 +162,10 @@ class CudaDevice final : public Device {
   absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
   // y[m, n] (f32) = x[m, k] (dtype_) wᵀ with w [n, k] (dtype_) on the compute stream.
   absl::Status Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y);
+  // The same with the weight matrix `t` of `layer` in `slot` [n, k]: when it is in ggml blocks,
+  // dequantized into dequant_ (compute dtype) first, on the compute stream. Nothing for m = 0.
+  absl::Status Gemm(const void* x, const std::byte* slot, int64_t layer, const TensorInfo* t,
+                    int64_t m, int64_t n, int64_t k, float* y);
   // Where a tensor of `layer` (a LayerWeights field, pointing into the layer's host region) is
   // in the device copy of that region at `slot`: the same offset. null for an absent tensor.
   const void* Tensor(const std::byte* slot, int64_t layer, const TensorInfo* t) const {
@@ -189,6 +201,9 @@ class CudaDevice final : public Device {
   std::unique_ptr<DataMover> mover_;
   std::byte* slots_[2] = {nullptr, nullptr};
   std::vector<std::byte*> resident_layers_;  // layers 0..r-1, on the device for good
+  // The dequantization scratch: [the largest quantized matrix of a layer] in dtype_
+  // (plan_.dequant_bytes); null without quantized weights.
+  void* dequant_ = nullptr;
   std::unique_ptr<WeightSlots> weight_slots_;
   std::unique_ptr<DevicePinnedAllocator> buffer_allocator_;
   bool failed_ = false;  // a call failed since the last BeginPass
@@ -234,6 +249,26 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
                      gpu::kMaxCombineTopK, "; the model has ", c.num_local_experts, ", top-",
                      c.num_experts_per_tok, " (run it with --backend=cpu)"));
   }
+  // Quantized tensors: every type must be one the GPU decodes; the scratch holds the largest
+  // quantized matrix of a layer in the compute dtype (lm_head is decoded into its own buffer).
+  const size_t compute_elem = gpu::GpuDTypeSize(ToGpu(store.dtype()));
+  int64_t dequant_bytes = 0;
+  for (int64_t r = -1; r < store.num_layers(); ++r) {
+    for (const WeightTensor& t : (r < 0 ? store.globals() : store.layer(r)).tensors) {
+      if (!t.quant) continue;
+      if (!gpu::GpuDequantizes(*t.quant) || t.shape.size() != 2) {
+        return absl::UnimplementedError(
+            absl::StrCat("the cuda backend does not dequantize ", GgmlTypeInfoOf(*t.quant).name,
+                         " weights (tensor \"", t.name,
+                         "\"; it decodes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+                         "Q5_K, Q6_K and MXFP4 matrices); run the model with --backend=cpu"));
+      }
+      if (r >= 0) {
+        dequant_bytes = std::max<int64_t>(
+            dequant_bytes, t.shape[0] * t.shape[1] * static_cast<int64_t>(compute_elem));
+      }
+    }
+  }
   std::unique_ptr<CudaDevice> d(new CudaDevice(store));
   d->device_ = options.device;
   d->buffer_allocator_ = std::make_unique<DevicePinnedAllocator>(options.device);
@@ -250,7 +285,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   if (!budget.ok()) return budget.status();
   auto plan = PlanGpuDevice(c, store.dtype(), static_cast<int64_t>(store.max_layer_bytes()),
                             store.num_layers(), options.max_tokens_per_pass, *budget,
-                            options.resident_layers);
+                            options.resident_layers, dequant_bytes);
   if (!plan.ok()) return plan.status();
   d->plan_ = *plan;
   // The plan's workspace holds the cuBLAS workspace, the small buffers and the 256-byte alignment
@@ -316,6 +351,9 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   }
   d->logits_ = d->Carve<float>(T * c.vocab_size, "logits");
   d->rows_ = d->Carve<int32_t>(T, "rows");
+  if (d->plan_.dequant_bytes > 0) {
+    d->dequant_ = d->Carve<std::byte>(d->plan_.dequant_bytes, "dequantization scratch");
+  }
   const size_t workspace_bytes = GpuMemoryPlan::kCublasWorkspaceBytes;
   d->workspace_ = d->Carve<std::byte>(static_cast<int64_t>(workspace_bytes), "workspace");
   if (d->guards_.size() > kMaxCarves + static_cast<size_t>(d->plan_.resident_layers) ||
@@ -342,9 +380,34 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
 
   // Resident weights: lm_head and the final norm; the RoPE inverse frequencies as the CPU has them.
   const ModelWeights& w = store.weights();
-  MB_RETURN_IF_ERROR(
-      CudaError(cudaMemcpy(d->lm_head_, w.lm_head->data, w.lm_head->nbytes, cudaMemcpyHostToDevice),
-                "lm_head H2D"));
+  if (w.lm_head->quant) {
+    // A quantized lm_head (int8 at load, a GGUF file's Q6_K / Q8_0 ...): its blocks through weight
+    // slot 0 (unused until the data mover starts) in chunks of rows, each decoded into lm_head_.
+    const GgmlType type = *w.lm_head->quant;
+    const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(type), hidden);
+    const int64_t chunk = d->plan_.weight_slot_bytes / row_bytes;
+    if (chunk < 1) {
+      return absl::InternalError(absl::StrCat("lm_head: a row of ", row_bytes,
+                                              " bytes does not fit a weight slot of ",
+                                              d->plan_.weight_slot_bytes));
+    }
+    for (int64_t r0 = 0; r0 < c.vocab_size; r0 += chunk) {
+      const int64_t rows = std::min(chunk, c.vocab_size - r0);
+      MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(d->slots_[0], w.lm_head->data + r0 * row_bytes,
+                                                   static_cast<size_t>(rows * row_bytes),
+                                                   cudaMemcpyHostToDevice, d->compute_),
+                                   "lm_head H2D"));
+      MB_RETURN_IF_ERROR(gpu::DequantizeRows(
+          d->slots_[0], type, rows, hidden,
+          static_cast<std::byte*>(d->lm_head_) + r0 * hidden * static_cast<int64_t>(d->elem_),
+          d->dtype_, d->compute_));
+      MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(d->compute_), "lm_head dequantization"));
+    }
+  } else {
+    MB_RETURN_IF_ERROR(CudaError(
+        cudaMemcpy(d->lm_head_, w.lm_head->data, w.lm_head->nbytes, cudaMemcpyHostToDevice),
+        "lm_head H2D"));
+  }
   MB_RETURN_IF_ERROR(
       CudaError(cudaMemcpy(d->final_norm_, w.norm->data, w.norm->nbytes, cudaMemcpyHostToDevice),
                 "final norm H2D"));
@@ -454,6 +517,17 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
       "cublasGemmEx");
 }
 
+absl::Status CudaDevice::Gemm(const void* x, const std::byte* slot, int64_t layer,
+                              const TensorInfo* t, int64_t m, int64_t n, int64_t k, float* y) {
+  if (m == 0) return absl::OkStatus();
+  const void* w = Tensor(slot, layer, t);
+  if (t->quant) {
+    MB_RETURN_IF_ERROR(gpu::DequantizeRows(w, *t->quant, n, k, dequant_, dtype_, compute_));
+    w = dequant_;
+  }
+  return Gemm(x, w, m, n, k, y);
+}
+
 absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot, int64_t layer,
                                           int64_t from, int64_t to) {
   if (to <= from) return absl::OkStatus();
@@ -464,7 +538,7 @@ absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot
       gpu::ConvertF32To(attn_f_ + from * q_row, rows * q_row, attn_c, dtype_, compute_));
   const LayerWeights& lw = store_.weights().layers[layer];
   MB_RETURN_IF_ERROR(
-      Gemm(attn_c, Tensor(slot, layer, lw.o_proj), rows, hidden, q_row, proj_ + from * hidden));
+      Gemm(attn_c, slot, layer, lw.o_proj, rows, hidden, q_row, proj_ + from * hidden));
   if (lw.o_bias != nullptr) {
     MB_RETURN_IF_ERROR(gpu::AddBias(proj_ + from * hidden, rows, hidden,
                                     Tensor(slot, layer, lw.o_bias), dtype_, compute_));
@@ -479,7 +553,10 @@ absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
   prefill_segments_[micro_batch] = 0;
   const ModelConfig& c = config();
   const TensorInfo& table = *store_.weights().embed_tokens;
-  const size_t row_bytes = static_cast<size_t>(c.hidden_size) * DTypeSize(*table.dtype);
+  // A quantized table's rows are gathered in their blocks and decoded on the device.
+  const size_t row_bytes =
+      table.quant ? static_cast<size_t>(GgmlRowBytes(GgmlTypeInfoOf(*table.quant), c.hidden_size))
+                  : static_cast<size_t>(c.hidden_size) * DTypeSize(*table.dtype);
   for (int64_t t = 0; t < tokens; ++t) {
     if (token_ids[t] < 0 || token_ids[t] >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -495,7 +572,8 @@ absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
   tokens_[micro_batch] = tokens;
   if (tokens == 0) return absl::OkStatus();
   // Stage the rows in the (not yet used) expert-input buffer, which is large enough:
-  // [T k, hidden] >= [T, hidden].
+  // [T k, hidden] >= [T, hidden] in the compute dtype (2 or 4 bytes an element; ggml blocks take
+  // at most 34 bytes per 32).
   MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(expert_in_, embed_rows_.data(), embed_rows_.size(),
                                                cudaMemcpyHostToDevice, compute_),
                                "embedding rows H2D"));
@@ -503,8 +581,13 @@ absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
                                                static_cast<size_t>(tokens) * sizeof(int64_t),
                                                cudaMemcpyHostToDevice, compute_),
                                "positions H2D"));
-  MB_RETURN_IF_ERROR(gpu::ConvertToF32(expert_in_, ToGpu(*table.dtype), tokens * c.hidden_size,
-                                       h_[micro_batch], compute_));
+  if (table.quant) {
+    MB_RETURN_IF_ERROR(gpu::DequantizeRows(expert_in_, *table.quant, tokens, c.hidden_size,
+                                           h_[micro_batch], GpuDType::kF32, compute_));
+  } else {
+    MB_RETURN_IF_ERROR(gpu::ConvertToF32(expert_in_, ToGpu(*table.dtype), tokens * c.hidden_size,
+                                         h_[micro_batch], compute_));
+  }
   MB_RETURN_IF_ERROR(weight_slots_->StartPass());
   return CudaError(cudaStreamSynchronize(compute_), "embedding");
 }
@@ -552,9 +635,9 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   const LayerWeights& lw = store_.weights().layers[layer];
   MB_RETURN_IF_ERROR(gpu::RmsNorm(h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
                                   tokens, hidden, eps, x_, dtype_, compute_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.q_proj), tokens, c.q_size(), hidden, q_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.k_proj), tokens, c.kv_size(), hidden, k_));
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.v_proj), tokens, c.kv_size(), hidden, v_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_proj, tokens, c.q_size(), hidden, q_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.k_proj, tokens, c.kv_size(), hidden, k_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.v_proj, tokens, c.kv_size(), hidden, v_));
   // The families' attention inputs, in CpuDevice::TaskA's order: q/k/v biases, the q/k norms
   // (per head: Qwen3; over the projection: OLMoE), clip_qkv (OLMoE), then RoPE.
   if (lw.q_bias != nullptr) {
@@ -677,10 +760,10 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
 absl::Status CudaDevice::Ffn(const std::byte* slot, int64_t layer, const ExpertWeights& ew,
                              const void* in, int64_t n, float* out) {
   const int64_t hidden = config().hidden_size, width = ew.w1->shape[0];
-  MB_RETURN_IF_ERROR(Gemm(in, Tensor(slot, layer, ew.w1), n, width, hidden, gate_));
-  MB_RETURN_IF_ERROR(Gemm(in, Tensor(slot, layer, ew.w3), n, width, hidden, up_));
+  MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w1, n, width, hidden, gate_));
+  MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w3, n, width, hidden, up_));
   MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, n, width, act_, dtype_, compute_));
-  return Gemm(act_, Tensor(slot, layer, ew.w2), n, hidden, width, out);
+  return Gemm(act_, slot, layer, ew.w2, n, hidden, width, out);
 }
 
 absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const LayerWeights& lw,
@@ -688,7 +771,7 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
   const ModelConfig& c = config();
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
-  MB_RETURN_IF_ERROR(Gemm(x_, Tensor(s, layer, lw.router), tokens, E, hidden, router_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.router, tokens, E, hidden, router_));
   MB_RETURN_IF_ERROR(
       gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_, c.norm_topk_prob, compute_));
   MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
@@ -710,23 +793,22 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
     ++touched;
     const void* x = in + r0 * hidden * elem_;
     const ExpertWeights& ew = lw.experts[e];
-    MB_RETURN_IF_ERROR(Gemm(x, Tensor(s, layer, ew.w1), n, ffn, hidden, gate_ + r0 * ffn));
-    MB_RETURN_IF_ERROR(Gemm(x, Tensor(s, layer, ew.w3), n, ffn, hidden, up_ + r0 * ffn));
+    MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w1, n, ffn, hidden, gate_ + r0 * ffn));
+    MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w3, n, ffn, hidden, up_ + r0 * ffn));
   }
   MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
     if (n == 0) continue;
-    MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, Tensor(s, layer, lw.experts[e].w2), n, hidden,
-                            ffn, expert_out_ + r0 * hidden));
+    MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, s, layer, lw.experts[e].w2, n, hidden, ffn,
+                            expert_out_ + r0 * hidden));
   }
   // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate), after
   // the routed experts (it reuses their gate/up/act buffers).
   const float* shared = nullptr;
   if (lw.shared_expert_gate != nullptr) {
     MB_RETURN_IF_ERROR(Ffn(s, layer, lw.shared_expert, x_, tokens, shared_out_));
-    MB_RETURN_IF_ERROR(
-        Gemm(x_, Tensor(s, layer, lw.shared_expert_gate), tokens, 1, hidden, shared_gate_));
+    MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.shared_expert_gate, tokens, 1, hidden, shared_gate_));
     MB_RETURN_IF_ERROR(gpu::ScaleBySigmoid(shared_out_, tokens, hidden, shared_gate_, compute_));
     shared = shared_out_;
   }

@@ -3,7 +3,8 @@
 //           again) and clip_qkv (ClampAbs);
 //   task B: router softmax / top-k, permutation of tokens by expert, SiLU-mul, weighted combine
 //           (with Qwen2-MoE's shared expert, ScaleBySigmoid), residual adds, o_proj bias;
-// plus the embedding gather and dtype conversions.
+// plus the embedding gather and dtype conversions, and the dequantization of weights kept in
+// ggml's block formats (cuda/kernels_quant.cu).
 //
 // The math is the cpu backend's: each kernel has a cpu op of the same name and semantics
 // (cpu_attention/ops/ops.h, the steps of CpuDevice), which follows Hugging Face transformers'
@@ -33,6 +34,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "engine/model/ggml_type.h"
 
 namespace moebatch::gpu {
 
@@ -60,6 +62,25 @@ inline constexpr int64_t kMaxAttentionHeadDim = 256;
 absl::Status EmbeddingGather(const void* table, GpuDType table_dtype, int64_t vocab, int64_t hidden,
                              const int32_t* token_ids, int64_t tokens, float* h,
                              cudaStream_t stream);
+
+// --- Quantized weights --------------------------------------------------------------------------
+
+// Whether DequantizeRows decodes ggml type `type`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+// and MXFP4 (the block types engine/model/ggml_quants.h decodes; F32/F16/BF16 tensors are stored
+// as floats and never come here).
+bool GpuDequantizes(GgmlType type);
+
+// dst = the weights of `rows` rows of `cols` elements stored as ggml blocks of `type` at src (each
+// row cols / block_size blocks, rows back to back: a WeightStore or GGUF tensor, or rows gathered
+// from one), each element computed as engine/model/ggml_quants.cc's DequantizeRow computes it
+// (ggml-quants.c's dequantize_row_<type>, the same f32 operations in the same order, nothing
+// contracted into an FMA: bit-equal to DequantizeRow in f32) and rounded once to dst_dtype (to
+// nearest even). src: rows * cols / block_size * type_size bytes, any alignment; dst [rows, cols]
+// in dst_dtype, 16-byte aligned: the compute dtype for a GEMM's weight, f32 for embedding rows.
+// InvalidArgument for a type GpuDequantizes refuses, cols not a positive multiple of its block
+// size, rows < 0, rows * cols > 2^62 or a dst not 16-byte aligned. One thread per 8 elements.
+absl::Status DequantizeRows(const void* src, GgmlType type, int64_t rows, int64_t cols, void* dst,
+                            GpuDType dst_dtype, cudaStream_t stream);
 
 // --- Task A --------------------------------------------------------------------------------------
 

@@ -17,6 +17,13 @@
 //                  top-k ids, weights, slots and sorted tokens [k] x 16, expert inputs [k, hidden]
 //                  c, gate and up [k, 2 x ffn] f, SiLU-mul out [k, ffn] c, expert outputs [k,
 //                  hidden] f, logits [vocab] f and their row index (4) (one row per token at most)
+//   dequant        with weights kept in ggml blocks (a GGUF file, --weight_dtype int8|int4): the
+//                  scratch a quantized matrix is dequantized into before its GEMM, in the compute
+//                  dtype: the largest quantized matrix of a layer (an expert's, or q_proj/o_proj);
+//                  0 otherwise. The weight slots and resident layers hold the blocks as they
+//                  are (their bytes are the store's regions, so a quantized layer takes a quarter
+//                  to a half of its bf16 bytes); lm_head is dequantized once into its resident
+//                  buffer
 //   workspace      fixed (kWorkspaceBytes): the cuBLAS workspace (kCublasWorkspaceBytes), the
 //                  expert offsets, the RoPE table and the 256-byte alignment of every buffer
 // The CUDA context itself (a few hundred MiB, driver-managed) is outside cudaMalloc and outside
@@ -44,8 +51,9 @@ struct GpuMemoryPlan {
   int64_t resident_layers = 0;       // r
   int64_t resident_layer_bytes = 0;  // r x one aligned layer region
   int64_t activation_bytes = 0;
+  int64_t dequant_bytes = 0;  // the dequantization scratch (0: no quantized weights)
   int64_t workspace_bytes = 0;
-  // 2 x weight_slot + resident + resident_layer_bytes + activations + workspace
+  // 2 x weight_slot + resident + resident_layer_bytes + activations + dequant + workspace
   int64_t total_bytes = 0;
 
   std::string ToString() const;  // "2 x 2.80 GiB weight slots + ... = 6.1 GiB"
@@ -58,13 +66,23 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& config, DType compute_dtyp
 // layer's top_k experts (top_k x intermediate_size), a dense layer's FFN and the shared expert.
 int64_t GpuFfnColumnsPerToken(const ModelConfig& config);
 
-// The plan for `tokens_per_pass` tokens and `resident_layers` layers kept on the device.
+// The dequantization scratch for `config`'s weights when they are quantized (dequant bytes
+// above), bytes: its largest decoder-layer weight matrix (q/k/v/o projections, router, an
+// expert's or the dense FFN's w1/w3/w2, the shared expert's) in `compute_dtype`. What a plan made
+// before the weights are read counts (the cuda backend's Plan, moebatch-plan); the device itself
+// sizes it from the store's quantized tensors, which never exceeds this.
+int64_t GpuDequantScratchBytes(const ModelConfig& config, DType compute_dtype);
+
+// The plan for `tokens_per_pass` tokens and `resident_layers` layers kept on the device, with
+// `dequant_bytes` of dequantization scratch (0: the weights are not quantized).
 // ResourceExhausted when it exceeds budget_bytes, naming the parts and, when the weights alone
 // fit, the largest tokens_per_pass that would (beside those resident layers); InvalidArgument for
-// non-positive sizes, a negative resident_layers or a compute dtype other than bf16/f16/f32.
+// non-positive sizes, a negative resident_layers or dequant_bytes, or a compute dtype other than
+// bf16/f16/f32.
 absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType compute_dtype,
                                             int64_t max_layer_bytes, int64_t tokens_per_pass,
-                                            int64_t budget_bytes, int64_t resident_layers = 0);
+                                            int64_t budget_bytes, int64_t resident_layers = 0,
+                                            int64_t dequant_bytes = 0);
 
 // The cuda backend's automatic ceiling on tokens per pass, before the profiler's n_real lowers it:
 // what budget_bytes holds activations for beside the slots, lm_head and `resident_layers` (given
@@ -76,28 +94,30 @@ absl::StatusOr<GpuMemoryPlan> PlanGpuMemory(const ModelConfig& config, DType com
 inline constexpr int64_t kMaxAutomaticTokensPerPass = 32768;
 int64_t AutomaticTokensPerPass(const ModelConfig& config, DType compute_dtype,
                                int64_t max_layer_bytes, int64_t budget_bytes, int64_t num_layers,
-                               int64_t resident_layers);
+                               int64_t resident_layers, int64_t dequant_bytes = 0);
 
 // The cuda backend's plan, one function for its start-up plan and its device: the tokens per pass
 // (`tokens_per_pass`, or AutomaticTokensPerPass when 0) and the resident layers (`resident_request`
-// >= 0 clamped to num_layers - 2, or MaxResidentLayers at those tokens when -1) in budget_bytes.
-// PlanGpuMemory's errors; ResourceExhausted (PlanGpuMemory's, at one token) when the automatic
-// tokens per pass leave no room at all.
+// >= 0 clamped to num_layers - 2, or MaxResidentLayers at those tokens when -1) in budget_bytes,
+// beside `dequant_bytes` of dequantization scratch. PlanGpuMemory's errors; ResourceExhausted
+// (PlanGpuMemory's, at one token) when the automatic tokens per pass leave no room at all.
 absl::StatusOr<GpuMemoryPlan> PlanGpuDevice(const ModelConfig& config, DType compute_dtype,
                                             int64_t max_layer_bytes, int64_t num_layers,
                                             int64_t tokens_per_pass, int64_t budget_bytes,
-                                            int64_t resident_request);
+                                            int64_t resident_request, int64_t dequant_bytes = 0);
 
 // The most layers that can stay on the device next to the plan for tokens_per_pass within
 // budget_bytes, leaving at least two of num_layers to stream through the two slots (which then
 // hold them for good when exactly two are left): 0 for num_layers <= 2 or no room.
 int64_t MaxResidentLayers(const ModelConfig& config, DType compute_dtype, int64_t max_layer_bytes,
-                          int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers);
+                          int64_t tokens_per_pass, int64_t budget_bytes, int64_t num_layers,
+                          int64_t dequant_bytes = 0);
 
-// The largest tokens per pass whose plan (with `resident_layers` resident layers) fits in
-// budget_bytes; 0 when even the weight slots, lm_head and resident layers do not fit.
+// The largest tokens per pass whose plan (with `resident_layers` resident layers and
+// `dequant_bytes` of scratch) fits in budget_bytes; 0 when even the weight slots, lm_head, scratch
+// and resident layers do not fit.
 int64_t MaxTokensPerPassForBudget(const ModelConfig& config, DType compute_dtype,
                                   int64_t max_layer_bytes, int64_t budget_bytes,
-                                  int64_t resident_layers = 0);
+                                  int64_t resident_layers = 0, int64_t dequant_bytes = 0);
 
 }  // namespace moebatch

@@ -9,10 +9,21 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace moebatch {
 namespace {
+
+// ParseWeightFormat's block formats: name, ggml type.
+constexpr std::pair<const char*, GgmlType> kBlockFormats[] = {
+    {"q4_0", GgmlType::kQ4_0}, {"q4_1", GgmlType::kQ4_1}, {"q5_0", GgmlType::kQ5_0},
+    {"q5_1", GgmlType::kQ5_1}, {"q8_0", GgmlType::kQ8_0}, {"q4_k", GgmlType::kQ4_K},
+    {"q5_k", GgmlType::kQ5_K}, {"q6_k", GgmlType::kQ6_K}, {"mxfp4", GgmlType::kMXFP4},
+    {"int8", GgmlType::kQ8_0}, {"int4", GgmlType::kQ4_1}};
+constexpr std::pair<const char*, DType> kFloatFormats[] = {
+    {"bf16", DType::kBF16}, {"f16", DType::kF16}, {"f32", DType::kF32}};
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kMaxSequenceTokens = 1'000'000'000;
@@ -344,6 +355,35 @@ absl::StatusOr<ModelShape> ModelShapeFromConfig(const ModelConfig& config, DType
   m.weight_bytes_per_element = static_cast<double>(DTypeSize(weight_dtype));
   m.kv_bytes_per_element = static_cast<double>(DTypeSize(kv_dtype));
   return m;
+}
+
+absl::StatusOr<WeightFormat> ParseWeightFormat(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(std::string(name));
+  WeightFormat f;
+  f.name = lower;
+  for (const auto& [n, dtype] : kFloatFormats) {
+    if (lower != n) continue;
+    f.dtype = dtype;
+    f.bytes_per_element = static_cast<double>(DTypeSize(dtype));
+    return f;
+  }
+  for (const auto& [n, type] : kBlockFormats) {
+    if (lower != n) continue;
+    const GgmlTypeTraits t = GgmlTypeInfoOf(type);
+    f.quant = type;
+    f.bytes_per_element = static_cast<double>(t.type_size) / static_cast<double>(t.block_size);
+    return f;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("weight format \"", std::string(name),
+                                                 "\": one of ",
+                                                 absl::StrJoin(WeightFormatNames(), ", ")));
+}
+
+std::vector<std::string> WeightFormatNames() {
+  std::vector<std::string> names;
+  for (const auto& [n, dtype] : kFloatFormats) names.emplace_back(n);
+  for (const auto& [n, type] : kBlockFormats) names.emplace_back(n);
+  return names;
 }
 
 double ModelWeightBytes(const ModelShape& m) {

@@ -37,12 +37,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/dtype.h"
+#include "engine/model/ggml_type.h"
 #include "engine/model/model_config.h"
 
 namespace moebatch {
@@ -65,7 +68,10 @@ struct ModelShape {
   int64_t head_dim = 0;                 // elements per head
   int64_t vocab_size = 0;               // embedding rows (and lm_head rows)
   bool tie_word_embeddings = false;     // lm_head shares the embedding (counted once)
-  double weight_bytes_per_element = 2;  // bytes per stored weight element (2: bf16/f16)
+  // Bytes per stored weight element (2: bf16/f16; a ggml block format's type_size / block_size,
+  // e.g. Q4_K 0.5625: WeightFormat). One figure for every parameter: the embedding, lm_head,
+  // routers and norms, which a quantized checkpoint may keep wider, are ~1% of an MoE's bytes.
+  double weight_bytes_per_element = 2;
   double kv_bytes_per_element = 2;      // bytes per KV cache element (2: bf16, the engine's)
   // Bytes one iteration moves to the GPU (and reads from CPU memory for it). 0: Model Size, every
   // parameter, as §5.2 has it. A system that keeps some weights on the GPU (moebatch: lm_head, the
@@ -110,6 +116,24 @@ enum class LimitingBound {
 
 // "PCIe", "GPU compute", "KV capacity", "CPU attention".
 std::string_view LimitingBoundName(LimitingBound bound);
+
+// How the weights are stored, for the model's bytes: a float dtype or one of ggml's block formats
+// (engine/model/ggml_type.h; the cuda backend streams the blocks and dequantizes them on the GPU,
+// the cpu backend computes on them in place).
+struct WeightFormat {
+  std::string name;               // as given: "bf16", "q4_k", "int4", ...
+  std::optional<DType> dtype;     // a float format
+  std::optional<GgmlType> quant;  // a block format
+  double bytes_per_element = 2;   // DTypeSize, or type_size / block_size (GgmlTypeInfoOf)
+};
+
+// The format named `name`, case-insensitive: bf16, f16, f32; the ggml block types q4_0, q4_1,
+// q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, mxfp4; int8 and int4, moebatch's load-time quantization
+// (--weight_dtype: Q8_0 and Q4_1). InvalidArgument listing them otherwise.
+absl::StatusOr<WeightFormat> ParseWeightFormat(std::string_view name);
+
+// The names ParseWeightFormat takes, for messages and --help.
+std::vector<std::string> WeightFormatNames();
 
 // ---- Model quantities (pure; `model` must be valid) ----
 

@@ -6,6 +6,12 @@
 //   moebatch-plan --preset mixtral-8x7b --gpu a40 [--pcie_gbs 19.5] [--kv_cache_gb 70]
 //       [--prompt_tokens 98 --gen_tokens 128 --batch 20000 --kv_block_size 16]
 //   moebatch-plan --model DIR --pcie_gbs 12.3 --gpu_tflops 50 --cpu_mem_gbs 80 --kv_cache_gb 100
+//   moebatch-plan --preset mixtral-8x7b --gpu t4 --weight_format q4_k
+//
+// --weight_format sets the bytes of a weight (the model's dtype by default; a GGUF --model's own
+// bytes per weight): a float dtype or a ggml block format (type_size / block_size bytes, Q4_K
+// 0.5625), for the weight transfer (delta) and, with --gpu, the cuda backend's device plan: layer
+// regions of blocks in the weight slots and the scratch each matrix is dequantized into.
 //
 // Flags are the engine's where the idea is the same (engine/tools/engine_flags.cc): --kv_cache_gb
 // in GiB, --kv_block_size in tokens; dashes or underscores (engine/tools/program_flags.h).
@@ -35,6 +41,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_tensors.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weight_store.h"
 #include "engine/offload/gpu_memory_plan.h"
@@ -62,6 +70,11 @@ ABSL_FLAG(int64_t, prompt_tokens, 98, "p, average prompt length, tokens (98: MTB
 ABSL_FLAG(int64_t, gen_tokens, 128, "g, generated tokens per sequence");
 ABSL_FLAG(int64_t, batch, 20000, "K, sequences in the batch (20000: the paper's MTBench runs)");
 ABSL_FLAG(int64_t, kv_block_size, 16, "b, token slots per KV block, as the engine's");
+ABSL_FLAG(
+    std::string, weight_format, "",
+    "how the weights are stored: bf16 | f16 | f32 | q4_0 | q4_1 | q5_0 | q5_1 | q8_0 | q4_k | "
+    "q5_k | q6_k | mxfp4 | int8 | int4 (--weight_dtype's Q8_0 / Q4_1); empty: the model's "
+    "dtype, or a GGUF --model's own types");
 ABSL_FLAG(int64_t, resident_layers, -1,
           "-1: delta moves Model Size, every parameter, as §5.2 has it; N >= 0: what moebatch "
           "moves, the decoder layers but N (the embedding stays on the host, lm_head and N layers "
@@ -116,17 +129,27 @@ std::string KvBytes(double bytes) {
 // What moebatch's cuda backend would put on `gpu` for `config`: the plan it makes at start-up
 // (PlanGpuDevice: the budget the device's memory leaves after 1 GiB for CUDA, the tokens per pass
 // that budget holds activations for, the layers kept resident beside them), before the pipeline
-// profiler lowers the tokens per pass to n_real.
-void PrintDevicePlan(const ModelConfig& config, const GpuPreset& gpu) {
+// profiler lowers the tokens per pass to n_real. Float weights are stored in the GPU's compute
+// dtype; a block format keeps the layer's matrices in its blocks (the store's layout: routers and
+// norms in the compute dtype; a matrix whose rows are not whole blocks would stay float, which
+// this does not model) and adds the dequantization scratch.
+void PrintDevicePlan(const ModelConfig& config, const GpuPreset& gpu, const WeightFormat& format) {
   const int64_t budget = static_cast<int64_t>(gpu.memory_gib * kGiB) - (int64_t{1} << 30);
-  const int64_t layer_bytes = WeightStore::LayerRegionBytes(config, gpu.dtype);
-  auto plan =
-      PlanGpuDevice(config, gpu.dtype, layer_bytes, config.num_hidden_layers, 0, budget, -1);
+  std::optional<WeightQuantization> quantize;
+  if (format.quant) quantize = WeightQuantization{*format.quant, 32};
+  const int64_t layer_bytes = WeightStore::LayerRegionBytes(config, gpu.dtype, 256, quantize);
+  const int64_t dequant_bytes = quantize ? GpuDequantScratchBytes(config, gpu.dtype) : 0;
+  auto plan = PlanGpuDevice(config, gpu.dtype, layer_bytes, config.num_hidden_layers, 0, budget, -1,
+                            dequant_bytes);
+  const std::string weights = format.quant
+                                  ? absl::StrCat(GgmlTypeInfoOf(*format.quant).name, " weights (",
+                                                 std::string(DTypeName(gpu.dtype)), " compute)")
+                                  : absl::StrCat(std::string(DTypeName(gpu.dtype)), " weights");
   std::printf("\nmoebatch on this GPU (the cuda backend's start-up plan, GiB = 2^30 bytes)\n");
   std::printf(
-      "  budget              %.1f GiB (%.0f GiB less 1 GiB for CUDA), %s weights, %.2f GiB "
+      "  budget              %.1f GiB (%.0f GiB less 1 GiB for CUDA), %s, %.2f GiB "
       "per layer\n",
-      budget / kGiB, gpu.memory_gib, std::string(DTypeName(gpu.dtype)).c_str(), layer_bytes / kGiB);
+      budget / kGiB, gpu.memory_gib, weights.c_str(), layer_bytes / kGiB);
   if (!plan.ok()) {
     std::printf("  does not fit        %s\n", std::string(plan.status().message()).c_str());
     return;
@@ -140,9 +163,14 @@ void PrintDevicePlan(const ModelConfig& config, const GpuPreset& gpu) {
 
 // What the engine would do with --model on this host (Engine::Plan, what `moebatch-run --dry_run`
 // prints; the backend --backend=auto picks), with this run's KV cache and block size.
-void PrintEnginePlan(const std::string& model_dir, double kv_cache_gb, int64_t block_size) {
+// With --weight_format int8 or int4, the engine's --weight_dtype of that name.
+void PrintEnginePlan(const std::string& model_dir, double kv_cache_gb, int64_t block_size,
+                     const WeightFormat& format) {
   EngineOptions options;
   options.model_dir = model_dir;
+  if (format.name == "int8" || format.name == "int4") {
+    options.weights.quantize = WeightQuantization{*format.quant, 32};
+  }
   options.backend = "auto";
   options.kv.bytes = static_cast<int64_t>(kv_cache_gb * kGiB);
   options.kv.block_size = block_size;
@@ -219,6 +247,27 @@ int Run(int argc, char** argv) {
   if (!shape.ok()) {
     return usage(absl::StrCat("--model ", model_dir, ": ", shape.status().message()));
   }
+  // The weights' format: the flag's, else a GGUF file's own (its bytes over its parameters, named
+  // by the type holding most of them), else the model's dtype.
+  WeightFormat format;
+  format.name = std::string(DTypeName(config.torch_dtype));
+  format.dtype = config.torch_dtype;
+  format.bytes_per_element = static_cast<double>(DTypeSize(config.torch_dtype));
+  if (const std::string name = absl::GetFlag(FLAGS_weight_format); !name.empty()) {
+    auto parsed = ParseWeightFormat(name);
+    if (!parsed.ok()) return usage(absl::StrCat("--weight_format: ", parsed.status().message()));
+    format = *std::move(parsed);
+  } else if (!model_dir.empty() && IsGgufFile(model_dir)) {
+    auto file = GgufFile::Open(model_dir);
+    if (!file.ok()) return usage(std::string(file.status().message()));
+    auto bytes = GgufTensorBytes(**file, config);
+    if (!bytes.ok()) return usage(std::string(bytes.status().message()));
+    if (auto main = ParseWeightFormat(bytes->main_type); main.ok()) format = *std::move(main);
+    format.name = absl::StrCat("GGUF ", bytes->main_type);
+    format.bytes_per_element = static_cast<double>(bytes->total) /
+                               static_cast<double>(std::max<int64_t>(1, bytes->params));
+  }
+  shape->weight_bytes_per_element = format.bytes_per_element;
   if (const int64_t r = absl::GetFlag(FLAGS_resident_layers); r >= 0) {
     if (r > std::max<int64_t>(0, shape->num_layers - 2)) {
       return usage(absl::StrCat("--resident_layers: at most ",
@@ -310,10 +359,11 @@ int Run(int argc, char** argv) {
       static_cast<long long>(m.num_experts), static_cast<long long>(m.top_k),
       static_cast<long long>(m.num_heads), static_cast<long long>(m.num_kv_heads),
       static_cast<long long>(m.head_dim));
-  std::printf("          weights %s (%s), KV %.0f bytes/token (bf16), %.4g GFLOP/token\n",
-              Bytes(ModelWeightBytes(m)).c_str(),
-              std::string(DTypeName(config.torch_dtype)).c_str(), KvBytesPerToken(m),
-              s1->flops_per_token / 1e9);
+  std::printf(
+      "          weights %s (%s, %.4g bytes/weight), KV %.0f bytes/token (bf16), %.4g "
+      "GFLOP/token\n",
+      Bytes(ModelWeightBytes(m)).c_str(), format.name.c_str(), m.weight_bytes_per_element,
+      KvBytesPerToken(m), s1->flops_per_token / 1e9);
   if (m.transferred_weight_bytes > 0) {
     std::printf("          moved per iteration %s (%lld streamed layers of %s)\n",
                 Bytes(s1->model_bytes).c_str(),
@@ -361,8 +411,8 @@ int Run(int argc, char** argv) {
               100 * s2->gpu_utilization);
   std::printf("  limiting bound      %s\n", std::string(LimitingBoundName(s2->bound)).c_str());
   PrintTransitions(t2, w.kv_budget_bytes, lo, hi);
-  if (gpu_preset != nullptr) PrintDevicePlan(config, *gpu_preset);
-  if (!model_dir.empty()) PrintEnginePlan(model_dir, kv_cache_gb, w.block_size);
+  if (gpu_preset != nullptr) PrintDevicePlan(config, *gpu_preset, format);
+  if (!model_dir.empty()) PrintEnginePlan(model_dir, kv_cache_gb, w.block_size, format);
   return 0;
 }
 
