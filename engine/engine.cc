@@ -200,7 +200,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                      " vocab_size is ", c.vocab_size));
   }
   engine->eos_token_ids_ = c.eos_token_ids;
-  spdlog::info("tokenizer: {} {} tokens, chat layout {}, end of sequence {}", tokenizer_source,
+  spdlog::info("tokenizer: {} {} tokens, chat layout {}, end of sequence {}",
+               IsGgufFile(options.model_dir) ? "GGUF metadata"
+               : bpe                         ? "tokenizer.json"
+                                             : "tokenizer.model",
                engine->tokenizer_->vocab_size(), engine->tokenizer_->chat_layout_name(),
                absl::StrJoin(engine->eos_token_ids_, ", "));
 
