@@ -17,6 +17,10 @@
 // runs, the highest reading kept), GFLOP/s (2·M·N·K), and the speed against InvariantLinear with
 // bf16 weights at the same M (its weights 2 bytes each, also streamed from copies). The bounds
 // quant_linear.h aims at: M 1 at >= 80% of the triad; M 64 at least as fast as bf16.
+// On a shared VM run it pinned and spinning, as the engine runs with --pin_cpu_threads:
+//   OMP_PROC_BIND=true OMP_PLACES=cores OMP_WAIT_POLICY=active OMP_NUM_THREADS=2 bench_quant_linear
+// Unpinned, a busy host's scheduler stacked both threads on one vCPU (every call 4-12 ms, the
+// kernels and the bf16 baseline alike).
 #include "cpu_attention/gemm/quant_linear.h"
 
 #include <omp.h>

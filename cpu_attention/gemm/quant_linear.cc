@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -56,42 +55,62 @@ std::string TypeName(GgmlType type) {
   return absl::StrCat("unknown (", static_cast<uint32_t>(type), ")");
 }
 
-// Round to nearest, ties to even (the SSE conversion in the default rounding mode).
-int RoundToInt(float v) { return _mm_cvtss_si32(_mm_set_ss(v)); }
+// One block of 32 floats at x to int8 (ggml's quantize_row_q8_0, rounding half to even): d = amax /
+// 127, q = x · (1 / d) rounded to nearest even (the SSE conversion in the current rounding mode,
+// by default that one), clamped to [-127, 127] (a no-op for finite x); into block i of rec. SSE2
+// (baseline x86-64) only: every ISA's kernels read the same bytes.
+void QuantizeBlock(const float* x, int bias, int i, qli::XGroup* rec) {
+  __m128 v[8];
+  __m128 amax = _mm_setzero_ps();
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm_loadu_ps(x + 4 * j);
+    amax = _mm_max_ps(amax, _mm_andnot_ps(_mm_set1_ps(-0.0f), v[j]));
+  }
+  amax = _mm_max_ps(amax, _mm_shuffle_ps(amax, amax, _MM_SHUFFLE(1, 0, 3, 2)));
+  amax = _mm_max_ps(amax, _mm_shuffle_ps(amax, amax, _MM_SHUFFLE(2, 3, 0, 1)));
+  const float d = _mm_cvtss_f32(amax) / 127.0f;
+  const __m128 id = _mm_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+  // Pairs of 4-element lanes as int16 (saturated, then clamped), their lane sums, then int8.
+  __m128i h[4];
+  int32_t lane[8];
+  for (int j = 0; j < 4; ++j) {
+    h[j] = _mm_packs_epi32(_mm_cvtps_epi32(_mm_mul_ps(v[2 * j], id)),
+                           _mm_cvtps_epi32(_mm_mul_ps(v[2 * j + 1], id)));
+    h[j] = _mm_min_epi16(_mm_max_epi16(h[j], _mm_set1_epi16(-127)), _mm_set1_epi16(127));
+    const __m128i pairs = _mm_madd_epi16(h[j], _mm_set1_epi16(1));  // e0+e1, e2+e3, e4+e5, e6+e7
+    const __m128i sums = _mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, _MM_SHUFFLE(2, 3, 0, 1)));
+    lane[2 * j] = _mm_cvtsi128_si32(sums);
+    lane[2 * j + 1] = _mm_cvtsi128_si32(_mm_srli_si128(sums, 8));
+  }
+  int8_t* q = rec->q + i * qli::kBlock;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(h[0], h[1]));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_packs_epi16(h[2], h[3]));
+  int sum = 0;
+  for (int l = 0; l < 8; ++l) {
+    rec->corr[i * 8 + l] = -bias * lane[l];
+    sum += lane[l];
+  }
+  _mm_storeu_ps(rec->d8 + i * 8, _mm_set1_ps(d));
+  _mm_storeu_ps(rec->d8 + i * 8 + 4, _mm_set1_ps(d));
+  rec->s[i] = d * static_cast<float>(sum);
+}
 
-// One row of x (k = blocks · 32 floats) to int8 blocks, into the records x[g · stride], g < groups
-// (qli::QuantizedRows's layout), padded with zero blocks: d = amax / 127, q = round(x · (1 / d)),
-// |q| <= 127 (ggml's quantize_row_q8_0, rounding half to even).
+// One row of x (k = blocks · 32 floats) into the records x[g · stride], g < groups
+// (qli::QuantizedRows's layout), padded with zero blocks.
 void QuantizeRow(const float* x, int64_t blocks, int64_t groups, int bias, qli::XGroup* out,
                  int64_t stride) {
   for (int64_t g = 0; g < groups; ++g) {
     qli::XGroup& rec = out[g * stride];
-    for (int64_t i = 0; i < qli::kGroupBlocks; ++i) {
+    for (int i = 0; i < qli::kGroupBlocks; ++i) {
       const int64_t b = g * qli::kGroupBlocks + i;
-      int8_t* qb = rec.q + i * qli::kBlock;
-      if (b >= blocks) {
-        std::fill(qb, qb + qli::kBlock, int8_t{0});
-        std::fill(rec.d8 + i * 8, rec.d8 + i * 8 + 8, 0.0f);
-        std::fill(rec.corr + i * 8, rec.corr + i * 8 + 8, 0);
-        rec.s[i] = 0.0f;
+      if (b < blocks) {
+        QuantizeBlock(x + b * qli::kBlock, bias, i, &rec);
         continue;
       }
-      const float* xb = x + b * qli::kBlock;
-      float amax = 0.0f;
-      for (int e = 0; e < qli::kBlock; ++e) amax = std::max(amax, std::fabs(xb[e]));
-      const float d = amax / 127.0f;
-      const float id = d != 0.0f ? 1.0f / d : 0.0f;
-      int sum = 0;
-      for (int e = 0; e < qli::kBlock; ++e) {
-        const int v = std::clamp(RoundToInt(xb[e] * id), -127, 127);
-        qb[e] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      std::fill(rec.d8 + i * 8, rec.d8 + i * 8 + 8, d);
-      rec.s[i] = d * static_cast<float>(sum);
-      for (int l = 0; l < 8; ++l) {
-        rec.corr[i * 8 + l] = -bias * (qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
-      }
+      std::fill(rec.q + i * qli::kBlock, rec.q + (i + 1) * qli::kBlock, int8_t{0});
+      std::fill(rec.d8 + i * 8, rec.d8 + i * 8 + 8, 0.0f);
+      std::fill(rec.corr + i * 8, rec.corr + i * 8 + 8, 0);
+      rec.s[i] = 0.0f;
     }
   }
 }
@@ -101,12 +120,12 @@ qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, int bias,
   qli::QuantizedRows xq;
   xq.blocks = k / qli::kBlock;
   xq.groups = (xq.blocks + qli::kGroupBlocks - 1) / qli::kGroupBlocks;
-  xq.rows = m;
-  scratch->resize(static_cast<size_t>(xq.groups * m));
+  xq.stride = qli::GroupStride(m);
+  scratch->resize(static_cast<size_t>(xq.groups * xq.stride));
   qli::XGroup* out = scratch->data();
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
   for (int64_t r = 0; r < m; ++r) {
-    QuantizeRow(x + r * k, xq.blocks, xq.groups, bias, out + r, m);
+    QuantizeRow(x + r * k, xq.blocks, xq.groups, bias, out + r, xq.stride);
   }
   xq.x = out;
   return xq;

@@ -24,6 +24,7 @@ struct Policy {
   static constexpr bool kSign = T == GgmlType::kQ8_0;
   using U = Unpack<T, kSign>;
   static constexpr int kBias = U::kBias;
+  static constexpr int64_t kGroupBytes = U::kGroupBytes;
   static constexpr bool kHasC = U::kHasC;
   static constexpr int kMR = 4;
 

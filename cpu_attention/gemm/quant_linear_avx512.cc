@@ -176,13 +176,17 @@ struct FullGroup<GgmlType::kQ6_K> {
 
 struct Acc {
   __m512 a;  // step 2's 16 lanes
-  __m256 e;  // step 3
+  // Step 3 in the low 8 lanes. A zmm so that parking an Acc (Micro) copies two registers: with a
+  // ymm, the struct copy went through the stack as a ymm store and a zmm load, which cannot be
+  // forwarded (a ~15-cycle stall per row and K slice: it halved the speed at m 64).
+  __m512 e;
 };
 
 template <GgmlType T>
 struct Policy {
   using U = Unpack<T, false>;
   static constexpr int kBias = U::kBias;
+  static constexpr int64_t kGroupBytes = U::kGroupBytes;
   static constexpr bool kHasC = U::kHasC;
   static constexpr int kMR = 8;
 
@@ -220,7 +224,7 @@ struct Policy {
     }
   }
 
-  static Acc Zero() { return Acc{_mm512_setzero_ps(), _mm256_setzero_ps()}; }
+  static Acc Zero() { return Acc{_mm512_setzero_ps(), _mm512_setzero_ps()}; }
 
   // Steps 1-2 for blocks 2p and 2p + 1. For an odd count the second is padding: weights, scale,
   // activations and d all 0, so its lanes get fma(0, 0, a) = a.
@@ -238,13 +242,16 @@ struct Policy {
     const int pairs = kFull ? kPairs : (nblk + 1) / 2;
     for (int p = 0; p < pairs; ++p) Pair(&acc->a, dg, p, x);
     // The missing blocks of a short group have c = 0 and s = 0: adding 0 · 0 changes nothing.
-    if constexpr (kHasC) acc->e = _mm256_fmadd_ps(dg.c, _mm256_loadu_ps(x.s), acc->e);
+    if constexpr (kHasC) {
+      acc->e = _mm512_castps256_ps512(
+          _mm256_fmadd_ps(dg.c, _mm256_loadu_ps(x.s), _mm512_castps512_ps256(acc->e)));
+    }
   }
 
   static float Finish(const Acc& acc) {
     const float a =
         TreeSum8(_mm256_add_ps(_mm512_castps512_ps256(acc.a), _mm512_extractf32x8_ps(acc.a, 1)));
-    if constexpr (kHasC) return a + TreeSum8(acc.e);
+    if constexpr (kHasC) return a + TreeSum8(_mm512_castps512_ps256(acc.e));
     return a;
   }
 };

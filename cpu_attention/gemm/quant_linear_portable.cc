@@ -214,6 +214,15 @@ struct IsSuper : std::false_type {};
 template <GgmlType T>
 struct IsSuper<T, std::void_t<decltype(Type<T>::kGroupBytes)>> : std::true_type {};
 
+template <GgmlType T>
+constexpr int64_t GroupBytes() {
+  if constexpr (IsSuper<T>::value) {
+    return Type<T>::kGroupBytes;
+  } else {
+    return kGroupBlocks * Type<T>::kBytes;
+  }
+}
+
 float Tree(float* lanes, int n) {
   for (int s = n / 2; s >= 1; s >>= 1) {
     for (int i = 0; i < s; ++i) lanes[i] += lanes[i + s];
@@ -227,6 +236,7 @@ struct Policy {
   using Acc = quant_linear_internal::Acc;
   static constexpr int kMR = 4;
   static constexpr int kBias = 0;  // the weights are unpacked signed
+  static constexpr int64_t kGroupBytes = GroupBytes<T>();
   static constexpr bool kHasC = Type<T>::kHasC;
 
   static void Decode(const uint8_t* row, int64_t g, int nblk, DG* dg) {
