@@ -4,6 +4,9 @@
 //       --gen_tokens 64 --compute_dtype f32 --batch_invariant]
 //   bench_engine_throughput --model bench/models/qwen3-30b-a3b --synthetic_layers 4 ...
 //       (a slice of a real shape: the first N layers with generated weights, no checkpoint)
+//   bench_engine_throughput --model FILE.gguf --batch 1 --reps 1 --mem_gbs 25 --json_out r.json
+//       (a GGUF file, its weights in their blocks; bench/cpu_vs_llama_cpp.sh runs this beside
+//       llama.cpp's llama-batched-bench)
 //
 // Prints, for the model forward (ModelRunner over CpuDevice, one pass at a time):
 //   prefill: --batch prompts of --prompt_tokens tokens in one pass -> tokens/s
@@ -21,6 +24,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <random>
 
 #include "absl/flags/flag.h"
@@ -28,6 +32,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/tools/program_flags.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "tests/fixtures/tiny-mixtral", "model directory");
@@ -43,6 +48,10 @@ ABSL_FLAG(int64_t, synthetic_layers, 0,
 ABSL_FLAG(double, mem_gbs, 0,
           "host memory bandwidth, GB/s (bench_attention_bandwidth's triad on the same host), for "
           "the memory-bandwidth bound of each phase (0: not printed)");
+ABSL_FLAG(int64_t, reps, 3, "timed prefill passes (after one warm-up pass)");
+ABSL_FLAG(std::string, json_out, "",
+          "also write the figures to this file as one JSON object (bench/cpu_vs_llama_cpp.sh "
+          "reads it)");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");
@@ -114,22 +123,36 @@ double TokenFlops(const ModelConfig& c, double ctx, bool logits) {
   return per_layer * c.num_hidden_layers + (logits ? 2 * h * c.vocab_size : 0);
 }
 
+// Stored bytes of a weight tensor (ggml blocks for a quantized one): the least a pass that uses it
+// reads. (The f32 reference mode reads widened f32 copies of bf16 weights; its bound still counts
+// the stored bytes.)
+double TensorBytes(const TensorInfo* t) { return t ? static_cast<double>(t->nbytes) : 0.0; }
+
 // Bytes one pass reads from memory: every layer's attention, norms and router weights, the
-// experts its tokens touched (stats.experts_touched, summed over layers), the lm_head rows' matrix
-// when logits are asked for, and the K/V of every sequence's context in every layer
+// experts its tokens touched (stats.experts_touched, summed over layers, each counted at the mean
+// size of an expert over all layers: formats may differ between layers, as Q4_K_M's do), the
+// lm_head when logits are asked for, and the K/V of every sequence's context in every layer
 // (stats.kv_tokens_read counts one layer). The bound of a phase is these bytes over the host's
 // bandwidth: a pass cannot be faster than reading what it uses once.
-double PassBytes(const ModelConfig& c, const ForwardStats& stats, DType weight_dtype,
+double PassBytes(const ModelConfig& c, const ModelWeights& weights, const ForwardStats& stats,
                  DType kv_dtype, bool logits) {
-  const double w = static_cast<double>(DTypeSize(weight_dtype));
-  const double h = c.hidden_size, q = c.q_size(), kv = c.kv_size();
-  const double attention = h * q + 2 * h * kv + q * h + 2 * h;
-  const double router = c.dense ? 0 : h * c.num_local_experts;
-  const double expert = 3 * h * c.intermediate_size;
-  double bytes = w * (c.num_hidden_layers * (attention + router) +
-                      static_cast<double>(stats.experts_touched) * expert);
-  if (logits) bytes += w * h * c.vocab_size;
-  bytes += static_cast<double>(stats.kv_tokens_read) * c.num_hidden_layers * 2 * kv *
+  double fixed = 0, experts = 0, expert_count = 0;
+  for (const LayerWeights& l : weights.layers) {
+    for (const TensorInfo* t :
+         {l.input_layernorm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.post_attention_layernorm,
+          l.router, l.shared_expert.w1, l.shared_expert.w2, l.shared_expert.w3}) {
+      fixed += TensorBytes(t);
+    }
+    for (const ExpertWeights& e : l.experts) {
+      experts += TensorBytes(e.w1) + TensorBytes(e.w2) + TensorBytes(e.w3);
+      expert_count += 1;
+    }
+  }
+  double bytes = fixed;
+  if (expert_count > 0)
+    bytes += static_cast<double>(stats.experts_touched) * experts / expert_count;
+  if (logits) bytes += TensorBytes(weights.lm_head);
+  bytes += static_cast<double>(stats.kv_tokens_read) * c.num_hidden_layers * 2 * c.kv_size() *
            DTypeSize(kv_dtype);
   return bytes;
 }
@@ -201,6 +224,23 @@ int Run() {
               std::string(DTypeName(dtype)).c_str(), omp_get_max_threads());
   std::printf("host peak f32 FMA rate (measured, %s, %d threads): %.1f GFLOP/s\n", isa,
               omp_get_max_threads(), peak);
+  nlohmann::json result = {{"model", dir},
+                           {"batch", batch},
+                           {"prompt_tokens", prompt},
+                           {"gen_tokens", gen},
+                           {"compute_dtype", std::string(DTypeName(dtype))},
+                           {"threads", omp_get_max_threads()}};
+  const auto write_result = [&result]() {
+    const std::string path = absl::GetFlag(FLAGS_json_out);
+    if (path.empty()) return 0;
+    std::ofstream out(path);
+    out << result.dump() << "\n";
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+    return 0;
+  };
 
   // Prefill: all prompts in one pass (logits for each last token, as the engine asks).
   ForwardBatch prefill;
@@ -210,11 +250,11 @@ int Run() {
   }
   std::vector<float> logits;
   (void)model->Forward(prefill, **cache, &logits);  // warm-up (primitive creation)
-  const int reps = 3;
+  const int64_t reps = std::max<int64_t>(1, absl::GetFlag(FLAGS_reps));
   const double mem_gbs = absl::GetFlag(FLAGS_mem_gbs);
   ForwardStats prefill_stats;
   double t0 = Now();
-  for (int r = 0; r < reps; ++r) {
+  for (int64_t r = 0; r < reps; ++r) {
     prefill_stats = ForwardStats{};
     if (!model->Forward(prefill, **cache, &logits, &prefill_stats).ok()) return 1;
   }
@@ -226,7 +266,9 @@ int Run() {
       "prefill: %lld x %lld tokens in %.4f s: %.0f tokens/s, %.1f GFLOP/s (%.1f%% of peak)\n",
       (long long)batch, (long long)prompt, prefill_s, prefill_tokens / prefill_s,
       prefill_flops / prefill_s / 1e9, 100.0 * prefill_flops / prefill_s / 1e9 / peak);
-  const double prefill_bytes = PassBytes(c, prefill_stats, dtype, dtype, true);
+  const double prefill_bytes = PassBytes(c, weights, prefill_stats, dtype, true);
+  result["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
+  result["prefill_bytes_per_pass"] = prefill_bytes;
   std::printf("prefill: %.3f GB read per pass (%lld expert-layer visits)", prefill_bytes / 1e9,
               (long long)prefill_stats.experts_touched);
   if (mem_gbs > 0) {
@@ -248,7 +290,7 @@ int Run() {
     t0 = Now();
     if (!model->Forward(d, **cache, &logits, &stats).ok()) return 1;
     decode_s += Now() - t0;
-    decode_bytes += PassBytes(c, stats, dtype, dtype, true);
+    decode_bytes += PassBytes(c, weights, stats, dtype, true);
     decode_flops += batch * TokenFlops(c, prompt + step + 1, true);
   }
   std::printf(
@@ -257,6 +299,13 @@ int Run() {
       (long long)batch, (long long)gen, decode_s, batch * gen / decode_s,
       decode_flops / decode_s / 1e9, 100.0 * decode_flops / decode_s / 1e9 / peak);
   std::printf("decode : %.3f GB read per pass on average", decode_bytes / gen / 1e9);
+  result["decode_tokens_per_s"] = batch * gen / decode_s;
+  result["decode_bytes_per_pass"] = decode_bytes / gen;
+  result["forward_peak_rss_bytes"] = PeakRssGiB() * 1073741824.0;
+  if (mem_gbs > 0) {
+    result["mem_gbs"] = mem_gbs;
+    result["decode_bound_tokens_per_s"] = batch * gen / (decode_bytes / (mem_gbs * 1e9));
+  }
   if (mem_gbs > 0) {
     const double bound = batch * gen / (decode_bytes / (mem_gbs * 1e9));
     std::printf("; memory bound at %.1f GB/s: %.0f tokens/s, measured = %.3f of it", mem_gbs, bound,
@@ -265,7 +314,7 @@ int Run() {
   std::printf("; peak RSS %.2f GiB\n", PeakRssGiB());
 
   // The whole engine on a greedy job (it needs the checkpoint's tokenizer).
-  if (synthetic_layers > 0) return 0;
+  if (synthetic_layers > 0) return write_result();
   EngineOptions o;
   o.model_dir = dir;
   o.cpu.compute_dtype = dtype;
@@ -299,7 +348,12 @@ int Run() {
       (long long)batch, (long long)st.prefill_tokens, (long long)st.generated_tokens, job_s,
       st.generated_tokens / job_s, (st.prefill_tokens + st.generated_tokens) / job_s,
       (long long)st.passes);
-  return 0;
+  result["engine_seconds"] = job_s;
+  result["engine_generated_tokens_per_s"] = st.generated_tokens / job_s;
+  result["engine_total_tokens_per_s"] = (st.prefill_tokens + st.generated_tokens) / job_s;
+  result["engine_passes"] = st.passes;
+  result["peak_rss_bytes"] = PeakRssGiB() * 1073741824.0;
+  return write_result();
 }
 
 }  // namespace

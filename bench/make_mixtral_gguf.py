@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Makes the Mixtral-shaped benchmark model for the llama.cpp baseline (bench/llama_cpp_baseline.sh)
+"""Makes the Mixtral-shaped benchmark model for the llama.cpp baseline (bench/cpu_vs_llama_cpp.sh)
 as GGUF files in .deps/bench-models/ (never committed; ~6 GB in all):
 
   mixtral-1.3b-hf/             the Hugging Face checkpoint: MixtralForCausalLM.save_pretrained,

@@ -19,7 +19,9 @@ tests/fixtures/smollm2-reference/ (tests/fixtures/make_smollm2_reference.py: lla
    within 1% of llama.cpp's perplexity over the same chunks (its per-chunk NLL sums).
 
 Usage: test_gguf_fidelity.py MOEBATCH_RUN MOEBATCH_PERPLEXITY REFERENCE_DIR MODEL
+           [--chunks N (default 8; the reference has 98)] [--perplexity_only]
 """
+import argparse
 import ast
 import json
 import math
@@ -30,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 NEAR_TIE = 0.35  # logits
-CHUNKS = 8
+CHUNKS = 8  # ctest's default: 2,040 tokens scored in ~10 s; --chunks 98 scores all 24,990
 
 
 def read_npy_int32(path):
@@ -53,9 +55,7 @@ def run_lines(runner, model, lines, tmp):
     return {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
 
 
-def main():
-    runner, perplexity, ref_dir, model = sys.argv[1:5]
-    ref = json.loads(Path(ref_dir, "reference.json").read_text())
+def greedy(runner, model, ref, tmp):
     cases = ref["generation"]["cases"]
     n = ref["generation"]["n_tokens"]
     completion = [{"custom_id": f"ids{i}", "method": "POST", "url": "/v1/completions",
@@ -64,47 +64,67 @@ def main():
     chat = [{"custom_id": f"chat{i}", "method": "POST", "url": "/v1/chat/completions",
              "body": {"messages": c["messages"], "max_tokens": n, "temperature": 0,
                       "ignore_eos": True}} for i, c in enumerate(cases)]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = run_lines(runner, model, completion + chat, tmp)
-        compared = agreeing = identical = 0
-        diverged_margins = []
-        for i, c in enumerate(cases):
-            got = out[f"ids{i}"]["response"]["body"]["choices"][0]["token_ids"]
-            want, margins = c["generated_ids"], c["top2_margin"]
-            step = next((s for s in range(len(want)) if got[s] != want[s]), None)
-            assert step is None or (got[step] == c["runner_up_ids"][step] and
-                                    margins[step] < NEAR_TIE), (
-                f"prompt {i} {c['messages']}: moebatch {got} llama.cpp {want}: step {step} "
-                f"differs at llama.cpp's top-2 margin {margins[step] if step is not None else 0}")
-            diverged_margins.append(None if step is None else margins[step])
-            compared += len(want)
-            agreeing += sum(a == b for a, b in zip(got, want))
-            identical += got == want
-            body = out[f"chat{i}"]["response"]["body"]
-            assert body["usage"]["prompt_tokens"] == len(c["prompt_ids"]), (i, body["usage"])
-            assert body["choices"][0]["token_ids"] == got, f"prompt {i}: chat and ids differ"
-        print(f"greedy: {identical}/{len(cases)} prompts identical to llama.cpp over {n} tokens, "
-              f"{agreeing}/{compared} tokens at the same step; the others leave llama.cpp's tokens "
-              f"for its runner-up at top-2 margins "
-              f"{sorted(round(m, 3) for m in diverged_margins if m is not None)}")
+    out = run_lines(runner, model, completion + chat, tmp)
+    compared = agreeing = identical = 0
+    diverged_margins = []
+    for i, c in enumerate(cases):
+        got = out[f"ids{i}"]["response"]["body"]["choices"][0]["token_ids"]
+        want, margins = c["generated_ids"], c["top2_margin"]
+        step = next((s for s in range(len(want)) if got[s] != want[s]), None)
+        assert step is None or (got[step] == c["runner_up_ids"][step] and
+                                margins[step] < NEAR_TIE), (
+            f"prompt {i} {c['messages']}: moebatch {got} llama.cpp {want}: step {step} "
+            f"differs at llama.cpp's top-2 margin {margins[step] if step is not None else 0}")
+        diverged_margins.append(None if step is None else margins[step])
+        compared += len(want)
+        agreeing += sum(a == b for a, b in zip(got, want))
+        identical += got == want
+        body = out[f"chat{i}"]["response"]["body"]
+        assert body["usage"]["prompt_tokens"] == len(c["prompt_ids"]), (i, body["usage"])
+        assert body["choices"][0]["token_ids"] == got, f"prompt {i}: chat and ids differ"
+    print(f"greedy: {identical}/{len(cases)} prompts identical to llama.cpp over {n} tokens, "
+          f"{agreeing}/{compared} tokens at the same step; the others leave llama.cpp's tokens "
+          f"for its runner-up at top-2 margins "
+          f"{sorted(round(m, 3) for m in diverged_margins if m is not None)}")
 
-        tokens = read_npy_int32(Path(ref_dir, ref["perplexity"]["token_ids_file"]))
-        ctx = ref["perplexity"]["n_ctx"]
-        Path(tmp, "tokens.json").write_text(json.dumps(tokens[:CHUNKS * ctx]))
-        proc = subprocess.run([perplexity, "--model", model, "--tokens", str(Path(tmp, "tokens.json")),
-                               "--ctx", str(ctx), "--chunks", str(CHUNKS), "--kv_cache_gb", "0.25",
-                               "--json", str(Path(tmp, "ppl.json"))],
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        ours = json.loads(Path(tmp, "ppl.json").read_text())
-        llama = ref["perplexity"]["llama_cpp_python"]["chunk_nll_sums"][:CHUNKS]
-        scored = CHUNKS * (ctx - 1 - ctx // 2)
-        assert ours["tokens_scored"] == scored, ours
-        ppl_llama = math.exp(sum(llama) / scored)
-        ratio = ours["ppl"] / ppl_llama
-        print(f"perplexity over {CHUNKS} chunks of {ctx} ({scored} tokens scored): moebatch "
-              f"{ours['ppl']:.4f}, llama.cpp {ppl_llama:.4f}, ratio {ratio:.4f}")
-        assert abs(ratio - 1) < 0.01, ratio
+
+def perplexity_against_llama_cpp(perplexity, model, ref_dir, ref, chunks, tmp):
+    tokens = read_npy_int32(Path(ref_dir, ref["perplexity"]["token_ids_file"]))
+    ctx = ref["perplexity"]["n_ctx"]
+    Path(tmp, "tokens.json").write_text(json.dumps(tokens[:chunks * ctx]))
+    proc = subprocess.run([perplexity, "--model", model, "--tokens", str(Path(tmp, "tokens.json")),
+                           "--ctx", str(ctx), "--chunks", str(chunks), "--kv_cache_gb", "0.25",
+                           "--json", str(Path(tmp, "ppl.json"))],
+                          capture_output=True, text=True, timeout=60 + 30 * chunks)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = json.loads(Path(tmp, "ppl.json").read_text())
+    llama = ref["perplexity"]["llama_cpp_python"]["chunk_nll_sums"][:chunks]
+    scored = chunks * (ctx - 1 - ctx // 2)
+    assert ours["tokens_scored"] == scored, ours
+    ppl_llama = math.exp(sum(llama) / scored)
+    ratio = ours["ppl"] / ppl_llama
+    print(f"perplexity over {chunks} chunks of {ctx} ({scored} tokens scored): moebatch "
+          f"{ours['ppl']:.4f}, llama.cpp {ppl_llama:.4f}, ratio {ratio:.4f}")
+    assert abs(ratio - 1) < 0.01, ratio
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runner", help="moebatch-run")
+    parser.add_argument("perplexity", help="moebatch-perplexity")
+    parser.add_argument("ref_dir", help="tests/fixtures/smollm2-reference")
+    parser.add_argument("model", help="SmolLM2-135M-Instruct.Q4_1.gguf")
+    parser.add_argument("--chunks", type=int, default=CHUNKS, help="perplexity chunks of 512")
+    parser.add_argument("--perplexity_only", action="store_true", help="skip the greedy tokens")
+    args = parser.parse_args()
+    ref = json.loads(Path(args.ref_dir, "reference.json").read_text())
+    if not 1 <= args.chunks <= ref["perplexity"]["n_chunks"]:
+        parser.error(f"--chunks must be in [1, {ref['perplexity']['n_chunks']}]")
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.perplexity_only:
+            greedy(args.runner, args.model, ref, tmp)
+        perplexity_against_llama_cpp(args.perplexity, args.model, args.ref_dir, ref, args.chunks,
+                                     tmp)
     print("ok")
 
 

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# moebatch's cpu backend against llama.cpp on the same GGUF files, threads and workload, in one
+# run, each pair of measurements back to back:
+#   - the Mixtral-shaped 1.28 B model of bench/make_mixtral_gguf.py (random weights) as bf16,
+#     Q8_0 and Q4_K_M GGUF, and
+#   - the real SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch_smollm2.sh),
+# each at batch 1 and batch 64, prompt 128, generation 128: an offline batch of independent
+# sequences, each with its own 128-token prompt.
+#
+# llama.cpp (built by scripts/fetch_llama_cpp.sh): llama-batched-bench -npp 128 -ntg 128 -npl B
+# (no -pps, no -tgs: all prompts prefilled, then the B sequences decoded together, one token each
+# per step), -c = B * (PP + TG), -b 2048 -ub 512, flash attention "auto" (on, on the CPU
+# backend), weights mmapped and warmed up by the tool. Its decode tok/s is S_TG = B*TG / T_TG and
+# its total tok/s S = B*(PP+TG) / T.
+#
+# moebatch: bench_engine_throughput --model FILE.gguf --batch B --prompt_tokens 128 --gen_tokens
+# 128 (compute dtype bf16 for the bf16 file where the CPU has AVX512-BF16, f32 otherwise). Its
+# decode tok/s is the forward's: B sequences, one token each per pass, context growing from 128,
+# logits for every row (what llama-batched-bench's decode does); its total tok/s is the whole
+# engine (scheduler, greedy sampling, detokenization) on a job of B requests of 128 prompt and 128
+# generated tokens (ignore_eos), prompt + generated tokens over the job's time.
+#
+# The memory bound of decode: the bytes a decode pass reads (the weights of the layers, the
+# experts its tokens touch, the lm_head, and the KV cache; bench/engine_throughput.cc PassBytes)
+# over the STREAM triad bandwidth (bench_attention_bandwidth, all threads; see measure_triad).
+#
+# Prints one table and writes the raw results (llama.cpp's JSONL lines, moebatch's JSON) to
+# .deps/bench-results/cpu_vs_llama_cpp.jsonl. Run it on an idle host: both sides share 2 cores.
+#
+# Usage: bench/cpu_vs_llama_cpp.sh [THREADS [FORMAT...]]
+#        THREADS default 2; FORMAT among bf16 q8_0 q4_k_m smollm2 (default: all)
+#        env: MOEBATCH_DEPS_DIR (default .deps), MOEBATCH_BUILD_DIR (default build),
+#             PYTHON_FIXTURES (default .venv-fixtures/bin/python), BATCHES (default "1 64")
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps="${MOEBATCH_DEPS_DIR:-$root/.deps}"
+build="${MOEBATCH_BUILD_DIR:-$root/build}"
+threads="${1:-2}"
+shift || true
+formats=("$@")
+[ ${#formats[@]} -gt 0 ] || formats=(bf16 q8_0 q4_k_m smollm2)
+read -r -a batches <<< "${BATCHES:-1 64}"
+py="${PYTHON_FIXTURES:-$root/.venv-fixtures/bin/python}"
+
+bash "$root/scripts/fetch_llama_cpp.sh" > /dev/null
+llama="$deps/llama.cpp/bin/llama-batched-bench"
+moebatch="$build/bench/bench_engine_throughput"
+[ -x "$moebatch" ] || { echo "no $moebatch: build moebatch first" >&2; exit 1; }
+need_mixtral=0
+for f in "${formats[@]}"; do [ "$f" = smollm2 ] || need_mixtral=1; done
+if [ $need_mixtral = 1 ]; then "$py" "$root/bench/make_mixtral_gguf.py" > /dev/null; fi
+if [[ " ${formats[*]} " = *" smollm2 "* ]]; then bash "$root/scripts/fetch_smollm2.sh" > /dev/null; fi
+
+results="$deps/bench-results"
+mkdir -p "$results"
+jsonl="$results/cpu_vs_llama_cpp.jsonl"
+: > "$jsonl"
+pp=128
+tg=128
+cpu="$(lscpu | sed -n 's/^Model name: *//p')"
+version="$("$llama" --version 2>&1 | sed -n 's/^version: //p')"
+bf16_compute=f32
+grep -qw avx512_bf16 /proc/cpuinfo && bf16_compute=bf16
+# The triad is measured again before each model (the VM's bandwidth drifts); the highest reading
+# so far is the one the bound uses, the conservative choice.
+triad=0
+measure_triad() {
+  local t
+  t="$(OMP_NUM_THREADS=$threads "$build/bench/bench_attention_bandwidth" --shapes= |
+    sed -n "s/^triad $threads thread(s), [^:]*: \([0-9.]*\) GB\/s best.*/\1/p")"
+  [ -n "$t" ] || { echo "could not measure the triad bandwidth" >&2; exit 1; }
+  triad="$(python3 -c "print(max($triad, $t))")"
+}
+measure_triad
+echo "$cpu, $threads threads; llama.cpp $version; triad $triad GB/s at the start;" \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '| %-20s | %2s | %-21s | %-21s | %-21s | %-14s | %-9s |\n' model B \
+  "decode tok/s llama/mb" "total tok/s llama/mb" "prefill t/s llama/mb" "decode / bound" \
+  "RSS GiB"
+printf '|%s|%s|%s|%s|%s|%s|%s|\n' "----------------------" "----" "-----------------------" \
+  "-----------------------" "-----------------------" "----------------" "-----------"
+for f in "${formats[@]}"; do
+  compute=f32
+  case "$f" in
+    smollm2) model="$deps/models/SmolLM2-135M-Instruct.Q4_1.gguf"; label="SmolLM2-135M Q4_1" ;;
+    bf16) model="$deps/bench-models/mixtral-1.3b-$f.gguf"; label="Mixtral-1.28B $f"
+          compute=$bf16_compute ;;
+    *) model="$deps/bench-models/mixtral-1.3b-$f.gguf"; label="Mixtral-1.28B $f" ;;
+  esac
+  measure_triad
+  for npl in "${batches[@]}"; do
+    ctx=$(( npl * (pp + tg) ))
+    log="$results/batched-bench-$f-b$npl.log"
+    "$llama" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" \
+      -npl "$npl" --output-format jsonl > "$log" 2>&1 ||
+      { echo "llama-batched-bench failed on $f, batch $npl (log: $log)" >&2; tail -5 "$log" >&2
+        exit 1; }
+    llama_line="$(grep '^{"n_kv_max"' "$log" | tail -1)"
+    mlog="$results/moebatch-$f-b$npl.log"
+    mjson="$results/moebatch-$f-b$npl.json"
+    OMP_NUM_THREADS=$threads "$moebatch" --model "$model" --batch "$npl" --prompt_tokens "$pp" \
+      --gen_tokens "$tg" --reps 1 --compute_dtype "$compute" --mem_gbs "$triad" \
+      --json_out "$mjson" > "$mlog" 2>&1 ||
+      { echo "bench_engine_throughput failed on $f, batch $npl (log: $mlog)" >&2
+        tail -5 "$mlog" >&2; exit 1; }
+    python3 - "$llama_line" "$mjson" "$label" "$f" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+      "$jsonl" <<'PY'
+import json, sys
+llama = json.loads(sys.argv[1])
+with open(sys.argv[2]) as f:
+    mb = json.load(f)
+label, fmt, cpu, load, out = sys.argv[3:8]
+def pair(a, b):
+    return "%8.1f / %8.1f %4.2fx" % (a, b, b / a)
+print("| %-20s | %2d | %s | %s | %s | %6.1f / %6.1f | %9.2f |" % (
+    label, llama["pl"], pair(llama["speed_tg"], mb["decode_tokens_per_s"]),
+    pair(llama["speed"], mb["engine_total_tokens_per_s"]),
+    pair(llama["speed_pp"], mb["prefill_tokens_per_s"]), mb["decode_tokens_per_s"],
+    mb["decode_bound_tokens_per_s"], mb["peak_rss_bytes"] / 2**30))
+with open(out, "a") as f:
+    f.write(json.dumps({"format": fmt, "cpu": cpu, "loadavg": load, "llama_cpp": llama,
+                        "moebatch": mb}) + "\n")
+PY
+  done
+done
+echo "(llama / mb = llama.cpp / moebatch, then moebatch's ratio to llama.cpp; decode / bound ="
+echo " moebatch's decode tok/s / the bound of its decode passes at the highest triad seen by then;"
+echo " the highest triad of the run: $triad GB/s; raw: $jsonl)"
