@@ -60,6 +60,11 @@ start=$(date +%s.%N)
 end=$(date +%s.%N)
 job=$(grep -oE 'job_[0-9a-f]+' "$work/job.txt" | head -1)
 "$venv/bin/moebatch" --server "$server" results "$job" -o "$work/results.jsonl"
+# The daemon's peak resident memory (VmHWM) beside the model's size on disk.
+hwm_kb=$(awk '/^VmHWM:/ {print $2}' "/proc/$daemon_pid/status")
+model_bytes=$(du -sbL "$model" | cut -f1)
+echo "demo: moebatchd peak RSS $(( hwm_kb / 1024 )) MiB; model $(( model_bytes / 1048576 )) MiB" \
+  "on disk; KV cache 1 GiB reserved"
 "$venv/bin/python" - "$work/results.jsonl" "$start" "$end" "${SHOW:-3}" "$model" \
   "$work/prompts.jsonl" <<'PY'
 import json, sys

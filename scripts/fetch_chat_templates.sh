@@ -7,17 +7,18 @@
 #
 # Does nothing when the outputs are there and were made by this version of the generator with
 # these package versions (their sha256 is in .deps/chat_templates/stamp). Otherwise it makes the
-# venv .deps/venv-chat (pinned transformers, tokenizers, jinja2, gguf; no torch) and runs the
-# generator: about 40 s, downloading ~170 MB.
+# venv .deps/venv-hf (scripts/pinned_venv.sh: pinned transformers, tokenizers, gguf; no torch) and
+# runs the generator: about 40 s, downloading ~170 MB.
 #
 # Usage: scripts/fetch_chat_templates.sh     env: MOEBATCH_DEPS_DIR (default .deps)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="${MOEBATCH_DEPS_DIR:-$root/.deps}"
 out="$deps/chat_templates"
-venv="$deps/venv-chat"
+. "$root/scripts/pinned_venv.sh"
+venv="$deps/venv-hf"
+packages=("${HF_VENV_PACKAGES[@]}")
 generator="$root/tests/fixtures/make_chat_cases.py"
-packages=(transformers==4.57.6 tokenizers==0.22.1 jinja2==3.1.6 gguf==0.19.0 numpy==2.3.5)
 
 stamp="$({ cat "$generator"; printf '%s\n' "${packages[@]}"; } | sha256sum | cut -d' ' -f1)"
 if [ -f "$out/chat_cases.jsonl" ] && [ -f "$out/templates.jsonl" ] &&
@@ -25,7 +26,6 @@ if [ -f "$out/chat_cases.jsonl" ] && [ -f "$out/templates.jsonl" ] &&
   echo "fetch_chat_templates: up to date ($out)"
   exit 0
 fi
-. "$root/scripts/pinned_venv.sh"
 pinned_venv "$venv" "${packages[@]}"
 rm -f "$out/stamp"
 TRANSFORMERS_NO_ADVISORY_WARNINGS=1 MOEBATCH_DEPS_DIR="$deps" \

@@ -10,7 +10,7 @@
 #
 # Does nothing when the outputs are there and were made by this version of the generator (and of
 # the two generators it borrows texts and conversations from) with these package versions and
-# these inputs (.deps/gguf-tokenizer/stamp). Otherwise it makes the venv .deps/venv-gguf-tok
+# these inputs (.deps/gguf-tokenizer/stamp). Otherwise it makes the venv .deps/venv-hf
 # (pinned transformers, tokenizers, gguf, sentencepiece, protobuf, numpy; no torch) and runs the
 # generator: a few minutes on 2 cores.
 #
@@ -19,11 +19,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="${MOEBATCH_DEPS_DIR:-$root/.deps}"
 out="$deps/gguf-tokenizer"
-venv="$deps/venv-gguf-tok"
+. "$root/scripts/pinned_venv.sh"
+venv="$deps/venv-hf"
+packages=("${HF_VENV_PACKAGES[@]}")
 fixtures="$root/tests/fixtures"
 generator="$fixtures/make_gguf_tokenizer_cases.py"
-packages=(transformers==4.57.6 tokenizers==0.22.1 jinja2==3.1.6 gguf==0.19.0 numpy==2.3.5
-          sentencepiece==0.2.3 protobuf==7.36.2)
 names=(smollm2 llama3 qwen2 gpt2 pre-default pre-starcoder pre-dbrx pre-gpt-4o pre-tekken
        pre-stablelm2 mixtral-v1 mixtral-v3)
 
@@ -50,7 +50,6 @@ if [ "$complete" = 1 ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "fetch_gguf_tokenizer_cases: up to date ($out)"
   exit 0
 fi
-. "$root/scripts/pinned_venv.sh"
 pinned_venv "$venv" "${packages[@]}"
 rm -f "$out/stamp"
 MOEBATCH_DEPS_DIR="$deps" "$venv/bin/python" -W ignore "$generator" --out "$out"

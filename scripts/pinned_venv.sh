@@ -10,3 +10,9 @@ pinned_venv() {
     echo "$*" > "$venv/pins"
   fi
 }
+
+# The venv .deps/venv-hf of the fixture scripts that need Hugging Face transformers' tokenizers and
+# chat templates (scripts/fetch_chat_templates.sh, scripts/fetch_gguf_tokenizer_cases.sh): one
+# venv for both, so a fresh clone installs transformers once.
+HF_VENV_PACKAGES=(transformers==4.57.6 tokenizers==0.22.1 jinja2==3.1.6 gguf==0.19.0 numpy==2.3.5
+                  sentencepiece==0.2.3 protobuf==7.36.2)

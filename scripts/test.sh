@@ -11,16 +11,23 @@ cd "$root"
 build="${BUILD_DIR:-build}"
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 export BUILD_DIR="$build"
+# Each phase's wall time, so that a CI log shows where its minutes go.
+phase() { echo "== test.sh: $1 (at ${SECONDS} s)"; }
+phase "build"
 scripts/build.sh
+phase "test fixtures"
 scripts/fetch_bpe_tokenizers.sh  # tokenizer.json files and HF tokenizers' cases for test_text
 scripts/fetch_chat_templates.sh  # real chat templates and transformers' texts for test_text
 scripts/fetch_gguf_cases.sh      # gguf-py's reading of GGUF files (SmolLM2 Q4_1 included) for test_model
 scripts/fetch_gguf_tokenizer_cases.sh  # GGUF tokenizers and HF reference ids for test_text
+phase "ctest"
 # GPU tests carry the `gpu` label and exit 77 (skipped) where there is no device.
 ctest --test-dir "$build" --output-on-failure -j "${JOBS:-$(nproc)}"
+phase "Python client"
 # The client's unit tests (creates .deps/venv-client and installs the package into it), then the
 # integration tests with the same venv.
 client/python/run_tests.sh "$root/.deps/venv-client"
+phase "Go client"
 # The Go client: Debian's Go packages, generated code, moebatch-go, go vet and its unit tests.
 client/go/build.sh "$build/client-go"
 # promtool (Debian's prometheus package) lints the daemon's metrics in the integration tests.
@@ -32,7 +39,10 @@ if ! command -v promtool >/dev/null; then
   }
   install_promtool || { "${sudo_cmd[@]}" apt-get update -qq && install_promtool; }
 fi
+phase "integration tests"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
   "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
 # libFuzzer targets (tests/fuzz): clang build in build-fuzz, 60 s each, fails on any crash.
+phase "fuzz"
 scripts/fuzz.sh
+phase "done"
