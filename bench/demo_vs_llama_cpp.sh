@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The demo's throughput against llama.cpp serving the same prompts with the same threads: the
 # demo (scripts/demo.sh: moebatchd with a 1 GiB KV cache and the `moebatch` client, SmolLM2-135M-
-# Instruct Q4_1 by default, the AlpacaEval prompts, greedy, max_tokens 128), then
-# bench/llama_cpp_serve_prompts.py (llama.cpp's C API with continuous batching, up to 256
-# sequences in a 1 GiB f16 KV cache) on the same prompt file and model. Prints both throughputs,
-# their ratio and both peak RSS figures beside the model's size.
+# Instruct Q4_1 by default, the AlpacaEval prompts, greedy, max_tokens 128; its KV cache 1 GiB of
+# f32), then bench/llama_cpp_serve_prompts.py (llama.cpp's C API with continuous batching as
+# llama-server runs it: 64 slots, 2 GiB of f16 KV cache, i.e. 4x moebatch's KV tokens) on the same
+# prompt file and model. Prints both throughputs, their ratio and both peak RSS figures beside the
+# model's size.
 #
 # Usage: bench/demo_vs_llama_cpp.sh     env: MODEL (default SmolLM2), LIMIT (default all 805),
 #                                            MAX_TOKENS (default 128), THREADS (default 2)

@@ -4,10 +4,12 @@
 Runs the requests of an OpenAI batch file (scripts/make_prompt_set.py: /v1/chat/completions lines
 with messages, max_tokens, temperature 0) through llama.cpp's C API (llama-cpp-python's ctypes
 bindings over the libraries scripts/fetch_llama_cpp.sh builds) with continuous batching, the way
-llama-server's slots run them: up to --parallel sequences at once in one unified f16 KV cache of
---kv_gb (a request is admitted when its prompt plus max_tokens fit beside those of the running
-ones); each step one llama_decode over one token of every sequence decoding and the next prompt
-tokens of the sequences being admitted (up to n_batch of them); greedy (argmax of the logits) until an
+llama-server's slots run them: --parallel slots, each with its own f16 KV cache of --kv_gb /
+parallel (llama-server's default, no --kv-unified: a sequence attends over its own cells only; with
+--kv_unified one cache of --kv_gb is shared and a request is admitted when its prompt plus
+max_tokens fit beside those of the running ones, but every sequence's attention then spans the
+whole cache); each step one llama_decode over one token of every sequence decoding and the next
+prompt tokens of the sequences being admitted (up to n_batch of them); greedy (argmax of the logits) until an
 end-of-generation token or max_tokens. Prompts are laid out by the GGUF's chat template
 (tokenizer.chat_template rendered with Jinja, as llama.cpp does by default) and tokenized by
 llama.cpp, so moebatch and llama.cpp prefill the same token ids (tests/integration/test_gguf.py).
@@ -17,7 +19,7 @@ token, after the model is loaded), generated and total tokens/s, peak RSS (getru
 
 Usage (with .deps/venv-llama/bin/python):
   bench/llama_cpp_serve_prompts.py --model FILE.gguf --prompts FILE.jsonl [--threads 2]
-      [--parallel 256] [--kv_gb 1]
+      [--parallel 64] [--kv_gb 2] [--kv_unified]
 """
 from __future__ import annotations
 
@@ -39,9 +41,9 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompts", required=True, help="batch JSONL (/v1/chat/completions lines)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--parallel", type=int, default=256,
-                    help="sequences decoded together at most (moebatch's max_num_seqs default)")
-    ap.add_argument("--kv_gb", type=float, default=1.0, help="KV cache, GiB (f16)")
+    ap.add_argument("--parallel", type=int, default=64, help="slots: sequences decoded together")
+    ap.add_argument("--kv_gb", type=float, default=2.0, help="KV cache, GiB (f16), all slots")
+    ap.add_argument("--kv_unified", action="store_true", help="one KV cache shared by the slots")
     ap.add_argument("--n_batch", type=int, default=2048, help="tokens per llama_decode at most")
     args = ap.parse_args()
 
@@ -69,14 +71,16 @@ def main() -> int:
     head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
     kv_bytes_per_token = (llama_cpp.llama_model_n_layer(model) * 2 *
                           llama_cpp.llama_model_n_head_kv(model) * head_dim * 2)
-    kv_tokens = int(args.kv_gb * 2**30 // kv_bytes_per_token) // 256 * 256
+    kv_tokens = int(args.kv_gb * 2**30 // kv_bytes_per_token) // (256 * args.parallel) * (
+        256 * args.parallel)
+    per_seq = kv_tokens if args.kv_unified else kv_tokens // args.parallel
     prompts = []
     for cid, messages, max_tokens in requests:
         ids = llm.tokenize(formatter(messages=messages).prompt.encode(), add_bos=add_bos,
                            special=True)
-        if len(ids) + max_tokens > kv_tokens:
-            print(f"{cid}: {len(ids)} prompt + {max_tokens} tokens exceed the KV cache "
-                  f"({kv_tokens} tokens)", file=sys.stderr)
+        if len(ids) + max_tokens > per_seq:
+            print(f"{cid}: {len(ids)} prompt + {max_tokens} tokens exceed a slot's KV cache "
+                  f"({per_seq} tokens)", file=sys.stderr)
             return 1
         prompts.append((ids, max_tokens))
 
@@ -85,7 +89,7 @@ def main() -> int:
     params.n_batch = args.n_batch + args.parallel  # prompt tokens + one per decoding sequence
     params.n_ubatch = min(512, args.n_batch)
     params.n_seq_max = args.parallel
-    params.kv_unified = True
+    params.kv_unified = args.kv_unified
     params.n_threads = args.threads
     params.n_threads_batch = args.threads
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
@@ -102,8 +106,13 @@ def main() -> int:
     active: dict[int, list] = {}
     prompt_tokens = generated = 0
     reserved = 0  # KV tokens the running requests may reach (prompt + max_tokens)
-    t0 = time.time()
+    t0 = last_report = time.time()
     while queue or active:
+        if time.time() - last_report >= 30:
+            last_report = time.time()
+            done = len(prompts) - len(queue) - len(active)
+            print(f"llama.cpp: {done}/{len(prompts)} done, {generated} tokens generated, "
+                  f"{generated / (last_report - t0):.1f} tok/s", file=sys.stderr, flush=True)
         n = 0
         rows: list[tuple[int, int]] = []  # (batch row with logits, slot)
 
@@ -129,7 +138,8 @@ def main() -> int:
                 s[1] += len(take)
                 budget -= len(take)
         while (queue and free_slots and budget > 0 and
-               reserved + len(prompts[queue[0]][0]) + prompts[queue[0]][1] <= kv_tokens):
+               (not args.kv_unified or
+                reserved + len(prompts[queue[0]][0]) + prompts[queue[0]][1] <= kv_tokens)):
             r = queue.popleft()
             reserved += len(prompts[r][0]) + prompts[r][1]
             slot = free_slots.pop()
@@ -165,7 +175,7 @@ def main() -> int:
         "requests": len(prompts), "prompt_tokens": prompt_tokens, "generated_tokens": generated,
         "seconds": seconds, "generated_tokens_per_s": generated / seconds,
         "total_tokens_per_s": (prompt_tokens + generated) / seconds,
-        "parallel": args.parallel, "kv_tokens": kv_tokens, "threads": args.threads,
+        "parallel": args.parallel, "kv_tokens": kv_tokens, "kv_unified": args.kv_unified, "threads": args.threads,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "llama_cpp_python": llama_cpp.__version__}))
     return 0
