@@ -98,7 +98,8 @@ void CheckGreedy(const std::string& fixture, int64_t resident = 0) {
   }
 }
 
-TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights", "[cuda_backend]") {
+TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights",
+          "[cuda_backend][f32_weights]") {
   CheckGreedy("tiny-mixtral");
   CheckGreedy("tiny-mixtral-swa");
   CheckGreedy("tiny-mixtral-hd128");  // Mixtral's head_dim 128 and 4 query heads per KV head
@@ -114,7 +115,7 @@ TEST_CASE("cuda backend: greedy tokens of the families' golden fixtures, f32 wei
   CheckGreedy(fixture);
 }
 
-TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend]") {
+TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend][f32_weights]") {
   CheckGreedy("tiny-mixtral", 1);   // layer 0 resident; 1, 2, 3 stream (odd: slots alternate)
   CheckGreedy("tiny-mixtral", -1);  // 0 and 1 resident; 2 and 3 stay in the slots
 }
@@ -209,7 +210,7 @@ void CheckLastLogitsF32(const std::string& fixture, int64_t resident) {
 }
 
 TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformers'",
-          "[cuda_backend]") {
+          "[cuda_backend][f32_weights]") {
   for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128"}) {
     for (int64_t resident : {0, 1}) CheckLastLogitsF32(fixture, resident);
   }
