@@ -1,12 +1,13 @@
 // Helpers shared by the cuda backend's test files (test_cuda_backend.cc,
-// test_cuda_backend_quant.cc): the Engine's options for the cuda backend on a fixture, a relative
-// logit error, and a checkpoint's weights in page-locked memory. Catch2's REQUIRE reports a failed
-// load in the calling test case.
+// test_cuda_backend_quant.cc): the Engine's options for the cuda backend on a fixture, a greedy
+// job through an Engine, a relative logit error, and a checkpoint's weights in page-locked memory.
+// Catch2's REQUIRE reports a failed load in the calling test case.
 #pragma once
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cuda/cuda_backend.h"
 #include "engine/engine.h"
 #include "engine/model/weight_store.h"
+#include "tests/support/golden.h"
 
 namespace moebatch::cuda_testing {
 
@@ -32,6 +34,36 @@ inline EngineOptions CudaOptions(const std::string& dir, std::optional<DType> we
   o.gpu.packet_bytes = int64_t{1} << 20;  // several packets per layer even on the tiny model
   o.gpu.resident_layers = 0;              // every layer streams
   return o;
+}
+
+// Greedy tokens of `prompts` through `engine` (ignore_eos, max_tokens[i] for prompt i), in prompt
+// order.
+inline std::vector<std::vector<int32_t>> GreedyTokens(Engine& engine,
+                                                      const std::vector<testing::Golden>& prompts,
+                                                      const std::vector<int32_t>& max_tokens) {
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt_token_ids = prompts[i].prompt_ids;
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = max_tokens.at(i);
+    r.sampling.ignore_eos = true;
+    auto id = engine.AddRequest(r);
+    REQUIRE(id.ok());
+    index[*id] = i;
+  }
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  while (engine.HasUnfinished()) {
+    std::vector<GenerationOutput> outs;
+    const absl::Status st = engine.Step(&outs);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    for (const auto& o : outs) {
+      auto& ids = got[index.at(o.request_id)];
+      ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    }
+  }
+  return got;
 }
 
 // max |got - want| / max |want| over the vocabulary.

@@ -59,28 +59,9 @@ void CheckGreedy(const std::string& fixture, int64_t resident = 0) {
   auto engine = Engine::Create(options);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
-  std::map<int64_t, size_t> index;
-  for (size_t i = 0; i < golden.size(); ++i) {
-    GenerationRequest r;
-    r.prompt_token_ids = golden[i].prompt_ids;
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = static_cast<int32_t>(golden[i].greedy_ids.size());
-    r.sampling.ignore_eos = true;
-    auto id = (*engine)->AddRequest(r);
-    REQUIRE(id.ok());
-    index[*id] = i;
-  }
-  std::vector<std::vector<int32_t>> got(golden.size());
-  while ((*engine)->HasUnfinished()) {
-    std::vector<GenerationOutput> outs;
-    const absl::Status st = (*engine)->Step(&outs);
-    INFO(st.ToString());
-    REQUIRE(st.ok());
-    for (const auto& o : outs) {
-      auto& ids = got[index.at(o.request_id)];
-      ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }
-  }
+  std::vector<int32_t> max_tokens;
+  for (const Golden& g : golden) max_tokens.push_back(static_cast<int32_t>(g.greedy_ids.size()));
+  const auto got = cuda_testing::GreedyTokens(**engine, golden, max_tokens);
   for (size_t i = 0; i < golden.size(); ++i) {
     INFO(fixture << " prompt " << i << ", resident layers " << resident);
     REQUIRE(got[i] == golden[i].greedy_ids);

@@ -311,28 +311,8 @@ TEST_CASE("cuda backend: --weight_dtype int4 through the Engine, f32 compute",
   auto engine = Engine::Create(options);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
-  std::map<int64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest r;
-    r.prompt_token_ids = prompts[i].prompt_ids;
-    r.sampling.temperature = 0.0f;
-    r.sampling.max_tokens = static_cast<int32_t>(gen_tokens);
-    r.sampling.ignore_eos = true;
-    auto id = (*engine)->AddRequest(r);
-    REQUIRE(id.ok());
-    index[*id] = i;
-  }
-  std::vector<std::vector<int32_t>> got(prompts.size());
-  while ((*engine)->HasUnfinished()) {
-    std::vector<GenerationOutput> outs;
-    const absl::Status st = (*engine)->Step(&outs);
-    INFO(st.ToString());
-    REQUIRE(st.ok());
-    for (const auto& o : outs) {
-      auto& ids = got[index.at(o.request_id)];
-      ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-    }
-  }
+  const auto got = cuda_testing::GreedyTokens(
+      **engine, prompts, std::vector<int32_t>(prompts.size(), static_cast<int32_t>(gen_tokens)));
   auto checkpoint = Checkpoint::Load(dir);
   REQUIRE(checkpoint.ok());
   const auto store = QuantizedStore(**checkpoint, GgmlType::kQ4_1, 32, DType::kF32);
