@@ -40,7 +40,14 @@ if ! command -v promtool >/dev/null; then
   install_promtool || { "${sudo_cmd[@]}" apt-get update -qq && install_promtool; }
 fi
 phase "integration tests"
+# The HTTP API's tests drive the daemon with the official OpenAI SDK (into the client's venv) and
+# with LiteLLM (a venv of its own: its pins would move the client's packages).
+"$root/.deps/venv-client/bin/python" -m pip install -q --disable-pip-version-check \
+  "openai==3.57.0"
+source scripts/pinned_venv.sh
+pinned_venv "$root/.deps/venv-litellm" "litellm==1.110.2"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
+  MOEBATCH_LITELLM_PYTHON="$root/.deps/venv-litellm/bin/python" \
   "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
 # libFuzzer targets (tests/fuzz): clang build in build-fuzz, 60 s each, fails on any crash.
 phase "fuzz"

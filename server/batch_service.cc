@@ -77,6 +77,7 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->mutable_request_counts()->set_total(r.total);
   job->mutable_request_counts()->set_completed(r.completed);
   job->mutable_request_counts()->set_failed(r.failed);
+  job->mutable_request_counts()->set_cancelled(r.cancelled);
   job->set_created_at(r.created_at);
   job->set_finished_at(r.finished_at);
   job->set_error(ValidUtf8(r.error));
@@ -84,6 +85,20 @@ void ToProto(const JobRecord& r, v1::Job* job) {
   job->set_prompt_tokens(r.prompt_tokens);
   job->set_generated_tokens(r.generated_tokens);
   job->set_tenant(ValidUtf8(r.tenant));
+  job->set_endpoint(ValidUtf8(r.endpoint));
+  job->set_input_file_id(ValidUtf8(r.input_file_id));
+  job->set_completion_window(ValidUtf8(r.completion_window));
+  job->set_expires_at(r.expires_at);
+  job->set_cancelling_at(r.cancelling_at);
+  // Bounded like an error message: the first entries (an HTTP client gets them all).
+  constexpr size_t kMaxErrors = 100;
+  for (size_t i = 0; i < r.errors.size() && i < kMaxErrors; ++i) {
+    v1::LineError* e = job->add_errors();
+    e->set_line(r.errors[i].line);
+    e->set_code(ValidUtf8(r.errors[i].code));
+    e->set_param(ValidUtf8(r.errors[i].param));
+    e->set_message(ValidUtf8(CutChars(r.errors[i].message, 1024)));
+  }
 }
 
 grpc::Status MissingJobId() {
@@ -163,40 +178,102 @@ std::string BatchServiceImpl::NewJobId() {
   return absl::StrFormat("job_%016x%08x", rng_(), static_cast<uint32_t>(rng_()));
 }
 
-grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext* context,
-                                         const v1::CreateJobRequest* request, v1::Job* response) {
-  auto who = Authenticate(*context);
-  if (!who.ok()) return ToGrpc(who.status());
+std::string BatchServiceImpl::model_name() const {
   const Attached* a = attached();
-  if (a == nullptr) return Loading();
+  return a != nullptr ? a->limits.model_name : "";
+}
+
+absl::StatusOr<JobRecord> BatchServiceImpl::Submit(const Principal& who,
+                                                   const v1::CreateJobRequest& request,
+                                                   const BatchFields& batch, bool store_invalid) {
+  const Attached* a = attached();
+  if (a == nullptr) return absl::UnavailableError(std::string(Loading().error_message()));
   if (!accepting_) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "moebatchd is shutting down and takes no new jobs; submit again once it "
-                        "has restarted");
+    return absl::UnavailableError(
+        "moebatchd is shutting down and takes no new jobs; submit again once it has restarted");
   }
   JobRecord job;
   job.id = NewJobId();
-  job.tenant = who->tenant;
-  auto prepared = PrepareJob(*request, *a->tokenizer, a->limits, job.id);
-  if (!prepared.ok()) return ToGrpc(prepared.status());
-  job.state = JobState::kInProgress;
+  job.tenant = who.tenant;
   job.model = a->limits.model_name;
-  job.metadata.insert(request->metadata().begin(), request->metadata().end());
-  job.total = static_cast<int64_t>(prepared->requests.size() + prepared->prefailed.size());
-  auto stored =
-      store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
+  job.endpoint = batch.endpoint;
+  job.completion_window = batch.completion_window;
+  job.input_file_id = batch.input_file_id;
+  job.expires_at = batch.expires_at;
+  job.metadata.insert(request.metadata().begin(), request.metadata().end());
+  std::vector<JobLineError> line_errors;
+  PrepareOptions options;
+  options.endpoint = batch.endpoint;
+  options.line_errors = &line_errors;
+  auto prepared = PrepareJob(request, *a->tokenizer, a->limits, job.id, options);
+  absl::StatusOr<JobRecord> stored = absl::InternalError("not stored");
+  if (!prepared.ok()) {
+    // Bad lines of an HTTP batch: the batch exists, FAILED, and says which lines (OpenAI's
+    // errors.data); anything else (no requests at all, too many) is refused like over gRPC.
+    if (!store_invalid || line_errors.empty()) return prepared.status();
+    job.state = JobState::kFailed;
+    job.errors = std::move(line_errors);
+    job.error = std::string(prepared.status().message());
+    stored = store_->CreateJob(std::move(job), {}, {});
+    if (stored.ok()) {
+      spdlog::info("job {} of tenant '{}' failed validation: {} bad lines", stored->id,
+                   stored->tenant, stored->errors.size());
+    }
+  } else {
+    job.state = JobState::kInProgress;
+    job.total = static_cast<int64_t>(prepared->requests.size() + prepared->prefailed.size());
+    stored = store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
+    if (stored.ok()) {
+      spdlog::info(
+          "job {} created for tenant '{}': {} requests ({} failed validation against the "
+          "context)",
+          stored->id, stored->tenant, stored->total, prepared->prefailed.size());
+    }
+  }
   if (!stored.ok()) {
     if (stored.status().code() == absl::StatusCode::kResourceExhausted) {
       spdlog::info("job refused: {}", std::string(stored.status().message()));
     }
-    return ToGrpc(stored.status());
+    return stored.status();
   }
-  spdlog::info(
-      "job {} created for tenant '{}': {} requests ({} failed validation against the "
-      "context)",
-      stored->id, stored->tenant, stored->total, prepared->prefailed.size());
   if (on_job_created_) on_job_created_(*stored);
   a->worker->Wake();
+  return stored;
+}
+
+absl::StatusOr<JobRecord> BatchServiceImpl::Cancel(const Principal& who,
+                                                   const std::string& job_id) {
+  const Attached* a = attached();
+  if (a == nullptr) return absl::UnavailableError(std::string(Loading().error_message()));
+  auto job = VisibleJob(who, job_id);
+  if (!job.ok()) return job.status();
+  if (!IsTerminal(job->state) && job->state != JobState::kCancelling) {
+    absl::Status st = store_->SetJobState(job->id, JobState::kCancelling);
+    // FailedPrecondition: the job finished in the meantime; answer with its final state.
+    if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return st;
+    if (st.ok()) {
+      a->worker->Cancel(job->id);
+      spdlog::info("job {} cancelling", job->id);
+    }
+    job = store_->GetJob(job_id);
+  }
+  return job;
+}
+
+absl::Status BatchServiceImpl::Delete(const Principal& who, const std::string& job_id) {
+  auto job = VisibleJob(who, job_id);
+  if (!job.ok()) return job.status();
+  if (absl::Status st = store_->DeleteJob(job->id); !st.ok()) return st;
+  spdlog::info("job {} of tenant '{}' deleted", job->id, job->tenant);
+  return absl::OkStatus();
+}
+
+grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext* context,
+                                         const v1::CreateJobRequest* request, v1::Job* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
+  auto stored = Submit(*who, *request);
+  if (!stored.ok()) return ToGrpc(stored.status());
   ToProto(*stored, response);
   return grpc::Status::OK;
 }
@@ -257,23 +334,22 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext* context,
                                          const v1::CancelJobRequest* request, v1::Job* response) {
   auto who = Authenticate(*context);
   if (!who.ok()) return ToGrpc(who.status());
-  const Attached* a = attached();
-  if (a == nullptr) return Loading();
+  if (attached() == nullptr) return Loading();
   if (request->job_id().empty()) return MissingJobId();
-  auto job = VisibleJob(*who, request->job_id());
+  auto job = Cancel(*who, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
-  if (!IsTerminal(job->state) && job->state != JobState::kCancelling) {
-    absl::Status st = store_->SetJobState(job->id, JobState::kCancelling);
-    // FailedPrecondition: the job finished in the meantime; answer with its final state.
-    if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return ToGrpc(st);
-    if (st.ok()) {
-      a->worker->Cancel(job->id);
-      spdlog::info("job {} cancelling", job->id);
-    }
-    job = store_->GetJob(request->job_id());
-    if (!job.ok()) return ToGrpc(job.status());
-  }
   ToProto(*job, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status BatchServiceImpl::DeleteJob(grpc::ServerContext* context,
+                                         const v1::DeleteJobRequest* request,
+                                         v1::DeleteJobResponse* response) {
+  auto who = Authenticate(*context);
+  if (!who.ok()) return ToGrpc(who.status());
+  if (request->job_id().empty()) return MissingJobId();
+  if (absl::Status st = Delete(*who, request->job_id()); !st.ok()) return ToGrpc(st);
+  response->set_job_id(request->job_id());
   return grpc::Status::OK;
 }
 
@@ -285,6 +361,7 @@ void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1
   p->mutable_request_counts()->set_total(job.total);
   p->mutable_request_counts()->set_completed(job.completed);
   p->mutable_request_counts()->set_failed(job.failed);
+  p->mutable_request_counts()->set_cancelled(job.cancelled);
   p->set_prompt_tokens(job.prompt_tokens + live.prompt_tokens);
   const int64_t generated = job.generated_tokens + live.generated_tokens;
   p->set_generated_tokens(generated);

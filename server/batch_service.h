@@ -25,6 +25,12 @@
 
 namespace moebatch {
 
+// JobRecord's OpenAI batch fields, given by POST /v1/batches.
+struct BatchFields {
+  std::string endpoint, completion_window, input_file_id;
+  int64_t expires_at = 0;
+};
+
 class BatchServiceImpl final : public v1::BatchService::Service {
  public:
   // Borrows both; they must outlive the service. `auth` null: authentication off (every caller
@@ -44,6 +50,23 @@ class BatchServiceImpl final : public v1::BatchService::Service {
     on_job_created_ = std::move(f);
   }
 
+  // The operations both front doors share (gRPC here, HTTP in server/http_api.h), for a caller
+  // already authenticated. Errors as absl::Status: Unavailable while the model loads (Submit,
+  // Cancel) and once shutting down (Submit); NotFound for an unknown job or another tenant's.
+  // Validates (PrepareJob), stores and queues a job. A job with bad lines is InvalidArgument
+  // listing them, unless `store_invalid` (HTTP batches, as OpenAI does): it is then stored FAILED
+  // with every bad line in JobRecord::errors and returned.
+  absl::StatusOr<JobRecord> Submit(const Principal& who, const v1::CreateJobRequest& request,
+                                   const BatchFields& batch = {}, bool store_invalid = false);
+  // The job if it exists and the caller may see it; NotFound (the store's message) otherwise.
+  absl::StatusOr<JobRecord> VisibleJob(const Principal& who, const std::string& job_id);
+  // Cancels (a finished job is returned as it is).
+  absl::StatusOr<JobRecord> Cancel(const Principal& who, const std::string& job_id);
+  // Deletes a finished job (FailedPrecondition while it runs).
+  absl::Status Delete(const Principal& who, const std::string& job_id);
+  // The daemon's model name, "" until Attach.
+  std::string model_name() const;
+
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::Job* response) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
@@ -56,6 +79,8 @@ class BatchServiceImpl final : public v1::BatchService::Service {
                         grpc::ServerWriter<v1::JobProgress>* writer) override;
   grpc::Status GetResults(grpc::ServerContext* context, const v1::GetResultsRequest* request,
                           grpc::ServerWriter<v1::Result>* writer) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
 
  private:
   struct Attached {
@@ -65,8 +90,6 @@ class BatchServiceImpl final : public v1::BatchService::Service {
     TenantQuota quota;
   };
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& context) const;
-  // The job if it exists and the caller may see it; NotFound (the store's message) otherwise.
-  absl::StatusOr<JobRecord> VisibleJob(const Principal& who, const std::string& job_id);
   // Null until Attach.
   const Attached* attached() const;
   std::string NewJobId();

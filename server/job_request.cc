@@ -27,17 +27,31 @@ PrefailedRequest Prefail(int64_t index, const ParsedBatchLine& parsed, const std
 }
 
 // The stored line states the max_tokens this daemon applied, so the request runs the same after a
-// restart with another --default-max-tokens.
-std::string FreezeDefaults(const std::string& line, const BatchRequest& req) {
+// restart with another --default-max-tokens, and names the daemon's model, which every result
+// line then carries.
+std::string FreezeDefaults(const std::string& line, const BatchRequest& req,
+                           const std::string& model_name) {
   Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) return line;
   Json& body = j["body"];
   const bool given =
       (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
       (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null());
-  if (given) return line;
-  body["max_tokens"] = req.sampling.max_tokens;
+  if (!given) body["max_tokens"] = req.sampling.max_tokens;
+  if (!model_name.empty()) body["model"] = model_name;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// OpenAI's code for a bad line of a batch input file.
+std::string LineErrorCode(const BatchLineError& e) {
+  if (e.param == "custom_id" && e.message.find("duplicate") != std::string::npos) {
+    return "duplicate_custom_id";
+  }
+  if (e.message.rfind("invalid JSON", 0) == 0) {
+    return "invalid_json_line";
+  }
+  if (e.param == "url") return "invalid_url";
+  return "invalid_request";
 }
 
 // A float sampling field. nlohmann writes NaN and the infinities as null, which would read back as
@@ -144,7 +158,7 @@ absl::Status CheckJobMetadata(const google::protobuf::Map<std::string, std::stri
 
 absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                        const Tokenizer& tokenizer, const JobLimits& limits,
-                                       const std::string& job_tag) {
+                                       const std::string& job_tag, const PrepareOptions& prepare) {
   if (!request.model().empty() && request.model() != limits.model_name) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: this daemon serves ", QuoteBounded(limits.model_name, kMaxQuotedBytes),
@@ -152,8 +166,9 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
   }
   if (absl::Status st = CheckJobMetadata(request.metadata()); !st.ok()) return st;
   BatchReadOptions options;
-  options.invalid_lines = InvalidLinePolicy::kRefuseJob;
-  options.model = ModelPolicy::kCheck;
+  // Bad lines are kept to be listed below (with codes when the caller asks), then refuse the job.
+  options.invalid_lines = InvalidLinePolicy::kFailRequest;
+  options.model = limits.check_model ? ModelPolicy::kCheck : ModelPolicy::kAccept;
   options.model_name = limits.model_name;
   options.defaults.max_tokens = limits.default_max_tokens;
   options.max_requests = limits.max_requests_per_job;
@@ -163,6 +178,15 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
   // the vocabulary, an empty prompt) are listed with the others.
   std::vector<std::vector<int32_t>> token_ids;
   options.check_line = [&](const BatchLine& line) -> absl::Status {
+    if (!prepare.endpoint.empty()) {
+      const std::string url = line.parsed.request->endpoint == Endpoint::kChatCompletions
+                                  ? "/v1/chat/completions"
+                                  : "/v1/completions";
+      if (url != prepare.endpoint) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("url: must be ", prepare.endpoint, ", the batch's endpoint, got ", url));
+      }
+    }
     auto ids = TokenizeRequest(*line.parsed.request, tokenizer, limits.vocab_size);
     if (!ids.ok()) return ids.status();
     if (ids->empty()) return absl::InvalidArgumentError("body.prompt: empty");
@@ -181,6 +205,15 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
     input = ReadBatch(request.jsonl(), options);  // "" when no source is set
   }
   if (!input.ok()) return input.status();
+  if (!input->report.ok()) {
+    if (prepare.line_errors != nullptr) {
+      for (const BatchLineError& e : input->report.errors) {
+        prepare.line_errors->push_back(
+            JobLineError{e.line_number, LineErrorCode(e), e.param, e.message});
+      }
+    }
+    return absl::InvalidArgumentError(FormatBatchErrors(input->report));
+  }
   if (input->lines.empty()) return absl::InvalidArgumentError("requests: the job has no requests");
 
   PreparedJob job;
@@ -204,7 +237,8 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
               " tokens exceeds the context of ", limits.max_context_tokens, " tokens"))));
       continue;
     }
-    job.requests.push_back(StoredRequest{line.index, req.custom_id, FreezeDefaults(line.text, req),
+    job.requests.push_back(StoredRequest{line.index, req.custom_id,
+                                         FreezeDefaults(line.text, req, limits.model_name),
                                          std::move(ids), prompt_len + req.sampling.max_tokens});
   }
   return job;

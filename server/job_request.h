@@ -1,11 +1,14 @@
 // Turns a CreateJob request (inline proto requests or an OpenAI-batch JSONL payload) into the
 // requests the job store keeps, through the batch front end (engine/batch/batch_reader.h) with the
-// daemon's policies: InvalidLinePolicy::kRefuseJob and ModelPolicy::kCheck. Its rules for bad
-// input (docs/api.md):
+// daemon's policies: a bad line refuses the job (InvalidLinePolicy::kRefuseJob's rules) and
+// body.model is accepted whatever it says (ModelPolicy::kAccept; JobLimits::check_model: kCheck):
+// OpenAI batch files name OpenAI's models. The stored line names the daemon's model, so every
+// result does. Its rules for bad input (docs/api.md):
 //   whole-job INVALID_ARGUMENT listing every bad line (bounded: FormatBatchErrors): a line that is
 //     not a JSON object or has no usable custom_id; a duplicate custom_id; a field error (bad type
 //     or range, bad chat roles, non-UTF-8 text, unknown endpoint, JSON nested deeper than 128
-//     levels); body.model other than the daemon's; a line over max_line_bytes; max_tokens over
+//     levels); a url other than PrepareOptions::endpoint; with check_model, body.model other than
+//     the daemon's; a line over max_line_bytes; max_tokens over
 //     max_tokens_per_request; a prompt that does not tokenize or is empty;
 //   whole-job INVALID_ARGUMENT alone: an empty job (no requests, or only blank lines); more than
 //     max_requests_per_job requests; CreateJob.model other than the daemon's;
@@ -34,7 +37,8 @@ struct JobLimits {
   int32_t default_max_tokens = 256;
   int32_t max_tokens_per_request = 0;  // a request's max_tokens at most (0 = only the context)
   int64_t max_context_tokens = 0;      // the engine's
-  std::string model_name;              // CreateJob.model / body.model must be empty or this
+  std::string model_name;              // CreateJob.model must be empty or this
+  bool check_model = false;            // body.model too (else any body.model is accepted)
   // Token ids a prompt may hold: [0, vocab_size), the model's embedding rows (config.json
   // vocab_size, as Engine::AddRequest checks); 0: the tokenizer's vocabulary.
   int64_t vocab_size = 0;
@@ -52,11 +56,22 @@ struct PreparedJob {
   std::vector<PrefailedRequest> prefailed;
 };
 
+struct PrepareOptions {
+  // Every line's url must be this ("/v1/chat/completions" or "/v1/completions": an HTTP batch's
+  // endpoint); "" accepts either.
+  std::string endpoint;
+  // When set and the job is refused for bad lines: every bad line, in line order (unbounded,
+  // unlike the status message), with its OpenAI error code ("invalid_json_line",
+  // "duplicate_custom_id", "invalid_url", "invalid_request").
+  std::vector<JobLineError>* line_errors = nullptr;
+};
+
 // `job_tag` names the job in result request ids ("batch_req_<tag>_<index>"). Errors:
 // InvalidArgument only, by the rules above.
 absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
                                        const Tokenizer& tokenizer, const JobLimits& limits,
-                                       const std::string& job_tag);
+                                       const std::string& job_tag,
+                                       const PrepareOptions& options = {});
 
 // The OpenAI batch input line equivalent to an inline request (validation then follows the same
 // path as JSONL).

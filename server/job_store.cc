@@ -1,16 +1,20 @@
 // The durable job store (server/job_store.h) on the SQLite C API.
 //
-// Schema version 2 (PRAGMA user_version = 2, PRAGMA application_id = kApplicationId):
+// Schema version 3 (PRAGMA user_version = 3, PRAGMA application_id = kApplicationId):
 //   jobs(id, seq, state, model, metadata, total, completed, failed, prompt_tokens,
-//        generated_tokens, created_at, started_at, finished_at, error, tenant)
+//        generated_tokens, created_at, started_at, finished_at, error, tenant, cancelled,
+//        endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors)
 //     seq: creation order (MAX(seq) + 1 inside the creating transaction); metadata: a JSON object
-//     of strings; state: the JobState number; times in Unix seconds; tenant: the owner.
+//     of strings; state: the JobState number; times in Unix seconds; tenant: the owner;
+//     cancelled: requests a cancel dropped; errors: JSON (job_store_codec.h).
 //   requests(job_id, idx, custom_id, line, prompt_token_ids, budget_tokens)
 //     PRIMARY KEY (job_id, idx); prompt_token_ids: a BLOB of little-endian int32;
 //     budget_tokens: prompt tokens + max_tokens (what the request may add to the KV cache).
 // Version 1 (no tenant, no budget_tokens) is upgraded in place on open: its jobs belong to the
 // tenant "local" (the principal when authentication is off) and its requests count 0 tokens.
+// Version 2 (no batch columns) is upgraded in place too: its jobs are not HTTP batches.
 //   results(job_id, idx, custom_id, line, failed)  PRIMARY KEY (job_id, idx)
+//     failed: 1 for error lines, those of requests a cancel dropped included.
 // A request is pending while it has no results row and its job is VALIDATING or IN_PROGRESS.
 //
 // Every statement is constant SQL text with bound parameters. Every write is one transaction
@@ -54,7 +58,7 @@ using sqlite::Statement;
 using sqlite::Sv;
 using sqlite::Transaction;
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 constexpr int64_t kApplicationId = 0x6d6f6562;  // "moeb" in the database header
 constexpr int kBusyTimeoutMs = 10000;           // waiting for another process's write lock
 constexpr int32_t kMaxPageSize = 1000;
@@ -105,7 +109,8 @@ PRAGMA application_id = 1836016994;
 PRAGMA user_version = 2;
 )sql";
 static_assert(kApplicationId == 1836016994, "kSchemaSql spells kApplicationId in decimal");
-static_assert(kSchemaVersion == 2, "kSchemaSql spells kSchemaVersion");
+// kSchemaSql makes version 2; kUpgradeV2Sql then makes it the current one.
+static_assert(kSchemaVersion == 3, "kUpgradeV2Sql spells kSchemaVersion");
 
 // Version 1 -> 2, inside the opening write transaction.
 constexpr const char* kUpgradeV1Sql = R"sql(
@@ -115,10 +120,24 @@ CREATE INDEX jobs_by_tenant ON jobs (tenant, state);
 PRAGMA user_version = 2;
 )sql";
 
+// Version 2 -> 3, inside the opening write transaction.
+constexpr const char* kUpgradeV2Sql = R"sql(
+ALTER TABLE jobs ADD COLUMN cancelled INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN endpoint TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN completion_window TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN input_file_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN expires_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN cancelling_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN errors TEXT NOT NULL DEFAULT '';
+CREATE INDEX jobs_by_finished ON jobs (finished_at);
+PRAGMA user_version = 3;
+)sql";
+
 // The columns ReadJob reads, in its order.
 constexpr const char* kSelectJob =
     "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
-    "generated_tokens, created_at, started_at, finished_at, error, seq, tenant FROM jobs ";
+    "generated_tokens, created_at, started_at, finished_at, error, seq, tenant, cancelled, "
+    "endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors FROM jobs ";
 
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -165,13 +184,22 @@ absl::StatusOr<JobRecord> ReadJob(const Statement& stmt, int64_t* seq = nullptr)
   job.error = stmt.Text(12);
   if (seq != nullptr) *seq = stmt.Int(13);
   job.tenant = stmt.Text(14);
+  job.cancelled = stmt.Int(15);
+  job.endpoint = stmt.Text(16);
+  job.completion_window = stmt.Text(17);
+  job.input_file_id = stmt.Text(18);
+  job.expires_at = stmt.Int(19);
+  job.cancelling_at = stmt.Int(20);
+  absl::StatusOr<std::vector<JobLineError>> errors = DecodeLineErrors(stmt.Text(21));
+  if (!errors.ok()) return errors.status();
+  job.errors = *std::move(errors);
   return job;
 }
 
-enum class SchemaCheck { kEmpty, kCurrent, kVersion1 };
+enum class SchemaCheck { kEmpty, kCurrent, kVersion1, kVersion2 };
 
 // What the file is: empty (a new file: create the schema), a moebatch database of this version,
-// or of version 1 (upgrade it); FailedPrecondition for anything else.
+// or of version 1 or 2 (upgrade it); FailedPrecondition for anything else.
 absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
   absl::StatusOr<Statement> stmt =
       Statement::Prepare(db,
@@ -192,16 +220,17 @@ absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
         absl::StrCat(path, " is a SQLite database of another program (application_id ",
                      application_id, "), not a moebatch job store"));
   }
-  if (version != kSchemaVersion && version != 1) {
+  if (version != kSchemaVersion && version != 1 && version != 2) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a moebatch job store of schema version ", version,
-                     "; this build reads versions 1 and ", kSchemaVersion));
+                     "; this build reads versions 1 to ", kSchemaVersion));
   }
   if (tables != 3) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a moebatch job store missing some of its tables"));
   }
-  return version == 1 ? SchemaCheck::kVersion1 : SchemaCheck::kCurrent;
+  if (version == 1) return SchemaCheck::kVersion1;
+  return version == 2 ? SchemaCheck::kVersion2 : SchemaCheck::kCurrent;
 }
 
 }  // namespace
@@ -245,6 +274,12 @@ struct JobStore::Impl {
     if (!stmt.ok()) return stmt.status();
     if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
     return stmt->Step();
+  }
+  // OK when the job exists, else NotFound (or the query's error).
+  static absl::Status CheckJobExists(sqlite3* conn, const std::string& job_id) {
+    absl::StatusOr<bool> exists = JobExists(conn, job_id);
+    if (!exists.ok()) return exists.status();
+    return *exists ? absl::OkStatus() : NotFound(job_id);
   }
 };
 
@@ -398,9 +433,14 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
     if (!schema.ok()) return schema.status();
     if (*schema == SchemaCheck::kEmpty) {
       if (absl::Status s = Exec(impl.db, kSchemaSql); !s.ok()) return s;
-    } else if (*schema == SchemaCheck::kVersion1) {
-      if (absl::Status s = Exec(impl.db, kUpgradeV1Sql); !s.ok()) return s;
-      spdlog::info("job store: upgraded {} from schema version 1 to {}", path, kSchemaVersion);
+      if (absl::Status s = Exec(impl.db, kUpgradeV2Sql); !s.ok()) return s;
+    } else if (*schema == SchemaCheck::kVersion1 || *schema == SchemaCheck::kVersion2) {
+      if (*schema == SchemaCheck::kVersion1) {
+        if (absl::Status s = Exec(impl.db, kUpgradeV1Sql); !s.ok()) return s;
+      }
+      if (absl::Status s = Exec(impl.db, kUpgradeV2Sql); !s.ok()) return s;
+      spdlog::info("job store: upgraded {} from schema version {} to {}", path,
+                   *schema == SchemaCheck::kVersion1 ? 1 : 2, kSchemaVersion);
     }
     if (absl::Status s = txn.Commit(); !s.ok()) return s;
   }
@@ -470,8 +510,12 @@ absl::StatusOr<JobRecord> JobStore::CreateJobUntracked(
     JobRecord job, const std::vector<StoredRequest>& requests,
     const std::vector<PrefailedRequest>& prefailed, const TenantQuota& quota) {
   const int64_t total = static_cast<int64_t>(requests.size() + prefailed.size());
-  if (total == 0) return absl::InvalidArgumentError("a job needs at least one request");
-  if (job.state != JobState::kValidating && job.state != JobState::kInProgress) {
+  const bool failed_validation = job.state == JobState::kFailed && total == 0;
+  if (total == 0 && !failed_validation) {
+    return absl::InvalidArgumentError("a job needs at least one request");
+  }
+  if (job.state != JobState::kValidating && job.state != JobState::kInProgress &&
+      !failed_validation) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a new job must be validating or in_progress, not ", Sv(JobStateName(job.state))));
   }
@@ -506,7 +550,11 @@ absl::StatusOr<JobRecord> JobStore::CreateJobUntracked(
   job.generated_tokens = 0;
   job.started_at = 0;
   job.finished_at = 0;
-  if (requests.empty()) {  // every request failed validation: the job is done
+  job.cancelled = 0;
+  job.cancelling_at = 0;
+  if (failed_validation) {
+    job.finished_at = now;
+  } else if (requests.empty()) {  // every request failed validation: the job is done
     job.state = JobState::kCompleted;
     job.started_at = now;
     job.finished_at = now;
@@ -557,14 +605,16 @@ absl::StatusOr<JobRecord> JobStore::CreateJobUntracked(
     absl::StatusOr<Statement> insert = Statement::Prepare(
         db,
         "INSERT INTO jobs (id, seq, state, model, metadata, total, completed, failed, "
-        "prompt_tokens, generated_tokens, created_at, started_at, finished_at, error, tenant) "
+        "prompt_tokens, generated_tokens, created_at, started_at, finished_at, error, tenant, "
+        "cancelled, endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors) "
         "VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-        "?, ?, ?)");
+        "?, ?, ?, 0, ?, ?, ?, ?, 0, ?)");
     if (!insert.ok()) return insert.status();
-    if (absl::Status s = insert->BindAll(job.id, static_cast<int64_t>(job.state), job.model,
-                                         *metadata, job.total, job.completed, job.failed,
-                                         job.prompt_tokens, job.generated_tokens, job.created_at,
-                                         job.started_at, job.finished_at, job.error, job.tenant);
+    if (absl::Status s = insert->BindAll(
+            job.id, static_cast<int64_t>(job.state), job.model, *metadata, job.total, job.completed,
+            job.failed, job.prompt_tokens, job.generated_tokens, job.created_at, job.started_at,
+            job.finished_at, job.error, job.tenant, job.endpoint, job.completion_window,
+            job.input_file_id, job.expires_at, EncodeLineErrors(job.errors));
         !s.ok()) {
       return s;
     }
@@ -776,19 +826,40 @@ absl::Status JobStore::SetJobStateUntracked(const std::string& job_id, JobState 
         absl::StrCat("job ", job_id, " is already ", Sv(JobStateName(current)),
                      "; it cannot become ", Sv(JobStateName(state))));
   }
+  const int64_t now = NowSeconds();
   if (IsTerminal(state)) {
-    if (finished_at == 0) finished_at = NowSeconds();
+    if (finished_at == 0) finished_at = now;
   } else {
     finished_at = 0;
   }
+  int64_t dropped = 0;
+  if (state == JobState::kCancelled && current != JobState::kCancelled) {
+    // Every request without a result gets an error line (OpenAI's batch output line with
+    // "response": null), built by SQLite's json_object so that custom_id is escaped as JSON.
+    absl::StatusOr<Statement> fill = Statement::Prepare(
+        db,
+        "INSERT INTO results (job_id, idx, custom_id, line, failed) "
+        "SELECT r.job_id, r.idx, r.custom_id, json_object('id', 'batch_req_' || r.job_id || '_' "
+        "|| r.idx, 'custom_id', r.custom_id, 'response', NULL, 'error', json_object('code', "
+        "'batch_cancelled', 'message', 'the batch was cancelled before this request finished')), "
+        "1 FROM requests r LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
+        "WHERE r.job_id = ? AND s.idx IS NULL");
+    if (!fill.ok()) return fill.status();
+    if (absl::Status s = fill->BindAll(job_id); !s.ok()) return s;
+    if (absl::Status s = fill->Run(); !s.ok()) return s;
+    dropped = sqlite3_changes(db);
+  }
   {
-    // An empty `error` keeps the stored one.
-    absl::StatusOr<Statement> update =
-        Statement::Prepare(db,
-                           "UPDATE jobs SET state = ?1, finished_at = ?2, "
-                           "error = CASE WHEN ?3 = '' THEN error ELSE ?3 END WHERE id = ?4");
+    // An empty `error` keeps the stored one; cancelling_at is set once.
+    absl::StatusOr<Statement> update = Statement::Prepare(
+        db,
+        "UPDATE jobs SET state = ?1, finished_at = ?2, "
+        "error = CASE WHEN ?3 = '' THEN error ELSE ?3 END, cancelled = cancelled + ?5, "
+        "cancelling_at = CASE WHEN ?1 = ?6 AND cancelling_at = 0 THEN ?7 ELSE cancelling_at END "
+        "WHERE id = ?4");
     if (!update.ok()) return update.status();
-    if (absl::Status s = update->BindAll(static_cast<int64_t>(state), finished_at, error, job_id);
+    if (absl::Status s = update->BindAll(static_cast<int64_t>(state), finished_at, error, job_id,
+                                         dropped, static_cast<int64_t>(JobState::kCancelling), now);
         !s.ok()) {
       return s;
     }
@@ -873,7 +944,8 @@ absl::StatusOr<std::vector<PendingRequest>> JobStore::PendingRequests(
 }
 
 absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& job_id,
-                                                            int64_t from_index, int64_t limit) {
+                                                            int64_t from_index, int64_t limit,
+                                                            std::optional<bool> failed) {
   if (from_index < 0 || limit < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("negative from_index or limit (", from_index, ", ", limit, ")"));
@@ -882,16 +954,15 @@ absl::StatusOr<std::vector<StoredResult>> JobStore::Results(const std::string& j
   // One read transaction: the job's existence and its results from the same snapshot.
   Transaction txn(impl_->reader);
   if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
-  absl::StatusOr<bool> exists = Impl::JobExists(impl_->reader, job_id);
-  if (!exists.ok()) return exists.status();
-  if (!*exists) return NotFound(job_id);
+  if (absl::Status s = Impl::CheckJobExists(impl_->reader, job_id); !s.ok()) return s;
 
   absl::StatusOr<Statement> stmt = Statement::Prepare(
       impl_->reader,
-      "SELECT idx, custom_id, line, failed FROM results WHERE job_id = ? AND idx >= ? "
-      "ORDER BY idx LIMIT ?");
+      "SELECT idx, custom_id, line, failed FROM results WHERE job_id = ?1 AND idx >= ?2 "
+      "AND (?4 < 0 OR failed = ?4) ORDER BY idx LIMIT ?3");
   if (!stmt.ok()) return stmt.status();
-  if (absl::Status s = stmt->BindAll(job_id, from_index, limit == 0 ? int64_t{-1} : limit);
+  if (absl::Status s = stmt->BindAll(job_id, from_index, limit == 0 ? int64_t{-1} : limit,
+                                     failed.has_value() ? int64_t{*failed ? 1 : 0} : int64_t{-1});
       !s.ok()) {
     return s;
   }
@@ -943,6 +1014,156 @@ absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
     ids.push_back(stmt->Text(0));
   }
   return ids;
+}
+
+absl::StatusOr<JobStore::ResultStats> JobStore::ResultSizes(const std::string& job_id) {
+  absl::MutexLock lock(&impl_->read_mu);
+  Transaction txn(impl_->reader);
+  if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
+  if (absl::Status s = Impl::CheckJobExists(impl_->reader, job_id); !s.ok()) return s;
+  // Bytes, not characters: length() of a BLOB.
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      impl_->reader,
+      "SELECT failed, count(*), COALESCE(SUM(length(CAST(line AS BLOB)) + 1), 0) FROM results "
+      "WHERE job_id = ? GROUP BY failed");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+  ResultStats stats;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    if (stmt->Int(0) != 0) {
+      stats.failed_lines = stmt->Int(1);
+      stats.failed_bytes = stmt->Int(2);
+    } else {
+      stats.ok_lines = stmt->Int(1);
+      stats.ok_bytes = stmt->Int(2);
+    }
+  }
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return stats;
+}
+
+absl::StatusOr<int64_t> JobStore::DeleteResults(const std::string& job_id, bool failed) {
+  absl::StatusOr<int64_t> deleted = [&]() -> absl::StatusOr<int64_t> {
+    absl::MutexLock lock(&impl_->mu);
+    Transaction txn(impl_->db);
+    if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+    if (absl::Status s = Impl::CheckJobExists(impl_->db, job_id); !s.ok()) return s;
+    absl::StatusOr<Statement> del =
+        Statement::Prepare(impl_->db, "DELETE FROM results WHERE job_id = ? AND failed = ?");
+    if (!del.ok()) return del.status();
+    if (absl::Status s = del->BindAll(job_id, int64_t{failed ? 1 : 0}); !s.ok()) return s;
+    if (absl::Status s = del->Run(); !s.ok()) return s;
+    const int64_t n = sqlite3_changes(impl_->db);
+    if (absl::Status s = txn.Commit(); !s.ok()) return s;
+    return n;
+  }();
+  Track(deleted.status());
+  return deleted;
+}
+
+absl::Status JobStore::DeleteJob(const std::string& job_id) {
+  absl::Status st = [&]() -> absl::Status {
+    absl::MutexLock lock(&impl_->mu);
+    Transaction txn(impl_->db);
+    if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+    absl::StatusOr<Statement> stmt =
+        Statement::Prepare(impl_->db, "SELECT state FROM jobs WHERE id = ?");
+    if (!stmt.ok()) return stmt.status();
+    if (absl::Status s = stmt->BindAll(job_id); !s.ok()) return s;
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return NotFound(job_id);
+    const JobState state = static_cast<JobState>(stmt->Int(0));
+    if (!IsTerminal(state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id, " is ", Sv(JobStateName(state)),
+                       "; only a finished job can be deleted (cancel it first)"));
+    }
+    // Requests and results go with it (ON DELETE CASCADE).
+    absl::StatusOr<Statement> del = Statement::Prepare(impl_->db, "DELETE FROM jobs WHERE id = ?");
+    if (!del.ok()) return del.status();
+    if (absl::Status s = del->BindAll(job_id); !s.ok()) return s;
+    if (absl::Status s = del->Run(); !s.ok()) return s;
+    return txn.Commit();
+  }();
+  Track(st);
+  return st;
+}
+
+absl::StatusOr<int64_t> JobStore::DeleteJobsFinishedBefore(int64_t cutoff) {
+  absl::StatusOr<int64_t> deleted = [&]() -> absl::StatusOr<int64_t> {
+    absl::MutexLock lock(&impl_->mu);
+    Transaction txn(impl_->db);
+    if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
+    absl::StatusOr<Statement> del = Statement::Prepare(
+        impl_->db,
+        "DELETE FROM jobs WHERE state IN (?, ?, ?) AND finished_at > 0 AND finished_at < ?");
+    if (!del.ok()) return del.status();
+    if (absl::Status s = del->BindAll(static_cast<int64_t>(JobState::kCompleted),
+                                      static_cast<int64_t>(JobState::kFailed),
+                                      static_cast<int64_t>(JobState::kCancelled), cutoff);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = del->Run(); !s.ok()) return s;
+    const int64_t n = sqlite3_changes(impl_->db);
+    if (absl::Status s = txn.Commit(); !s.ok()) return s;
+    return n;
+  }();
+  Track(deleted.status());
+  return deleted;
+}
+
+absl::StatusOr<JobStore::AfterPage> JobStore::ListJobsAfter(const std::string& after_id,
+                                                            int32_t limit,
+                                                            const std::string& tenant) {
+  if (limit < 1 || limit > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit must be 1..", kMaxPageSize, ", got ", limit));
+  }
+  absl::MutexLock lock(&impl_->read_mu);
+  Transaction txn(impl_->reader);
+  if (absl::Status s = txn.Begin(/*write=*/false); !s.ok()) return s;
+  std::pair<int64_t, int64_t> after(std::numeric_limits<int64_t>::max(),
+                                    std::numeric_limits<int64_t>::max());
+  if (!after_id.empty()) {
+    absl::StatusOr<Statement> cursor = Statement::Prepare(
+        impl_->reader,
+        "SELECT created_at, seq FROM jobs WHERE id = ?1 AND (?2 = '' OR tenant = ?2)");
+    if (!cursor.ok()) return cursor.status();
+    if (absl::Status s = cursor->BindAll(after_id, tenant); !s.ok()) return s;
+    absl::StatusOr<bool> row = cursor->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return absl::InvalidArgumentError("after: no such batch");
+    after = {cursor->Int(0), cursor->Int(1)};
+  }
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      impl_->reader, std::string(kSelectJob) +
+                         "WHERE (created_at, seq) < (?1, ?2) AND (?3 = '' OR tenant = ?3) "
+                         "ORDER BY created_at DESC, seq DESC LIMIT ?4");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(after.first, after.second, tenant, int64_t{limit} + 1);
+      !s.ok()) {
+    return s;
+  }
+  AfterPage page;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    if (static_cast<int64_t>(page.jobs.size()) == limit) {
+      page.has_more = true;
+      break;
+    }
+    absl::StatusOr<JobRecord> job = ReadJob(*stmt);
+    if (!job.ok()) return job.status();
+    page.jobs.push_back(*std::move(job));
+  }
+  if (absl::Status s = txn.Commit(); !s.ok()) return s;
+  return page;
 }
 
 bool JobStore::IsStorageFailure(const absl::Status& status) {

@@ -25,6 +25,14 @@
 
 namespace moebatch {
 
+// A line of a batch input that failed validation (the OpenAI batch object's errors.data[i]).
+struct JobLineError {
+  int64_t line = 0;     // 1-based line of the input file; 0 when the error is not of one line
+  std::string code;     // "invalid_request", "duplicate_custom_id", "invalid_json", ...
+  std::string param;    // the field path ("body.temperature"), "" when none
+  std::string message;  // the whole message
+};
+
 struct JobRecord {
   std::string id;  // assigned by CreateJob ("job_" + 24 hex chars) when empty
   JobState state = JobState::kInProgress;
@@ -40,6 +48,17 @@ struct JobRecord {
   int64_t finished_at = 0;       // Unix seconds; 0 while not terminal
   std::string error;
   std::string tenant = "local";  // the owner (server/auth.h); "local" when authentication is off
+  // Requests dropped by a cancel (their result rows say so: failed, code "batch_cancelled").
+  // Once terminal: completed + failed + cancelled == total.
+  int64_t cancelled = 0;
+  // The OpenAI batch fields (docs/api.md): "" / 0 when the job was not made as a batch over HTTP
+  // (endpoint: the url every line of an HTTP batch has).
+  std::string endpoint;
+  std::string completion_window;  // "24h"
+  std::string input_file_id;
+  int64_t expires_at = 0;            // Unix seconds; 0 = never
+  int64_t cancelling_at = 0;         // Unix seconds of the cancel; 0 = not cancelled
+  std::vector<JobLineError> errors;  // why the batch failed validation (state FAILED)
 };
 
 // One request of a job as stored: enough to run it again after a restart and to format its result.
@@ -98,9 +117,11 @@ class JobStore {
 
   // One transaction: the job row, every runnable request, and the results of the pre-failed ones
   // (counted as failed). Returns the stored job (id and created_at filled). If every request is
-  // pre-failed the job is stored COMPLETED at once. With a quota, ResourceExhausted (naming the
-  // limit, the tenant's usage and the job's share) when the job would take job.tenant past it;
-  // nothing is stored then. The check and the insert are one transaction.
+  // pre-failed the job is stored COMPLETED at once. A job in state FAILED with no requests is a
+  // batch that failed validation (job.errors says why): stored as it is, finished at once. With a
+  // quota, ResourceExhausted (naming the limit, the tenant's usage and the job's share) when the
+  // job would take job.tenant past it; nothing is stored then. The check and the insert are one
+  // transaction.
   absl::StatusOr<JobRecord> CreateJob(JobRecord job, const std::vector<StoredRequest>& requests,
                                       const std::vector<PrefailedRequest>& prefailed,
                                       const TenantQuota& quota = {});
@@ -131,8 +152,10 @@ class JobStore {
   absl::StatusOr<bool> CommitResult(const std::string& job_id, const StoredResult& result,
                                     int64_t prompt_tokens, int64_t generated_tokens);
 
-  // Sets the state (and error, finished_at for terminal states). NotFound for an unknown job;
-  // FailedPrecondition when the job is already in another terminal state (it stays there).
+  // Sets the state (and error, finished_at for terminal states; cancelling_at for CANCELLING).
+  // NotFound for an unknown job; FailedPrecondition when the job is already in another terminal
+  // state (it stays there). CANCELLED gives every request without a result a failed result line
+  // (error code "batch_cancelled"), counted in `cancelled`, in the same transaction.
   absl::Status SetJobState(const std::string& job_id, JobState state,
                            const std::string& error = "");
 
@@ -157,9 +180,40 @@ class JobStore {
                                                               const std::string& after_tenant = "",
                                                               const PendingFilter& skip = {});
 
-  // Results of a job with index >= from_index in index order, at most `limit` (0 = all).
+  // Results of a job with index >= from_index in index order, at most `limit` (0 = all);
+  // `failed` set: only the failed (true) or only the successful (false) ones.
   absl::StatusOr<std::vector<StoredResult>> Results(const std::string& job_id, int64_t from_index,
-                                                    int64_t limit = 0);
+                                                    int64_t limit = 0,
+                                                    std::optional<bool> failed = std::nullopt);
+
+  // The job's result rows by outcome, with their bytes as a JSONL file (each line + '\n'): the
+  // sizes of the batch's output and error files (server/http_api.h).
+  struct ResultStats {
+    int64_t ok_lines = 0, ok_bytes = 0, failed_lines = 0, failed_bytes = 0;
+  };
+  absl::StatusOr<ResultStats> ResultSizes(const std::string& job_id);
+
+  // Deletes the job's successful (failed = false) or failed result rows; the job's counters stay.
+  // Returns the rows deleted. NotFound for an unknown job.
+  absl::StatusOr<int64_t> DeleteResults(const std::string& job_id, bool failed);
+
+  // Deletes a finished job with its requests and results. NotFound for an unknown job;
+  // FailedPrecondition while it is not terminal (cancel it first).
+  absl::Status DeleteJob(const std::string& job_id);
+
+  // Retention: deletes every job that finished before `cutoff` (Unix seconds), with its requests
+  // and results. Returns how many.
+  absl::StatusOr<int64_t> DeleteJobsFinishedBefore(int64_t cutoff);
+
+  // Jobs older than `after_id` (newest first, as ListJobs), at most `limit` (1..1000), of
+  // `tenant` when not empty; `after_id` "" starts with the newest. InvalidArgument when after_id
+  // names no job (of that tenant). `has_more`: older jobs remain.
+  struct AfterPage {
+    std::vector<JobRecord> jobs;
+    bool has_more = false;
+  };
+  absl::StatusOr<AfterPage> ListJobsAfter(const std::string& after_id, int32_t limit,
+                                          const std::string& tenant);
 
   // The number of jobs in each state (states without jobs are absent), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();

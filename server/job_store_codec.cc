@@ -69,6 +69,35 @@ absl::StatusOr<std::map<std::string, std::string>> DecodeMetadata(const std::str
   return metadata;
 }
 
+std::string EncodeLineErrors(const std::vector<JobLineError>& errors) {
+  if (errors.empty()) return "";
+  json list = json::array();
+  for (const JobLineError& e : errors) {
+    list.push_back(
+        {{"line", e.line}, {"code", e.code}, {"param", e.param}, {"message", e.message}});
+  }
+  return list.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+absl::StatusOr<std::vector<JobLineError>> DecodeLineErrors(const std::string& text) {
+  std::vector<JobLineError> errors;
+  if (text.empty()) return errors;
+  const json list = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (list.is_discarded() || !list.is_array()) {
+    return absl::InternalError("job store: corrupt errors column (not a JSON array)");
+  }
+  for (const json& e : list) {
+    if (!e.is_object() || !e.contains("line") || !e["line"].is_number_integer() ||
+        !e.contains("code") || !e["code"].is_string() || !e.contains("param") ||
+        !e["param"].is_string() || !e.contains("message") || !e["message"].is_string()) {
+      return absl::InternalError("job store: corrupt errors column (an entry is not an error)");
+    }
+    errors.push_back(JobLineError{e["line"].get<int64_t>(), e["code"].get<std::string>(),
+                                  e["param"].get<std::string>(), e["message"].get<std::string>()});
+  }
+  return errors;
+}
+
 namespace {
 
 constexpr size_t kNonceBytes = 12, kTagBytes = 16, kPayloadBytes = 16;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/job_store.h"
 
 namespace moebatch {
 
@@ -22,6 +23,11 @@ absl::StatusOr<std::vector<int32_t>> DecodeTokenIds(const std::string& bytes);
 // UTF-8 (the user's input); decoding gives INTERNAL for anything but an object of strings.
 absl::StatusOr<std::string> EncodeMetadata(const std::map<std::string, std::string>& metadata);
 absl::StatusOr<std::map<std::string, std::string>> DecodeMetadata(const std::string& text);
+
+// jobs.errors: "" (none) or a JSON array of {"line", "code", "param", "message"}. Encoding replaces
+// ill-formed UTF-8 by U+FFFD; decoding gives INTERNAL for anything else.
+std::string EncodeLineErrors(const std::vector<JobLineError>& errors);
+absl::StatusOr<std::vector<JobLineError>> DecodeLineErrors(const std::string& text);
 
 // ListJobs page tokens, opaque per tenant: created_at and seq of the page's last job (big-endian
 // int64 each) sealed with AES-256-GCM under the store's key (a 12-byte random nonce, the 16-byte

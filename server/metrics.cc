@@ -29,6 +29,7 @@
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
+#include "server/http_endpoint.h"
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -49,191 +50,6 @@ const std::vector<double> kPassBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
                                           0.5,   1,      2.5,   5,    10,    25,   60};
 
 constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
-
-// A listen address, parsed: what to bind.
-struct ListenAddress {
-  std::string host;  // numeric IPv4 / IPv6 address or host name; "0.0.0.0" when none was given
-  int port = 0;
-  int family = AF_INET;  // AF_INET6 for a bracketed address
-};
-
-// One plain HOST:PORT, [IPV6]:PORT or PORT. Strict on purpose: getaddrinfo alone would take
-// things like "1.2" or "0x7f.1" as addresses.
-absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& address) {
-  const auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics listen address \"", address, "\": ", why,
-                     " (expected HOST:PORT, [IPV6]:PORT or PORT, e.g. 127.0.0.1:9464)"));
-  };
-  if (address.empty()) return bad("empty");
-  ListenAddress parsed;
-  std::string port;
-  bool has_host = false;
-  if (address.front() == '[') {
-    const size_t close = address.find(']');
-    if (close == std::string::npos) return bad("no ']' after the IPv6 address");
-    if (close + 1 >= address.size() || address[close + 1] != ':') {
-      return bad("no ':PORT' after the ']'");
-    }
-    parsed.host = address.substr(1, close - 1);
-    parsed.family = AF_INET6;
-    port = address.substr(close + 2);
-    in6_addr in6{};
-    if (inet_pton(AF_INET6, parsed.host.c_str(), &in6) != 1) {
-      return bad("not an IPv6 address between the brackets");
-    }
-    has_host = true;
-  } else {
-    const size_t colon = address.rfind(':');
-    if (colon != std::string::npos) {
-      parsed.host = address.substr(0, colon);
-      port = address.substr(colon + 1);
-      has_host = true;
-    } else {
-      port = address;
-    }
-  }
-  if (port.empty() || port.size() > 5 ||
-      !std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); }) ||
-      std::stoi(port) > 65535) {
-    return bad("the port must be a number from 0 to 65535");
-  }
-  parsed.port = std::stoi(port);
-  if (!has_host) {
-    parsed.host = "0.0.0.0";
-    return parsed;
-  }
-  if (parsed.family == AF_INET6) return parsed;
-  if (parsed.host.empty()) return bad("no host before the ':'");
-  if (parsed.host.find(':') != std::string::npos) {
-    return bad("an IPv6 address must be in brackets, e.g. [::1]:9464");
-  }
-  if (!std::all_of(parsed.host.begin(), parsed.host.end(),
-                   [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '-'; })) {
-    return bad("the host must be an IP address or a host name");
-  }
-  const bool numeric = std::all_of(parsed.host.begin(), parsed.host.end(),
-                                   [](unsigned char c) { return std::isdigit(c) || c == '.'; });
-  in_addr in4{};
-  if (numeric && inet_pton(AF_INET, parsed.host.c_str(), &in4) != 1) {
-    return bad("not an IPv4 address");
-  }
-  return parsed;
-}
-
-// httplib says only that binding failed. The system's reason comes from doing what it does (its
-// create_socket: getaddrinfo, then socket, SO_REUSEADDR, bind and listen on each address) once
-// more: the first error met.
-std::string BindFailureReason(const ListenAddress& address) {
-  addrinfo hints{};
-  hints.ai_family = address.family;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(address.port);
-  if (const int rc = getaddrinfo(address.host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc);
-  }
-  std::string reason;
-  for (const addrinfo* ai = found; ai != nullptr && reason.empty(); ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) {
-      reason = std::strerror(errno);
-      continue;
-    }
-    const int yes = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1) != 0) {
-      reason = std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return reason.empty() ? "the bind failed (the address is free again now)" : reason;
-}
-
-// SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second endpoint on a port
-// in use binds as well and the two share the scrapes.
-void ListenSocketOptions(socket_t fd) {
-  const int yes = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-}
-
-// The HTTP worker threads (std::thread: default stacks). httplib::ThreadPool, but its constructor
-// would std::terminate when a thread cannot be started (a joinable std::thread destroyed) and its
-// destructor does not join; this one throws, and joins in both. And it serves the newest
-// connection first: each connection holds a thread until its request has arrived or the read
-// timeout (2 s) passes, so with connections served in arrival order, a few hundred that send part
-// of a request and wait would hold a scrape behind them for minutes; newest first, a scrape waits
-// for one thread to come free, 2 s at most, whatever is queued. The older ones are still served
-// (or time out) when the threads are idle.
-class WorkerPool : public httplib::TaskQueue {
- public:
-  explicit WorkerPool(size_t n) {
-    try {
-      for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Work(); });
-    } catch (...) {
-      shutdown();
-      throw;
-    }
-  }
-  ~WorkerPool() override { shutdown(); }
-
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-  // Runs what is queued, then joins (httplib calls it when the accept loop ends).
-  void shutdown() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;      // stopping
-        job = std::move(jobs_.back());  // newest first
-        jobs_.pop_back();
-      }
-      try {
-        job();  // httplib catches the handler's exceptions; this is for anything else
-      } catch (const std::exception& e) {
-        spdlog::warn("metrics http: {}", e.what());
-      } catch (...) {
-        spdlog::warn("metrics http: unknown error");
-      }
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
-  std::vector<std::thread> threads_;
-};
-
-class MetricsServer : public httplib::Server {
- public:
-  // Closes the socket bind_to_port made when listen_after_bind never ran (stop() closes it only
-  // while the accept loop runs).
-  void CloseUnlistenedSocket() {
-    const socket_t fd = svr_sock_.exchange(INVALID_SOCKET);
-    if (fd != INVALID_SOCKET) close(fd);
-  }
-};
 
 // The EngineStats fields that become counters.
 struct Cumulative {
@@ -378,22 +194,8 @@ struct DaemonMetrics::Impl {
                           .Add({});
   }
 
-  ~Impl() { StopServer(); }
-
-  // Stops the HTTP server (no scrape may run once the members below go) and joins its threads.
-  void StopServer() {
-    if (server != nullptr && !listener.joinable()) server->CloseUnlistenedSocket();
-    if (listener.joinable()) {
-      // stop() does nothing before the listener thread has set is_running (Create waits for it;
-      // this is for safety).
-      while (!server->is_running() && !listener_done.load()) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      server->stop();
-      listener.join();  // listen_after_bind returns after joining the workers
-    }
-    pending_pool.reset();  // never handed to the server (Create failed before listening)
-  }
+  // Stops the HTTP server first (no scrape may run once the members below go).
+  ~Impl() { endpoint.reset(); }
 
   void Serve(const httplib::Request&, httplib::Response& res) {
     try {
@@ -496,90 +298,29 @@ struct DaemonMetrics::Impl {
   // Last: its threads use the above. The worker pool is made by Create (so that failing to start
   // its threads is Create's error) and handed to listen_after_bind through new_task_queue, which
   // owns and joins it from then on.
-  std::unique_ptr<WorkerPool> pending_pool;
-  std::unique_ptr<MetricsServer> server;
-  std::thread listener;  // runs listen_after_bind (the accept loop)
-  std::atomic<bool> listener_done{false};
+  std::unique_ptr<HttpEndpoint> endpoint;
 };
 
 absl::StatusOr<std::unique_ptr<DaemonMetrics>> DaemonMetrics::Create(
     const std::string& listen_address, const MetricsOptions& options) {
-  absl::StatusOr<ListenAddress> address = ParseListenAddress(listen_address);
-  if (!address.ok()) return address.status();
   std::unique_ptr<Impl> impl;
   try {
     impl = std::make_unique<Impl>(options);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("metrics: building the registry: ", e.what()));
   }
-  const auto unavailable = [&](const std::string& why) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics endpoint: cannot listen on ", listen_address, ": ", why));
-  };
-
   Impl* raw = impl.get();
-  try {
-    impl->server = std::make_unique<MetricsServer>();
-    httplib::Server& server = *impl->server;
-    server.set_address_family(address->family);
-    server.set_socket_options(ListenSocketOptions);
-    // Bounds on how long a connection may hold a worker, so the destructor stops promptly.
-    server.set_keep_alive_timeout(1);
-    server.set_read_timeout(2, 0);
-    server.set_write_timeout(2, 0);
+  HttpEndpointOptions http;
+  http.label = "metrics";
+  http.threads = options.http_threads;
+  auto endpoint = HttpEndpoint::Start(listen_address, http, [raw](httplib::Server& server) {
     server.Get("/metrics", [raw](const httplib::Request& req, httplib::Response& res) {
       raw->Serve(req, res);
     });
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("metrics endpoint: ", e.what()));
-  }
-
-  // Bind and listen here, on the calling thread: connections queue from now on.
-  httplib::Server& server = *impl->server;
-  try {
-    int port = address->port;
-    bool bound;
-    if (port == 0) {
-      port = server.bind_to_any_port(address->host);
-      bound = port > 0;
-    } else {
-      bound = server.bind_to_port(address->host, port);
-    }
-    if (!bound) return unavailable(BindFailureReason(*address));
-    impl->port = port;
-  } catch (const std::exception& e) {
-    return unavailable(e.what());
-  }
-
-  // The worker threads, then the accept loop: std::thread, default stacks (see metrics.h). A
-  // failure from here on leaves a bound socket, which ~Impl closes (and joins what started).
-  try {
-    impl->pending_pool =
-        std::make_unique<WorkerPool>(static_cast<size_t>(std::max(options.http_threads, 1)));
-    server.new_task_queue = [raw]() -> httplib::TaskQueue* {
-      if (raw->pending_pool != nullptr) return raw->pending_pool.release();
-      return new WorkerPool(1);  // not reached: listen_after_bind runs once
-    };
-    impl->listener = std::thread([raw] {
-      try {
-        if (!raw->server->listen_after_bind()) {
-          spdlog::error("metrics endpoint: the accept loop failed; no more scrapes are served");
-        }
-      } catch (const std::exception& e) {
-        spdlog::error("metrics endpoint: the accept loop failed: {}", e.what());
-      } catch (...) {
-        spdlog::error("metrics endpoint: the accept loop failed");
-      }
-      raw->listener_done = true;
-    });
-  } catch (const std::exception& e) {
-    return unavailable(absl::StrCat("starting the HTTP threads: ", e.what()));
-  }
-  // Until is_running, stop() would be a no-op: wait, so that the destructor can always stop it.
-  while (!server.is_running() && !impl->listener_done.load()) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  if (!server.is_running()) return unavailable("the accept loop ended at once");
+  });
+  if (!endpoint.ok()) return endpoint.status();
+  impl->endpoint = *std::move(endpoint);
+  impl->port = impl->endpoint->port();
   try {
     return std::unique_ptr<DaemonMetrics>(new DaemonMetrics(std::move(impl)));
   } catch (const std::exception& e) {  // impl, not moved from, stops the server

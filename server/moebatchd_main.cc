@@ -52,6 +52,8 @@
 #include "server/auth.h"
 #include "server/batch_service.h"
 #include "server/engine_worker.h"
+#include "server/file_store.h"
+#include "server/http_api.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/startup_checks.h"
@@ -89,6 +91,18 @@ ABSL_FLAG(int32_t, max_tokens_per_request, 0,
 ABSL_FLAG(int64_t, max_pending_jobs_per_tenant, 0, "unfinished jobs per tenant at most (0: none)");
 ABSL_FLAG(int64_t, max_queued_tokens_per_tenant, 0,
           "prompt + max_tokens of a tenant's requests without a result, at most (0: none)");
+ABSL_FLAG(std::string, http_listen, "",
+          "OpenAI Files and Batches API over HTTP on HOST:PORT (HTTPS with --tls_cert/--tls_key; "
+          "docs/api.md); empty: off");
+ABSL_FLAG(int32_t, http_threads, 8, "HTTP API worker threads (each serves one connection)");
+ABSL_FLAG(int64_t, max_upload_bytes, int64_t{512} << 20,
+          "an uploaded file (POST /v1/files) at most, bytes (413 beyond)");
+ABSL_FLAG(double, retention_days, 30,
+          "finished jobs (with their results) and uploaded files older than this many days are "
+          "deleted; 0: kept until deleted");
+ABSL_FLAG(bool, check_model, false,
+          "refuse request lines whose body.model is not the daemon's model name (default: any "
+          "body.model is accepted, as OpenAI batch files name OpenAI's models)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT of the Prometheus endpoint (GET /metrics; server/metrics.h); empty: off");
 ABSL_FLAG(int64_t, max_streams, 256,
@@ -243,6 +257,14 @@ int Run(const std::set<std::string>& given) {
       return 2;
     }
   }
+  const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  const double retention_days = absl::GetFlag(FLAGS_retention_days);
+  if (absl::GetFlag(FLAGS_http_threads) < 1 || absl::GetFlag(FLAGS_http_threads) > 1024 ||
+      absl::GetFlag(FLAGS_max_upload_bytes) < 1 || !(retention_days >= 0)) {
+    std::cerr << "moebatchd: --http_threads must be in [1, 1024], --max_upload_bytes at least 1, "
+                 "--retention_days at least 0\n";
+    return 2;
+  }
   const int64_t max_streams = absl::GetFlag(FLAGS_max_streams);
   if (max_streams < 1 || max_streams > 100000) {
     std::cerr << "moebatchd: --max_streams must be in [1, 100000], got " << max_streams << "\n";
@@ -273,6 +295,11 @@ int Run(const std::set<std::string>& given) {
     }
     auth = *std::move(loaded);
     spdlog::info("moebatchd: authentication on: {} tokens from {}", auth->size(), tokens);
+  } else if (!http_listen.empty() && !IsLoopbackAddress(http_listen)) {
+    std::cerr << "moebatchd: no --tokens_file, so authentication is off and moebatchd listens on "
+                 "loopback only; --http_listen "
+              << http_listen << " is not a loopback address\n";
+    return 2;
   } else if (!IsLoopbackAddress(listen)) {
     std::cerr << "moebatchd: no --tokens_file, so authentication is off and moebatchd listens on "
                  "loopback only; --listen "
@@ -300,6 +327,11 @@ int Run(const std::set<std::string>& given) {
   auto store = JobStore::Open(data_dir);
   if (!store.ok()) {
     std::cerr << "moebatchd: job store: " << store.status() << "\n";
+    return 1;
+  }
+  auto files = FileStore::Open(data_dir);
+  if (!files.ok()) {
+    std::cerr << "moebatchd: file store: " << files.status() << "\n";
     return 1;
   }
 
@@ -350,6 +382,27 @@ int Run(const std::set<std::string>& given) {
     std::cerr << "moebatchd: --listen " << listen
               << ": cannot listen there (the port is in use, or the address is not this host's)\n";
     return 1;
+  }
+  // The OpenAI HTTP API on the same service (its batches are jobs), same TLS files.
+  HttpApiOptions http_options;
+  http_options.max_upload_bytes = absl::GetFlag(FLAGS_max_upload_bytes);
+  http_options.started_at = static_cast<int64_t>(std::time(nullptr));
+  OpenAiHttpApi http_api(&service, store->get(), files->get(), auth.get(), http_options);
+  if (!http_listen.empty()) {
+    HttpEndpointOptions endpoint;
+    endpoint.label = "http";
+    endpoint.threads = absl::GetFlag(FLAGS_http_threads);
+    endpoint.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+    endpoint.tls_key = absl::GetFlag(FLAGS_tls_key);
+    endpoint.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+    if (absl::Status st = http_api.Start(http_listen, endpoint); !st.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      server->Wait();
+      std::cerr << "moebatchd: --http_listen: " << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    spdlog::info("moebatchd: OpenAI API on {}://{} (port {})",
+                 endpoint.tls_cert.empty() ? "http" : "https", http_listen, http_api.port());
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   const std::string kServiceName = v1::BatchService::service_full_name();
@@ -431,6 +484,7 @@ int Run(const std::set<std::string>& given) {
   limits.max_tokens_per_request = max_tokens_per_request;
   limits.max_context_tokens = (*engine)->max_context_tokens();
   limits.vocab_size = (*engine)->config().vocab_size;
+  limits.check_model = absl::GetFlag(FLAGS_check_model);
   TenantQuota quota;
   quota.max_pending_jobs = absl::GetFlag(FLAGS_max_pending_jobs_per_tenant);
   quota.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens_per_tenant);
@@ -448,9 +502,25 @@ int Run(const std::set<std::string>& given) {
   // Health follows the job store and the engine: NOT_SERVING while the store refuses writes (the
   // disk full, a damaged file; the worker holds its results meanwhile) or the engine has failed,
   // SERVING again once they recover. Checked every second until the stop.
+  // Retention runs there too, at start and every 10 minutes.
   std::thread health_monitor([&] {
     bool serving = !stopping;
+    std::chrono::steady_clock::time_point next_retention{};
     while (!stop_requested.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      if (retention_days > 0 && std::chrono::steady_clock::now() >= next_retention) {
+        next_retention = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+        const int64_t cutoff =
+            static_cast<int64_t>(std::time(nullptr)) - static_cast<int64_t>(retention_days * 86400);
+        auto jobs = (*store)->DeleteJobsFinishedBefore(cutoff);
+        auto old_files = (*files)->DeleteCreatedBefore(cutoff);
+        if (!jobs.ok() || !old_files.ok()) {
+          spdlog::warn("moebatchd: retention: {} {}", jobs.status().ToString(),
+                       old_files.status().ToString());
+        } else if (*jobs > 0 || *old_files > 0) {
+          spdlog::info("moebatchd: retention: deleted {} jobs and {} files older than {} days",
+                       *jobs, *old_files, retention_days);
+        }
+      }
       absl::Status st = (*store)->health();
       if (!st.ok()) st = (*store)->ProbeWrite();  // space again? (a write sets health)
       if (st.ok()) st = worker.health();
@@ -486,6 +556,7 @@ int Run(const std::set<std::string>& given) {
   // Open streams (WatchJob, GetResults with wait) end now; unary calls get a moment to finish.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
+  http_api.Stop();
   worker.Stop();
   live_worker = nullptr;
   signal_thread.join();

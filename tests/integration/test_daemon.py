@@ -83,11 +83,28 @@ def test_inline_requests_and_cancel(client):
     done = wait_done(client, job.id, timeout=30)
     assert state_name(done.state) == "cancelled"
     assert time.time() - t0 < 10
-    assert done.request_counts.completed < 8
+    c = done.request_counts
+    assert c.completed < 8 and c.cancelled > 0
+    assert c.completed + c.failed + c.cancelled == c.total == 8
+    # Every request has a result line; the dropped ones say why.
+    results = list(client.results(job.id, wait=False))
+    assert sorted(r["custom_id"] for r in results) == [f"r{i}" for i in range(8)]
+    assert sum(1 for r in results if (r.get("error") or {}).get("code") == "batch_cancelled") \
+        == c.cancelled
     client.cancel(job.id)  # cancelling a finished job is a no-op
     # The daemon still works after a cancel.
     job2 = client.create_job(jsonl=chat_line("after", "hi") + "\n")
     assert state_name(wait_done(client, job2.id).state) == "completed"
+    # A finished job can be deleted, a running one not; deleted is gone.
+    long = client.create_job(requests=reqs[:1])
+    with pytest.raises(ClientError) as e:
+        client.delete_job(long.id)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    client.cancel(long.id)
+    client.delete_job(job.id)
+    with pytest.raises(ClientError) as e:
+        client.get_job(job.id)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
 
 
 @pytest.mark.parametrize("jsonl, field", [

@@ -147,10 +147,14 @@ def test_cancel_while_waiting(go_cli, daemon, tmp_path):
     assert time.time() - t0 < 30
     again = run(go_cli, "cancel", job_id, env=env)  # a no-op on a finished job
     assert again.returncode == 0 and json.loads(again.stdout)["state"] == "cancelled"
-    partial = run(go_cli, "results", job_id, env=env)  # dropped requests have no line
+    # Every request has a line; those the cancel dropped say so.
+    partial = run(go_cli, "results", job_id, env=env)
     assert partial.returncode == 0
-    assert len(partial.stdout.splitlines()) == final["request_counts"]["completed"] + \
-        final["request_counts"]["failed"]
+    lines = [json.loads(l) for l in partial.stdout.splitlines()]
+    assert len(lines) == final["request_counts"]["total"]
+    dropped = [l for l in lines if (l.get("error") or {}).get("code") == "batch_cancelled"]
+    assert len(dropped) == final["request_counts"]["total"] - \
+        final["request_counts"]["completed"] - final["request_counts"]["failed"] > 0
     cancelled = run(go_cli, "list", "--json", "--state", "cancelled", env=env)
     assert [json.loads(l)["id"] for l in cancelled.stdout.splitlines()] == [job_id]
 

@@ -41,10 +41,12 @@ JobLimits Limits() {
   return limits;
 }
 
-absl::StatusOr<PreparedJob> PrepareJsonl(const std::string& jsonl) {
+absl::StatusOr<PreparedJob> PrepareJsonl(const std::string& jsonl,
+                                         const JobLimits& limits = Limits(),
+                                         const PrepareOptions& options = {}) {
   v1::CreateJobRequest request;
   request.set_jsonl(jsonl);
-  return PrepareJob(request, MixtralTokenizer(), Limits(), "test");
+  return PrepareJob(request, MixtralTokenizer(), limits, "test", options);
 }
 
 std::string Nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
@@ -134,8 +136,26 @@ TEST_CASE("PrepareJob refuses a job listing every bad line, not only the first")
       CompletionLine("c") + "\n{not json\n \t\n" + CompletionLine("a") + "\n" +
       ChatLine("d", "assistant") + "\n" + CompletionLine("e", {{"model", "gpt-9"}}) + "\n" +
       CompletionLine("f") + "\n";
-  auto job = PrepareJsonl(jsonl);
+  JobLimits limits = Limits();
+  limits.check_model = true;
+  std::vector<JobLineError> errors;
+  PrepareOptions options;
+  options.line_errors = &errors;
+  auto job = PrepareJsonl(jsonl, limits, options);
   REQUIRE(job.status().code() == absl::StatusCode::kInvalidArgument);
+  // Every bad line, with its line, OpenAI code and param (the batch object's errors.data).
+  REQUIRE(errors.size() == 5);
+  CHECK(errors[0].line == 3);
+  CHECK(errors[0].param == "body.temperature");
+  CHECK(errors[0].code == "invalid_request");
+  CHECK(errors[1].line == 5);
+  CHECK(errors[1].code == "invalid_json_line");
+  CHECK(errors[2].line == 7);
+  CHECK(errors[2].code == "duplicate_custom_id");
+  CHECK(errors[2].param == "custom_id");
+  CHECK(errors[3].line == 8);
+  CHECK(errors[4].line == 9);
+  CHECK(errors[4].param == "body.model");
   const std::string message(job.status().message());
   INFO(message);
   CHECK(absl::StartsWith(
@@ -245,6 +265,36 @@ TEST_CASE("PrepareJob: a 300 KB custom_id and 1,000 bad lines give a bounded mes
                          "1000 of 1000 lines are invalid: line 1 (custom_id \"r0\"): "
                          "body.top_p: must be in (0, 1], got 5"));
   CHECK(absl::EndsWith(message, "; and 980 more"));
+}
+
+TEST_CASE("PrepareJob accepts any body.model by default and stores the daemon's model name") {
+  const std::string jsonl =
+      CompletionLine("a", {{"model", "gpt-4o-mini"}}) + "\n" + CompletionLine("b") + "\n";
+  auto job = PrepareJsonl(jsonl);
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  REQUIRE(job->requests.size() == 2);
+  for (const StoredRequest& r : job->requests) {
+    const ParsedBatchLine stored = ParseBatchLine(r.line);
+    REQUIRE(stored.request.ok());
+    CHECK(stored.request->model == Limits().model_name);
+  }
+}
+
+TEST_CASE("PrepareJob with an endpoint refuses lines of the other url, naming url") {
+  const std::string jsonl = CompletionLine("a") + "\n" + ChatLine("b", "user") + "\n";
+  std::vector<JobLineError> errors;
+  PrepareOptions options;
+  options.endpoint = "/v1/chat/completions";
+  options.line_errors = &errors;
+  auto job = PrepareJsonl(jsonl, Limits(), options);
+  REQUIRE(job.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].line == 1);
+  CHECK(errors[0].param == "url");
+  CHECK(errors[0].code == "invalid_url");
+  options.endpoint = "";
+  CHECK(PrepareJsonl(jsonl, Limits(), options).ok());
 }
 
 }  // namespace

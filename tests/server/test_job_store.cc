@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "nlohmann/json.hpp"
 #include "server/job_store.h"
 
 namespace moebatch {
@@ -557,10 +558,10 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
     for (int i = 3; i >= 0; --i) f.put(static_cast<char>((value >> (8 * i)) & 0xff));
   };
   SECTION("a newer schema version") {
-    patch_header(60, 3);
+    patch_header(60, 4);
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.str());
     CHECK(store.status().code() == absl::StatusCode::kFailedPrecondition);
-    CHECK(absl::StrContains(store.status().message(), "version 3"));
+    CHECK(absl::StrContains(store.status().message(), "version 4"));
   }
   SECTION("another program's database") {
     patch_header(68, 0x12345678);
@@ -922,6 +923,148 @@ TEST_CASE("JobStore: a process killed mid-commit leaves every committed result i
   CHECK(done.state == JobState::kCompleted);
   CHECK(done.completed + done.failed == kTotal);
   CHECK(store->Results(job_id, 0)->size() == static_cast<size_t>(kTotal));
+}
+
+TEST_CASE("JobStore: a cancel gives every request without a result a batch_cancelled line") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  std::vector<StoredRequest> requests = Requests(4);
+  requests[2].custom_id = "quote\"and\\backslash";  // escaped by SQLite's json_object
+  absl::StatusOr<JobRecord> created = store->CreateJob(JobRecord{}, requests, {});
+  REQUIRE(created.ok());
+  const std::string id = created->id;
+  REQUIRE(CommitOk(*store, id, Result(0), 3, 5));
+  REQUIRE(store->SetJobState(id, JobState::kCancelling).ok());
+  const JobRecord cancelling = GetOk(*store, id);
+  CHECK(cancelling.cancelling_at > 0);
+  CHECK(cancelling.cancelled == 0);
+  REQUIRE(store->SetJobState(id, JobState::kCancelled).ok());
+  const JobRecord job = GetOk(*store, id);
+  CHECK(job.state == JobState::kCancelled);
+  CHECK(job.completed == 1);
+  CHECK(job.failed == 0);
+  CHECK(job.cancelled == 3);
+  CHECK(job.completed + job.failed + job.cancelled == job.total);
+  CHECK(job.cancelling_at == cancelling.cancelling_at);
+  absl::StatusOr<std::vector<StoredResult>> failed = store->Results(id, 0, 0, /*failed=*/true);
+  REQUIRE(failed.ok());
+  REQUIRE(failed->size() == 3);
+  for (const StoredResult& r : *failed) {
+    const nlohmann::json line = nlohmann::json::parse(r.line);
+    CHECK(line["custom_id"] == requests[r.index].custom_id);
+    CHECK(line["response"].is_null());
+    CHECK(line["error"]["code"] == "batch_cancelled");
+    CHECK(line["id"] == "batch_req_" + id + "_" + std::to_string(r.index));
+  }
+  // Cancelling again changes nothing; a late result of a dropped request is not stored.
+  REQUIRE(store->SetJobState(id, JobState::kCancelled).ok());
+  CHECK(GetOk(*store, id).cancelled == 3);
+  CHECK_FALSE(CommitOk(*store, id, Result(1)));
+  // The sizes of the output and error files: each line and its newline, in bytes.
+  absl::StatusOr<JobStore::ResultStats> sizes = store->ResultSizes(id);
+  REQUIRE(sizes.ok());
+  CHECK(sizes->ok_lines == 1);
+  CHECK(sizes->ok_bytes == static_cast<int64_t>(Result(0).line.size() + 1));
+  CHECK(sizes->failed_lines == 3);
+  int64_t bytes = 0;
+  for (const StoredResult& r : *failed) bytes += static_cast<int64_t>(r.line.size() + 1);
+  CHECK(sizes->failed_bytes == bytes);
+}
+
+TEST_CASE("JobStore: deleting results, jobs, and jobs past retention") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  const JobRecord running = CreateOk(*store, 2);
+  CHECK(store->DeleteJob(running.id).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(store->DeleteJob("job_nope").code() == absl::StatusCode::kNotFound);
+  REQUIRE(CommitOk(*store, running.id, Result(0)));
+  REQUIRE(CommitOk(*store, running.id, Result(1, /*failed=*/true)));
+  absl::StatusOr<int64_t> deleted = store->DeleteResults(running.id, /*failed=*/false);
+  REQUIRE(deleted.ok());
+  CHECK(*deleted == 1);
+  absl::StatusOr<std::vector<StoredResult>> left = store->Results(running.id, 0);
+  REQUIRE(left.ok());
+  REQUIRE(left->size() == 1);
+  CHECK(left->front().failed);
+  CHECK(GetOk(*store, running.id).completed == 1);  // the counters stay
+  REQUIRE(store->DeleteJob(running.id).ok());
+  CHECK(store->GetJob(running.id).status().code() == absl::StatusCode::kNotFound);
+  CHECK(store->Results(running.id, 0).status().code() == absl::StatusCode::kNotFound);
+
+  const JobRecord done = CreateOk(*store, 1);
+  REQUIRE(CommitOk(*store, done.id, Result(0)));
+  const JobRecord unfinished = CreateOk(*store, 1);
+  const int64_t finished_at = GetOk(*store, done.id).finished_at;
+  absl::StatusOr<int64_t> none = store->DeleteJobsFinishedBefore(finished_at);
+  REQUIRE(none.ok());
+  CHECK(*none == 0);
+  absl::StatusOr<int64_t> one = store->DeleteJobsFinishedBefore(finished_at + 1);
+  REQUIRE(one.ok());
+  CHECK(*one == 1);
+  CHECK(store->GetJob(done.id).status().code() == absl::StatusCode::kNotFound);
+  CHECK(store->GetJob(unfinished.id).ok());
+}
+
+TEST_CASE("JobStore: a batch that failed validation is stored with its line errors") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  JobRecord job;
+  job.state = JobState::kFailed;
+  job.endpoint = "/v1/chat/completions";
+  job.completion_window = "24h";
+  job.input_file_id = "file-0123456789abcdef01234567";
+  job.expires_at = 4102444800;
+  job.errors = {{3, "invalid_request", "body.temperature", "body.temperature: must be in [0, 100]"},
+                {5, "invalid_json_line", "", "invalid JSON: \xff"}};
+  absl::StatusOr<JobRecord> created = store->CreateJob(job, {}, {});
+  INFO(created.status().ToString());
+  REQUIRE(created.ok());
+  const JobRecord read = GetOk(*store, created->id);
+  CHECK(read.state == JobState::kFailed);
+  CHECK(read.total == 0);
+  CHECK(read.finished_at > 0);
+  CHECK(read.endpoint == job.endpoint);
+  CHECK(read.completion_window == "24h");
+  CHECK(read.input_file_id == job.input_file_id);
+  CHECK(read.expires_at == job.expires_at);
+  REQUIRE(read.errors.size() == 2);
+  CHECK(read.errors[0].line == 3);
+  CHECK(read.errors[0].param == "body.temperature");
+  CHECK(read.errors[1].code == "invalid_json_line");
+  CHECK(read.errors[1].message == "invalid JSON: \xEF\xBF\xBD");  // ill-formed UTF-8 replaced
+  // No requests and not failed: refused as before.
+  CHECK(store->CreateJob(JobRecord{}, {}, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("JobStore: ListJobsAfter pages by job id, newest first, per tenant") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    JobRecord job;
+    job.tenant = i % 2 == 0 ? "even" : "odd";
+    ids.push_back(CreateOk(*store, 1, job).id);
+  }
+  absl::StatusOr<JobStore::AfterPage> first = store->ListJobsAfter("", 2, "");
+  REQUIRE(first.ok());
+  REQUIRE(first->jobs.size() == 2);
+  CHECK(first->has_more);
+  CHECK(first->jobs[0].id == ids[4]);
+  CHECK(first->jobs[1].id == ids[3]);
+  absl::StatusOr<JobStore::AfterPage> rest = store->ListJobsAfter(ids[3], 10, "");
+  REQUIRE(rest.ok());
+  REQUIRE(rest->jobs.size() == 3);
+  CHECK_FALSE(rest->has_more);
+  CHECK(rest->jobs[2].id == ids[0]);
+  absl::StatusOr<JobStore::AfterPage> even = store->ListJobsAfter("", 10, "even");
+  REQUIRE(even.ok());
+  CHECK(even->jobs.size() == 3);
+  // Another tenant's id is no cursor for this tenant.
+  CHECK(store->ListJobsAfter(ids[1], 10, "even").status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(store->ListJobsAfter("job_nope", 10, "").status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

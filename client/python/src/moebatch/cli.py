@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Cancel a job; prints it as JSON.")
     p.add_argument("job", metavar="JOB")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("delete", parents=[common], help="delete a finished job",
+                       description="Delete a finished job with its results (cancel a running "
+                                   "one first).")
+    p.add_argument("job", metavar="JOB")
+    p.set_defaults(func=cmd_delete)
     return parser
 
 
@@ -338,6 +344,12 @@ def cmd_results(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     _print_job(client.cancel(args.job), sys.stdout)
+    return EXIT_OK
+
+
+def cmd_delete(client: Client, args: argparse.Namespace) -> int:
+    client.delete_job(args.job)
+    print(f"deleted {args.job}", file=sys.stderr)
     return EXIT_OK
 
 

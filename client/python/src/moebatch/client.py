@@ -244,6 +244,11 @@ class Client:
         """Cancels the job (a no-op on a finished one); returns it, typically CANCELLING."""
         return self._unary(self._service.CancelJob, pb.CancelJobRequest(job_id=job_id))
 
+    def delete_job(self, job_id: str) -> None:
+        """Deletes a finished job with its requests and results (FAILED_PRECONDITION while it
+        runs: cancel it first)."""
+        self._unary(self._service.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
+
     def watch(self, job_id: str) -> Iterator[pb.JobProgress]:
         """JobProgress now and at every change until the job is terminal (the last one says
         which terminal state)."""

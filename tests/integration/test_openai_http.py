@@ -1,0 +1,344 @@
+"""The OpenAI Files and Batches API of moebatchd (--http_listen), driven by the official `openai`
+Python package from PyPI, unchanged, with only base_url and api_key set: what a script written for
+OpenAI's Batch API does, against a real daemon on loopback.
+"""
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import urllib.error
+import urllib.request
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import Daemon, free_port
+from test_security import make_token
+
+TERMINAL = ("completed", "failed", "cancelled", "expired")
+
+
+def chat_line(custom_id: str, content: str, max_tokens: int = 6, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "gpt-4o-mini", "temperature": 0, "max_tokens": max_tokens,
+                     "messages": [{"role": "user", "content": content}], **body}}
+
+
+def write_jsonl(path: Path, lines) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n"
+                            for line in lines))
+    return path
+
+
+class HttpDaemon(Daemon):
+    def __init__(self, data_dir: Path, extra_args=(), **kw):
+        self.http_port = free_port()
+        super().__init__(data_dir, ["--http_listen", f"127.0.0.1:{self.http_port}",
+                                    *extra_args], **kw)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v1"
+
+    def openai(self, api_key: str = "unused") -> OpenAI:
+        return OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def http_daemon(tmp_path):
+    d = HttpDaemon(tmp_path / "data").start()
+    yield d
+    d.stop()
+
+
+def wait_done(client: OpenAI, batch_id: str, timeout: float = 120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL:
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} did not finish: {batch}")
+
+
+def run_batch(client: OpenAI, path: Path, endpoint="/v1/chat/completions", **kw):
+    file = client.files.create(file=path.open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint=endpoint,
+                                  completion_window="24h", **kw)
+    return file, batch
+
+
+def test_a_script_written_for_openai_runs_a_batch_and_matches_the_grpc_results(
+        http_daemon, tmp_path):
+    client = http_daemon.openai()
+    assert [m.id for m in client.models.list()] == ["tiny-mixtral"]
+    lines = [chat_line(f"req-{i}", f"Tell me about the number {i}.") for i in range(5)]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    file, batch = run_batch(client, path, metadata={"purpose": "test"})
+    assert file.bytes == path.stat().st_size and file.purpose == "batch"
+    assert client.files.content(file.id).content == path.read_bytes()
+    assert batch.status in ("validating", "in_progress", "completed")
+    assert batch.input_file_id == file.id and batch.metadata == {"purpose": "test"}
+    batch = wait_done(client, batch.id)
+    assert batch.status == "completed"
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (5, 5, 0)
+    assert batch.completed_at >= batch.in_progress_at >= batch.created_at
+    assert abs(batch.expires_at - batch.created_at - 24 * 3600) <= 1
+    assert batch.output_file_id and batch.error_file_id is None
+    output = client.files.content(batch.output_file_id).text
+    http_results = {r["custom_id"]: r for r in map(json.loads, output.splitlines())}
+    assert sorted(http_results) == sorted(l["custom_id"] for l in lines)
+    for r in http_results.values():
+        body = r["response"]["body"]
+        assert r["response"]["status_code"] == 200 and r["error"] is None
+        # body.model names OpenAI's model; the daemon answers with its own.
+        assert body["model"] == "tiny-mixtral"
+        assert body["choices"][0]["message"]["content"]
+    meta = client.files.retrieve(batch.output_file_id)
+    assert meta.purpose == "batch_output" and meta.bytes == len(output.encode())
+
+    # The same requests through gRPC give the same tokens (greedy), and the batch is a job there.
+    from moebatch import Client
+    grpc_client = Client(http_daemon.addr, timeout=60)
+    job = grpc_client.get_job(batch.id)
+    assert job.request_counts.completed == 5 and job.input_file_id == file.id
+    grpc_job = grpc_client.create_job(jsonl=path.read_bytes())
+    grpc_results = {r["custom_id"]: r for r in grpc_client.results(grpc_job.id, wait=True)}
+    for cid, r in http_results.items():
+        assert (r["response"]["body"]["choices"][0]["token_ids"] ==
+                grpc_results[cid]["response"]["body"]["choices"][0]["token_ids"])
+    # ... and a job made over gRPC is a batch over HTTP.
+    assert client.batches.retrieve(grpc_job.id).request_counts.completed == 5
+
+
+def test_cancel_a_running_batch_counts_add_up(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    lines = [chat_line(f"c{i}", f"Count to {i}", max_tokens=1500, ignore_eos=True)
+             for i in range(48)]
+    _, batch = run_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+    time.sleep(0.5)
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    assert cancelled.cancelling_at is not None
+    batch = wait_done(client, batch.id)
+    assert batch.status == "cancelled" and batch.cancelled_at is not None
+    c = batch.request_counts
+    assert c.total == 48 and c.cancelled > 0
+    assert c.completed + c.failed + c.cancelled == c.total
+    # Every request appears once, in the output or the error file; the dropped ones say why.
+    seen = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            seen += [json.loads(l) for l in client.files.content(file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in seen) == sorted(l["custom_id"] for l in lines)
+    dropped = [r for r in seen if r["error"] and r["error"]["code"] == "batch_cancelled"]
+    assert len(dropped) == c.cancelled
+
+
+def test_list_batches_and_files_with_pagination(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", max_tokens=2)])
+    made = [run_batch(client, path)[1].id for _ in range(3)]
+    first = client.batches.list(limit=2)
+    assert len(first.data) == 2 and first.has_more
+    assert [b.id for b in first.data] == made[::-1][:2]  # newest first
+    all_ids = [b.id for b in client.batches.list(limit=1)]  # the SDK follows `after`
+    assert all_ids == made[::-1]
+    files = client.files.list(purpose="batch")
+    assert len(files.data) == 3
+    page = client.files.list(limit=1, order="asc")
+    assert page.data[0].id == files.data[-1].id
+
+
+def test_bad_files_fail_validation_listing_every_bad_line(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    good = chat_line("ok", "Hi")
+    lines = [
+        good,
+        "this is not json",
+        chat_line("ok", "duplicate id"),
+        {"custom_id": "u", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "Hi", "max_tokens": 2}},
+        chat_line("t", "Hi", temperature=-1),
+        {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+    ]
+    _, batch = run_batch(client, write_jsonl(tmp_path / "bad.jsonl", lines))
+    assert batch.status == "failed" and batch.failed_at is not None
+    errors = {e.line: e for e in batch.errors.data}
+    assert sorted(errors) == [2, 3, 4, 5, 6]
+    assert errors[2].code == "invalid_json_line"
+    assert errors[3].code == "duplicate_custom_id" and errors[3].param == "custom_id"
+    assert errors[4].code == "invalid_url" and errors[4].param == "url"
+    assert errors[5].param == "body.temperature"
+    assert errors[6].param == "url"
+    # It stays failed and listed; nothing ran.
+    again = client.batches.retrieve(batch.id)
+    assert again.status == "failed" and again.request_counts.total == 0
+    assert again.output_file_id is None
+
+
+def test_bad_requests_get_openai_errors_naming_the_parameter(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi")])
+    file = client.files.create(file=path.open("rb"), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.batches.create(input_file_id=file.id, endpoint="/v1/embeddings",
+                              completion_window="24h")
+    assert e.value.body["param"] == "endpoint"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                              completion_window="soon")
+    assert e.value.body["param"] == "completion_window"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.batches.create(input_file_id="file-000000000000000000000000",
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    assert e.value.body["param"] == "input_file_id"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.files.create(file=path.open("rb"), purpose="fine-tune")
+    assert e.value.body["param"] == "purpose"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("job_000000000000000000000000")
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve("file-job_000000000000000000000000-output")
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    efile = client.files.create(file=empty.open("rb"), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.batches.create(input_file_id=efile.id, endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    assert e.value.body["param"] == "input_file_id"
+    # Unknown paths and raw bad bodies answer OpenAI's error object too.
+    for url, data, status in ((f"{http_daemon.base_url}/batches", b"{not json", 400),
+                              (f"{http_daemon.base_url}/nothing/here", None, 404)):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=30)
+        assert e.value.code == status
+        assert json.loads(e.value.read())["error"]["type"] == "invalid_request_error"
+
+
+def test_deleting_files_and_results(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", max_tokens=2)])
+    file, batch = run_batch(client, path)
+    batch = wait_done(client, batch.id)
+    assert client.files.delete(batch.output_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(batch.output_file_id)
+    assert client.batches.retrieve(batch.id).output_file_id is None
+    assert client.files.delete(file.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file.id)
+    assert not (http_daemon.data_dir / "files" / file.id).exists()
+
+
+def test_another_tenants_ids_are_not_found(tmp_path):
+    tokens_file = tmp_path / "tokens.json"
+    a, b = make_token(tokens_file, "team-a"), make_token(tokens_file, "team-b")
+    d = HttpDaemon(tmp_path / "data", ["--tokens_file", str(tokens_file)]).start()
+    try:
+        path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", max_tokens=2)])
+        file, batch = run_batch(d.openai(a), path)
+        batch = wait_done(d.openai(a), batch.id)
+        other = d.openai(b)
+        for call in (lambda: other.batches.retrieve(batch.id),
+                     lambda: other.batches.cancel(batch.id),
+                     lambda: other.files.retrieve(file.id),
+                     lambda: other.files.content(file.id),
+                     lambda: other.files.delete(file.id),
+                     lambda: other.files.content(batch.output_file_id),
+                     lambda: other.batches.create(input_file_id=file.id,
+                                                  endpoint="/v1/chat/completions",
+                                                  completion_window="24h")):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert other.batches.list().data == [] and other.files.list().data == []
+        with pytest.raises(openai.AuthenticationError):
+            d.openai("not-a-token").batches.list()
+    finally:
+        d.stop()
+
+
+def test_kill9_during_an_http_batch_loses_and_duplicates_nothing(tmp_path):
+    d = HttpDaemon(tmp_path / "data", ["--max_in_flight", "8"]).start()
+    client = d.openai()
+    lines = [chat_line(f"k{i}", f"Story {i}", max_tokens=200, ignore_eos=True)
+             for i in range(40)]
+    _, batch = run_batch(client, write_jsonl(tmp_path / "in.jsonl", lines))
+    deadline = time.time() + 60
+    while client.batches.retrieve(batch.id).request_counts.completed < 5:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    d.kill9()
+    d.start()
+    batch = wait_done(client, batch.id, timeout=300)
+    assert batch.status == "completed" and batch.request_counts.completed == 40
+    out = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(r["custom_id"] for r in out) == sorted(l["custom_id"] for l in lines)
+    d.stop()
+
+
+def _hwm_kib(daemon) -> int:
+    return daemon.memory_kib()["VmHWM"]
+
+
+def test_uploads_and_downloads_stream_a_200_mb_file(http_daemon, tmp_path):
+    path = tmp_path / "big.jsonl"
+    line = json.dumps(chat_line("x" * 40, "word " * 200)) + "\n"
+    with path.open("w") as f:
+        n = (200 << 20) // len(line) + 1
+        for i in range(n):
+            f.write(line)
+    size = path.stat().st_size
+    assert size >= 200 << 20
+    before = _hwm_kib(http_daemon)
+    client = http_daemon.openai()
+    with path.open("rb") as f:
+        file = client.files.create(file=f, purpose="batch")
+    assert file.bytes == size
+    got = 0
+    with urllib.request.urlopen(f"{http_daemon.base_url}/files/{file.id}/content",
+                                timeout=120) as r:
+        assert r.status == 200
+        while chunk := r.read(1 << 20):
+            got += len(chunk)
+    assert got == size
+    growth_mib = (_hwm_kib(http_daemon) - before) / 1024
+    print(f"peak RSS growth over a {size >> 20} MiB upload and download: {growth_mib:.1f} MiB")
+    assert growth_mib < 32, f"peak RSS grew {growth_mib:.1f} MiB: the file sat in memory"
+
+
+def test_an_upload_over_the_limit_is_413(tmp_path):
+    d = HttpDaemon(tmp_path / "data", ["--max_upload_bytes", "1000"]).start()
+    try:
+        path = write_jsonl(tmp_path / "in.jsonl", [chat_line(f"r{i}", "Hi") for i in range(20)])
+        with pytest.raises(openai.APIStatusError) as e:
+            d.openai().files.create(file=path.open("rb"), purpose="batch")
+        assert e.value.status_code == 413
+        assert list((d.data_dir / "files").iterdir()) == []
+    finally:
+        d.stop()
+
+
+def test_litellm_passes_a_batch_through(http_daemon, tmp_path):
+    """LiteLLM's create_file / create_batch / retrieve_batch / file_content / list_batches with
+    custom_llm_provider="openai" and api_base at the daemon (scripts/test.sh installs LiteLLM in a
+    venv of its own and names its python in MOEBATCH_LITELLM_PYTHON)."""
+    python = os.environ.get("MOEBATCH_LITELLM_PYTHON")
+    if not python:
+        pytest.skip("MOEBATCH_LITELLM_PYTHON is not set (scripts/test.sh sets it)")
+    lines = [chat_line(f"l{i}", f"Hello {i}") for i in range(3)]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    script = Path(__file__).parent / "tools" / "litellm_batch.py"
+    out = subprocess.run([python, str(script), http_daemon.base_url, "unused", str(path)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["status"] == "completed"
+    assert got["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert got["id"] in got["listed"]
+    assert sorted(json.loads(l)["custom_id"] for l in got["output"]) == ["l0", "l1", "l2"]
+    batch = http_daemon.openai().batches.retrieve(got["id"])
+    assert batch.metadata == {"via": "litellm"}
