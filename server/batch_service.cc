@@ -1,5 +1,6 @@
 #include "server/batch_service.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +100,38 @@ void ToProto(const JobRecord& r, v1::Job* job) {
     e->set_param(ValidUtf8(r.errors[i].param));
     e->set_message(ValidUtf8(CutChars(r.errors[i].message, 1024)));
   }
+}
+
+// How long a job has run and at what rate: from its job clock when this daemon process ran it
+// (sub-second, EngineWorker::Live), else from the store's whole seconds (a job that finished
+// before the daemon started, or has not started).
+struct JobRate {
+  double elapsed_seconds = 0;
+  double tokens_per_second = 0;
+  double eta_seconds = 0;  // 0 when unknown or done
+};
+
+JobRate RateOf(const JobRecord& job, const JobLive& live, int64_t generated) {
+  JobRate rate;
+  const bool terminal = IsTerminal(job.state);
+  if (live.clock) {
+    rate.elapsed_seconds = live.clock->elapsed_seconds;
+    rate.tokens_per_second = live.clock->tokens_per_second;
+    if (!terminal) rate.eta_seconds = live.clock->eta_seconds.value_or(0.0);
+    return rate;
+  }
+  if (job.started_at == 0) return rate;
+  const int64_t end =
+      job.finished_at != 0 ? job.finished_at : static_cast<int64_t>(std::time(nullptr));
+  rate.elapsed_seconds = static_cast<double>(std::max<int64_t>(0, end - job.started_at));
+  if (rate.elapsed_seconds > 0) {
+    rate.tokens_per_second = static_cast<double>(generated) / rate.elapsed_seconds;
+    const int64_t done = job.completed + job.failed;
+    if (done > 0 && !terminal) {
+      rate.eta_seconds = rate.elapsed_seconds / done * static_cast<double>(job.total - done);
+    }
+  }
+  return rate;
 }
 
 grpc::Status MissingJobId() {
@@ -207,6 +240,7 @@ absl::StatusOr<JobRecord> BatchServiceImpl::Submit(const Principal& who,
   options.line_errors = &line_errors;
   auto prepared = PrepareJob(request, *a->tokenizer, a->limits, job.id, options);
   absl::StatusOr<JobRecord> stored = absl::InternalError("not stored");
+  int64_t max_tokens_total = 0;
   if (!prepared.ok()) {
     // Bad lines of an HTTP batch: the batch exists, FAILED, and says which lines (OpenAI's
     // errors.data); anything else (no requests at all, too many) is refused like over gRPC.
@@ -222,6 +256,9 @@ absl::StatusOr<JobRecord> BatchServiceImpl::Submit(const Principal& who,
   } else {
     job.state = JobState::kInProgress;
     job.total = static_cast<int64_t>(prepared->requests.size() + prepared->prefailed.size());
+    for (const StoredRequest& r : prepared->requests) {  // the store keeps prompt + max_tokens
+      max_tokens_total += r.budget_tokens - static_cast<int64_t>(r.prompt_token_ids.size());
+    }
     stored = store_->CreateJob(std::move(job), prepared->requests, prepared->prefailed, a->quota);
     if (stored.ok()) {
       spdlog::info(
@@ -237,6 +274,7 @@ absl::StatusOr<JobRecord> BatchServiceImpl::Submit(const Principal& who,
     return stored.status();
   }
   if (on_job_created_) on_job_created_(*stored);
+  if (max_tokens_total > 0) a->worker->SetMaxTokens(stored->id, max_tokens_total);
   a->worker->Wake();
   return stored;
 }
@@ -275,6 +313,7 @@ grpc::Status BatchServiceImpl::CreateJob(grpc::ServerContext* context,
   auto stored = Submit(*who, *request);
   if (!stored.ok()) return ToGrpc(stored.status());
   ToProto(*stored, response);
+  SetRate(*stored, response);
   return grpc::Status::OK;
 }
 
@@ -286,6 +325,7 @@ grpc::Status BatchServiceImpl::GetJob(grpc::ServerContext* context,
   auto job = VisibleJob(*who, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response);
+  SetRate(*job, response);
   return grpc::Status::OK;
 }
 
@@ -319,6 +359,7 @@ grpc::Status BatchServiceImpl::ListJobs(grpc::ServerContext* context,
   for (size_t i = 0; i < page->jobs.size(); ++i) {
     v1::Job* job = response->add_jobs();
     ToProto(page->jobs[i], job);
+    SetRate(page->jobs[i], job);
     bytes += job->ByteSizeLong() + 8;  // the field's tag and length
     if (i > 0 && bytes > kMaxListReplyBytes) {
       response->mutable_jobs()->RemoveLast();
@@ -339,6 +380,7 @@ grpc::Status BatchServiceImpl::CancelJob(grpc::ServerContext* context,
   auto job = Cancel(*who, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response);
+  SetRate(*job, response);
   return grpc::Status::OK;
 }
 
@@ -353,6 +395,14 @@ grpc::Status BatchServiceImpl::DeleteJob(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+void BatchServiceImpl::SetRate(const JobRecord& job, v1::Job* out) const {
+  const Attached* a = attached();
+  const JobRate rate =
+      RateOf(job, a != nullptr ? a->worker->Live(job.id) : JobLive{}, job.generated_tokens);
+  out->set_tokens_per_second(rate.tokens_per_second);
+  out->set_elapsed_seconds(rate.elapsed_seconds);
+}
+
 void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1::JobProgress* p) {
   const JobLive live = at.worker->Live(job.id);
   p->set_job_id(ValidUtf8(job.id));
@@ -365,10 +415,11 @@ void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1
   p->set_prompt_tokens(job.prompt_tokens + live.prompt_tokens);
   const int64_t generated = job.generated_tokens + live.generated_tokens;
   p->set_generated_tokens(generated);
-  const int64_t end =
-      job.finished_at != 0 ? job.finished_at : static_cast<int64_t>(std::time(nullptr));
-  const double elapsed = job.started_at != 0 ? static_cast<double>(end - job.started_at) : 0.0;
-  p->set_tokens_per_second(elapsed > 0 ? generated / elapsed : 0.0);
+  p->set_max_tokens_total(live.max_tokens_total);
+  const JobRate rate = RateOf(job, live, generated);
+  p->set_elapsed_seconds(rate.elapsed_seconds);
+  p->set_tokens_per_second(rate.tokens_per_second);
+  p->set_eta_seconds(rate.eta_seconds);
   const EngineStats e = at.worker->engine_stats();
   v1::EngineActivity* a = p->mutable_engine();
   a->set_backend(e.backend);
@@ -390,10 +441,6 @@ void BatchServiceImpl::FillProgress(const Attached& at, const JobRecord& job, v1
   a->set_s_mfu(e.last_utilization.s_mfu);
   a->set_achieved_gbs(e.last_utilization.bytes_per_second / 1e9);
   a->set_achieved_tflops(e.last_utilization.flops_per_second / 1e12);
-  const int64_t done = job.completed + job.failed;
-  p->set_eta_seconds(done > 0 && !IsTerminal(job.state) && elapsed > 0
-                         ? elapsed / done * static_cast<double>(job.total - done)
-                         : 0.0);
 }
 
 class BatchServiceImpl::StreamSlot {

@@ -93,7 +93,11 @@ class BatchServiceImpl final : public v1::BatchService::Service {
   // Null until Attach.
   const Attached* attached() const;
   std::string NewJobId();
+  // Progress of `job`: the store's counters, the worker's tokens in flight, and the rate and ETA
+  // of the job clock (the store's whole seconds for a job this process did not run).
   void FillProgress(const Attached& a, const JobRecord& job, v1::JobProgress* progress);
+  // Job.tokens_per_second and elapsed_seconds, as FillProgress reports them.
+  void SetRate(const JobRecord& job, v1::Job* out) const;
   // Blocks until the worker reports a change or `timeout` (a plain sleep before Attach).
   int64_t WaitForChange(int64_t seen, absl::Duration timeout);
 

@@ -54,10 +54,29 @@ void EngineWorker::Cancel(const std::string& job_id) {
   cv_.SignalAll();
 }
 
+void EngineWorker::SetMaxTokens(const std::string& job_id, int64_t max_tokens_total) {
+  absl::MutexLock lock(&mu_);
+  // The engine thread may have run the job already (it polls the store): a short job may even
+  // have ended.
+  if (auto ended = ended_.find(job_id); ended != ended_.end()) {
+    ended->second.max_tokens_total = max_tokens_total;
+    return;
+  }
+  max_tokens_[job_id] = max_tokens_total;
+  if (auto clock = clocks_.find(job_id); clock != clocks_.end()) {
+    clock->second.SetTotals(clock->second.Read().requests_total, max_tokens_total);
+  }
+}
+
 JobLive EngineWorker::Live(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
-  auto it = live_.find(job_id);
-  return it == live_.end() ? JobLive{} : it->second;
+  if (auto ended = ended_.find(job_id); ended != ended_.end()) return ended->second;
+  JobLive out;
+  if (auto it = live_.find(job_id); it != live_.end()) out = it->second;
+  if (auto it = max_tokens_.find(job_id); it != max_tokens_.end())
+    out.max_tokens_total = it->second;
+  if (auto it = clocks_.find(job_id); it != clocks_.end()) out.clock = it->second.Read();
+  return out;
 }
 
 int64_t EngineWorker::WaitForChange(int64_t seen, absl::Duration timeout) {
@@ -139,7 +158,7 @@ absl::Status EngineWorker::Feed() {
                                          });
   if (!pending.ok()) return pending.status();
   for (PendingRequest& p : *pending) {
-    clocks_.try_emplace(p.job_id);
+    StartClock(p.job_id);
     ParsedBatchLine parsed = ParseBatchLine(p.request.line);
     InFlight flight;
     flight.job_id = p.job_id;
@@ -163,7 +182,12 @@ absl::Status EngineWorker::Feed() {
       auto st = store_->CommitResult(p.job_id, r, 0, 0);
       if (!st.ok()) return st.status();
       if (*st && options_.metrics != nullptr) options_.metrics->ObserveResult(true, 0, 0);
-      clocks_[p.job_id].AddRequests(1);
+      {
+        absl::MutexLock lock(&mu_);
+        if (auto clock = clocks_.find(p.job_id); clock != clocks_.end()) {
+          clock->second.AddRequests(1);
+        }
+      }
       LogIfJobDone(p.job_id);
       Bump();
       continue;
@@ -212,8 +236,27 @@ absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
 
 void EngineWorker::Committed(const InFlight& f) {
   keys_.erase({f.job_id, f.index});
-  clocks_[f.job_id].AddRequests(1);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto clock = clocks_.find(f.job_id); clock != clocks_.end()) clock->second.AddRequests(1);
+  }
   LogIfJobDone(f.job_id);
+}
+
+void EngineWorker::StartClock(const std::string& job) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (clocks_.count(job) != 0) return;
+  }
+  // What is left to run: every request of a new job but the pre-failed ones; after a restart, the
+  // ones without a result.
+  int64_t remaining = 0;
+  if (auto record = store_->GetJob(job); record.ok()) {
+    remaining = std::max<int64_t>(0, record->total - record->completed - record->failed);
+  }
+  absl::MutexLock lock(&mu_);
+  auto max_tokens = max_tokens_.find(job);
+  clocks_.try_emplace(job, remaining, max_tokens == max_tokens_.end() ? 0 : max_tokens->second);
 }
 
 absl::Status EngineWorker::RetryUnsaved() {
@@ -238,19 +281,40 @@ absl::Status EngineWorker::RetryUnsaved() {
 }
 
 void EngineWorker::LogIfJobDone(const std::string& job) {
-  auto clock = clocks_.find(job);
-  if (clock == clocks_.end()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (clocks_.count(job) == 0 && max_tokens_.count(job) == 0) return;  // not run here
+  }
   auto next = keys_.lower_bound({job, std::numeric_limits<int64_t>::min()});
   if (next != keys_.end() && next->first == job) return;  // still running
   auto record = store_->GetJob(job);
   if (!record.ok() || !IsTerminal(record->state)) return;
-  const JobClock::Reading r = clock->second.Read();
+  JobLive ended;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = max_tokens_.find(job); it != max_tokens_.end()) {
+      ended.max_tokens_total = it->second;
+      max_tokens_.erase(it);
+    }
+    // One reading for both the log line and every later JobProgress: the same figures.
+    if (auto clock = clocks_.find(job); clock != clocks_.end()) {
+      ended.clock = clock->second.Read();
+      clocks_.erase(clock);
+    }
+    live_.erase(job);
+    if (ended_.insert_or_assign(job, ended).second) ended_order_.push_back(job);
+    while (ended_order_.size() > kEndedJobsKept) {
+      ended_.erase(ended_order_.front());
+      ended_order_.pop_front();
+    }
+  }
+  if (!ended.clock) return;
+  const JobClock::Reading& r = *ended.clock;
   spdlog::info(
-      "job {} {} in {:.2f} s: {} requests ({} completed, {} failed), {} tokens generated here, "
-      "{:.1f} tok/s",
+      "job {} {} in {:.3f} s: {} requests ({} completed, {} failed; {} run here), {} tokens "
+      "generated here, {:.1f} tok/s",
       job, std::string(JobStateName(record->state)), r.elapsed_seconds, record->total,
-      record->completed, record->failed, r.tokens_done, r.tokens_per_second);
-  clocks_.erase(clock);
+      record->completed, record->failed, r.requests_done, r.tokens_done, r.tokens_per_second);
 }
 
 void EngineWorker::Run() {
@@ -318,8 +382,10 @@ void EngineWorker::Run() {
       {
         absl::MutexLock lock(&mu_);
         live_[f.job_id].generated_tokens += static_cast<int64_t>(o.new_token_ids.size());
+        if (auto clock = clocks_.find(f.job_id); clock != clocks_.end()) {
+          clock->second.AddTokens(static_cast<int64_t>(o.new_token_ids.size()));
+        }
       }
-      clocks_[f.job_id].AddTokens(static_cast<int64_t>(o.new_token_ids.size()));
       if (!o.finished) continue;
       f.error = o.error;
       c.finish_reason = FinishReasonName(o.finish_reason);

@@ -7,7 +7,7 @@
 // result (an OpenAI batch output line) to the store at once. On start, whatever the store lists as
 // pending is simply queued again: committed results are never recomputed or duplicated.
 //
-// Other threads (gRPC handlers) call Wake, Cancel, Progress and WaitForChange.
+// Other threads (gRPC handlers) call Wake, Cancel, SetMaxTokens, Live and WaitForChange.
 #pragma once
 
 #include <atomic>
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -34,10 +35,21 @@ struct WorkerOptions {
   DaemonMetrics* metrics = nullptr;  // borrowed; passes and results are observed when set
 };
 
-// A job's live figures: the store's counters plus tokens of requests still running.
+// A job's live figures: the store's counters plus tokens of requests still running, and the
+// reading of its job clock.
 struct JobLive {
   int64_t generated_tokens = 0;  // in-flight requests' tokens so far
   int64_t prompt_tokens = 0;     // in-flight requests' prompts (prefilled or queued)
+  // The sum of max_tokens of the job's runnable requests: the most it can generate. 0 = unknown
+  // (the job was created before this daemon started, or has no runnable request).
+  int64_t max_tokens_total = 0;
+  // The job's clock (engine/batch/job_clock.h: steady clock, sub-second) from the first request
+  // this daemon fed (after a restart: from the restart), counting the requests and tokens it ran;
+  // frozen when the job ended. Unset when this daemon has run none of the job's requests (queued,
+  // or finished before it started) or has forgotten the job (it keeps the last kEndedJobsKept).
+  // Its requests_total is what remained to run when the clock started; its tokens_total is
+  // max_tokens_total when known.
+  std::optional<JobClock::Reading> clock;
 };
 
 class EngineWorker {
@@ -60,7 +72,13 @@ class EngineWorker {
   // The job is CANCELLING in the store: abort its in-flight sequences, then mark it CANCELLED.
   void Cancel(const std::string& job_id);
 
+  // CreateJob stored a job whose runnable requests may generate `max_tokens_total` tokens (the
+  // sum of their max_tokens); kept in memory (JobLive::max_tokens_total, the job clock's total).
+  void SetMaxTokens(const std::string& job_id, int64_t max_tokens_total);
+  // The job's live figures (any thread).
   JobLive Live(const std::string& job_id);
+  // Ended jobs whose final clock reading Live still returns, the newest ones.
+  static constexpr size_t kEndedJobsKept = 4096;
   // Changes (a result committed, a state changed) bump a counter; blocks until it differs from
   // `seen` or `timeout` passes, and returns the current value.
   int64_t WaitForChange(int64_t seen, absl::Duration timeout);
@@ -89,8 +107,12 @@ class EngineWorker {
   absl::Status Feed();
   absl::Status HandleCancels();
   absl::Status Finish(int64_t request_id, InFlight& flight);
+  // Starts the clock of `job` when it has none (its first request is being fed), with the
+  // requests still to run (from the store) and the job's max_tokens_total when known.
+  void StartClock(const std::string& job);
   // After a request of `job` finished: when none of its requests is in flight and the store says
-  // it ended, logs its duration, requests, tokens and rate (from its JobClock) and drops the clock.
+  // it ended, logs its duration, requests, tokens and rate (from its JobClock) and keeps the
+  // clock's final reading for Live (the last kEndedJobsKept jobs).
   void LogIfJobDone(const std::string& job);
   // After a request's result was committed: the bookkeeping of a finished request.
   void Committed(const InFlight& f);
@@ -112,7 +134,14 @@ class EngineWorker {
   bool wake_ ABSL_GUARDED_BY(mu_) = true;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::string> cancels_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);  // running jobs: tokens in flight
+  // The clock of every running job this process has fed requests of, from the first one fed
+  // (after a restart: from the restart). Updated by the engine thread, read by Live.
+  std::map<std::string, JobClock> clocks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> max_tokens_ ABSL_GUARDED_BY(mu_);  // SetMaxTokens, until the end
+  // Jobs that ended, with their final figures (clock frozen); oldest first in ended_order_.
+  std::map<std::string, JobLive> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   EngineStats engine_stats_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_count_ ABSL_GUARDED_BY(mu_) = 0;  // in_flight_.size() after the last loop
@@ -129,9 +158,6 @@ class EngineWorker {
   std::chrono::steady_clock::time_point next_commit_retry_{};
   std::chrono::milliseconds commit_backoff_{500};
   std::set<std::pair<std::string, int64_t>> keys_;  // (job, index) in flight
-  // The clock of every job this process has run requests of, from the first one fed (after a
-  // restart: from the restart).
-  std::map<std::string, JobClock> clocks_;
   std::string
       last_fed_tenant_;  // the tenant of the request fed last: the next feed starts after it
 };

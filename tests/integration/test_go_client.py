@@ -269,3 +269,45 @@ def test_token_and_mutual_tls(go_cli, tmp_path):
                 r.stderr
     finally:
         d.stop()
+
+
+def test_watch_and_status(go_cli, daemon, tmp_path):
+    """`moebatch-go watch` follows a job another process submitted: tokens progress before any
+    request is done, the daemon's job-clock rate is above 0; `status` prints the same job and a
+    summary with the local start time, tokens and rate."""
+    import re
+
+    from moebatch import Client
+
+    n, max_tokens = 6, 1500
+    job = Client(daemon.addr, timeout=60).create_job(jsonl="\n".join(
+        chat_line(f"r{i}", f"Tell me a story {i}", max_tokens=max_tokens, temperature=0,
+                  ignore_eos=True) for i in range(n)) + "\n")
+    env = {"MOEBATCH_SERVER": daemon.addr}
+    watch = run(go_cli, "watch", job.id, "--interval", "0.2", env=env)
+    assert watch.returncode == 0, watch.stderr
+    final = json.loads(watch.stdout)
+    assert final["state"] == "completed" and final["generated_tokens"] == n * max_tokens
+    assert final["tokens_per_second"] > 0 and final["elapsed_seconds"] > 0
+    assert watch.stderr.startswith(f"moebatch-go: watching {job.id} ({n} requests)\n")
+    pattern = re.compile(rf"moebatch-go: {job.id} in_progress 0/{n} done \(0 failed\), "
+                         rf"(\d+)/{n * max_tokens} tokens, (\d+)%, ([\d.]+) tok/s")
+    before = [m for m in map(pattern.match, watch.stderr.splitlines()) if m]
+    assert len(before) >= 2, watch.stderr
+    tokens = [int(m[1]) for m in before]
+    assert tokens == sorted(tokens) and tokens[-1] > tokens[0], watch.stderr
+    assert int(before[-1][2]) > 0 and float(before[-1][3]) > 0, watch.stderr
+    assert (f"moebatch-go: {job.id} completed: {n} completed, 0 failed of {n} requests in "
+            f"{final['elapsed_seconds']:.2f}s;") in watch.stderr
+
+    status = run(go_cli, "status", job.id, env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout) == final
+    start = max(int(final["finished_at"] - final["elapsed_seconds"]), final["created_at"])
+    local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+    assert status.stderr.startswith(
+        f"moebatch-go: {job.id} completed: {n}/{n} done (0 failed); started {local} "), \
+        status.stderr
+    assert status.stderr.endswith(
+        f"; {final['prompt_tokens']} prompt tokens, {n * max_tokens} generated tokens, "
+        f"{final['tokens_per_second']:.1f} tok/s\n"), status.stderr

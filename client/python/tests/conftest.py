@@ -10,7 +10,10 @@ behaviour:
     job in IN_PROGRESS with one request per inline request or non-blank JSONL line; records every
     request it receives.
   * GetJob / CancelJob / WatchJob / GetResults: NOT_FOUND "job <id> not found" for unknown ids.
-  * WatchJob: 0/N .. N/N progress messages, then COMPLETED (the job's state becomes COMPLETED).
+  * WatchJob: 0/N .. N/N progress messages, then COMPLETED (the job's state becomes COMPLETED,
+    with the daemon's figures: started_at, tokens, rate, elapsed seconds). Each request may
+    generate 4 tokens (max_tokens_total 4 N) and generates 4 by the time it is done, 2 while
+    running. A job already terminal gets one message, its final state, at once.
     Jobs with special ids misbehave: "job_broken" aborts with INTERNAL after one message,
     "job_flaky" answers UNAVAILABLE on the first watch, "job_doomed" (or metadata fake_outcome=cancelled|failed) ends
     CANCELLED (or FAILED),
@@ -154,12 +157,20 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
                                      request_counts=job.request_counts)
                 time.sleep(0.01)
             return
+        if job.state in (pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+            yield pb.JobProgress(job_id=job.id, state=job.state, request_counts=job.request_counts,
+                                 prompt_tokens=job.prompt_tokens,
+                                 generated_tokens=job.generated_tokens, max_tokens_total=4 * total,
+                                 tokens_per_second=job.tokens_per_second,
+                                 elapsed_seconds=job.elapsed_seconds, error=job.error)
+            return
         for done in range(total + 1):
             yield pb.JobProgress(
                 job_id=job.id, state=pb.JOB_STATE_IN_PROGRESS,
                 request_counts=pb.RequestCounts(total=total, completed=done),
-                prompt_tokens=10 * total, generated_tokens=4 * done,
-                tokens_per_second=100.0 * done, eta_seconds=float(total - done))
+                prompt_tokens=10 * total, generated_tokens=4 * done + 2 * (total - done),
+                max_tokens_total=4 * total, tokens_per_second=100.0 * done,
+                elapsed_seconds=0.5 * done, eta_seconds=float(total - done))
             if job.id == "job_broken":
                 context.abort(grpc.StatusCode.INTERNAL, "boom")
         outcome = job.metadata.get("fake_outcome", "cancelled" if job.id == "job_doomed" else "")
@@ -170,10 +181,14 @@ class FakeBatchService(pb_grpc.BatchServiceServicer):
             if final == pb.JOB_STATE_FAILED:
                 job.error = "engine exploded"
             job.request_counts.completed = total
+            job.started_at = job.created_at + 1
             job.finished_at = job.created_at + 10
+            job.prompt_tokens, job.generated_tokens = 10 * total, 4 * total
+            job.tokens_per_second, job.elapsed_seconds = 123.5, 4 * total / 123.5
         yield pb.JobProgress(job_id=job.id, state=final, request_counts=job.request_counts,
                              prompt_tokens=10 * total, generated_tokens=4 * total,
-                             tokens_per_second=123.5)
+                             max_tokens_total=4 * total, tokens_per_second=123.5,
+                             elapsed_seconds=job.elapsed_seconds, error=job.error)
 
     def GetResults(self, request, context):
         self.calls.append(("GetResults", request))

@@ -39,9 +39,10 @@ type invocation struct {
 	file       string
 	wait       bool
 	noProgress bool
+	interval   timeoutFlag // progress lines when stderr is not a terminal (0: the default)
 	metadata   metadataFlag
 	model      string
-	// status, results, cancel
+	// watch, status, results, cancel
 	job string
 	// list
 	state    stateFlag
@@ -213,14 +214,18 @@ func parseTimeout(text string) (time.Duration, error) {
 var commands = []struct{ name, args, summary string }{
 	{"submit", "FILE.jsonl", "submit an OpenAI batch input file (one request per line, - for stdin) " +
 		"as a job; prints the job as JSON"},
-	{"status", "JOB", "print a job as JSON"},
+	{"watch", "JOB", "follow a job (any job: running or finished) with progress on stderr until " +
+		"it ends; prints the final job as JSON; exit 0 when it completed, 1 when it failed or " +
+		"was cancelled"},
+	{"status", "JOB", "print a job as JSON, and a summary on stderr (start time, tokens, rate)"},
 	{"list", "", "list jobs, newest first"},
 	{"results", "JOB", "write a job's OpenAI batch output lines in input order; waits for the " +
 		"job to finish unless -no-wait"},
 	{"cancel", "JOB", "cancel a job; prints it as JSON"},
 }
 
-const exitCodesHelp = "Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for job " +
+const exitCodesHelp = "Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for " +
+	"(or watched) job " +
 	"ended failed or cancelled; 2 bad usage or an unreadable input file; 130 interrupted."
 
 func flagDefaults(fs *flag.FlagSet) string {
@@ -264,7 +269,7 @@ func parseArgs(args []string, getenv func(string) string) (*invocation, error) {
 	}
 	rest := global.Args()
 	if len(rest) == 0 {
-		return nil, usagef("a command is needed: submit, status, list, results or cancel (see %s -h)", prog)
+		return nil, usagef("a command is needed: submit, watch, status, list, results or cancel (see %s -h)", prog)
 	}
 	inv.command = rest[0]
 
@@ -278,7 +283,14 @@ func parseArgs(args []string, getenv func(string) string) (*invocation, error) {
 		fs.Var(&inv.metadata, "metadata", "`KEY=VALUE` kept with the job (repeatable)")
 		fs.StringVar(&inv.model, "model", "", "the daemon's model `NAME` (default: any)")
 		fs.BoolVar(&inv.noProgress, "no-progress", false, "with -wait: no progress display")
+		fs.Var(&inv.interval, "interval", "with -wait, stderr not a terminal: a progress line at "+
+			"most every `SECONDS`, and at each state change (default 5)")
 		positional = []string{"FILE.jsonl"}
+	case "watch":
+		fs.BoolVar(&inv.noProgress, "no-progress", false, "no progress display")
+		fs.Var(&inv.interval, "interval", "stderr not a terminal: a progress line at most every "+
+			"`SECONDS`, and at each state change (default 5)")
+		positional = []string{"JOB"}
 	case "status", "cancel":
 		positional = []string{"JOB"}
 	case "list":
@@ -294,7 +306,7 @@ func parseArgs(args []string, getenv func(string) string) (*invocation, error) {
 		fs.BoolVar(&inv.noWait, "no-wait", false, "only the results committed so far")
 		positional = []string{"JOB"}
 	default:
-		return nil, usagef("unknown command %q: expected submit, status, list, results or cancel", inv.command)
+		return nil, usagef("unknown command %q: expected submit, watch, status, list, results or cancel", inv.command)
 	}
 	values, err := parseInterleaved(fs, rest[1:])
 	if err != nil {
@@ -314,7 +326,7 @@ func parseArgs(args []string, getenv func(string) string) (*invocation, error) {
 	switch inv.command {
 	case "submit":
 		inv.file = values[0]
-	case "status", "cancel", "results":
+	case "watch", "status", "cancel", "results":
 		inv.job = values[0]
 		if inv.job == "" {
 			return nil, usagef("%s: JOB must not be empty", inv.command)

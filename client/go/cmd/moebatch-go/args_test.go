@@ -46,6 +46,25 @@ func TestSubmitArguments(t *testing.T) {
 	}
 }
 
+func TestWatchArguments(t *testing.T) {
+	inv := mustParse(t, env(), "watch", "job_1", "--interval", "0.2", "--no-progress")
+	if inv.command != "watch" || inv.job != "job_1" || !inv.noProgress ||
+		inv.interval.value != 200*time.Millisecond {
+		t.Errorf("%+v", inv)
+	}
+	if inv = mustParse(t, env(), "watch", "job_1"); inv.interval.value != 0 || inv.noProgress {
+		t.Errorf("defaults: %+v", inv)
+	}
+	if inv = mustParse(t, env(), "submit", "-", "--wait", "--interval", "2s"); inv.interval.value != 2*time.Second {
+		t.Errorf("submit -interval: %+v", inv)
+	}
+	for _, args := range [][]string{{"watch"}, {"watch", "a", "b"}, {"watch", ""}, {"watch", "j", "--interval", "0"}} {
+		if _, err := parseArgs(args, env()); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
+
 func TestServerBeforeOrAfterTheCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--server", "h:1", "status", "job_1"},

@@ -2,7 +2,8 @@
 // the Python client's `moebatch` command.
 //
 //	moebatch-go submit prompts.jsonl -wait      # progress on stderr, the final job on stdout
-//	moebatch-go status JOB
+//	moebatch-go watch JOB                       # the same progress for any job
+//	moebatch-go status JOB                      # the job as JSON; a summary on stderr
 //	moebatch-go list [-state completed]
 //	moebatch-go results JOB -o results.jsonl
 //	moebatch-go cancel JOB
@@ -10,7 +11,8 @@
 // Every command takes -server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051),
 // -token (default $MOEBATCH_TOKEN), -tls-ca / -tls-cert / -tls-key / -tls-server-name and
 // -timeout; flags may be written -flag or --flag, before or after the command. Exit codes: 0 ok;
-// 1 the server refused or failed the call, or a waited-for job ended failed or cancelled (message
+// 1 the server refused or failed the call, or a waited-for (or watched) job ended failed or
+// cancelled (message
 // on stderr, e.g. "moebatch-go: NOT_FOUND: job job_x not found"); 2 bad usage or an unreadable
 // input file; 130 interrupted.
 package main
@@ -100,8 +102,10 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	switch inv.command {
 	case "submit":
 		err = c.submit(ctx, client, inv)
+	case "watch":
+		err = c.watch(ctx, client, inv)
 	case "status":
-		err = c.printJob(client.GetJob(ctx, inv.job))
+		err = c.status(ctx, client, inv)
 	case "list":
 		err = c.list(ctx, client, inv)
 	case "results":
@@ -153,24 +157,59 @@ func (c *cli) submit(ctx context.Context, client *moebatch.Client, inv *invocati
 		return c.printJob(job, nil)
 	}
 	c.errorf("submitted %s (%d requests)", job.GetId(), job.GetRequestCounts().GetTotal())
-	display := newProgressDisplay(job.GetId(), c.stderr, c.stderrTTY)
+	return c.follow(ctx, client, job.GetId(), inv, started)
+}
+
+// watch follows any job (another process's, running or finished) as submit -wait does.
+func (c *cli) watch(ctx context.Context, client *moebatch.Client, inv *invocation) error {
+	job, err := client.GetJob(ctx, inv.job) // NOT_FOUND before any display
+	if err != nil {
+		return err
+	}
+	if !moebatch.IsTerminal(job.GetState()) {
+		c.errorf("watching %s (%d requests)", job.GetId(), job.GetRequestCounts().GetTotal())
+	}
+	return c.follow(ctx, client, job.GetId(), inv, time.Time{})
+}
+
+// status prints the job as JSON on stdout and a summary for people on stderr.
+func (c *cli) status(ctx context.Context, client *moebatch.Client, inv *invocation) error {
+	job, err := client.GetJob(ctx, inv.job)
+	if err != nil {
+		return err
+	}
+	c.errorf("%s", moebatch.DescribeJob(job))
+	return c.printJob(job, nil)
+}
+
+// follow waits for the job to end with a progress display (unless inv.noProgress; plain lines
+// every inv.interval), then prints a summary on stderr and the final job on stdout; a job that
+// failed or was cancelled is a jobEndedBadly. since: when the job was submitted (zero: not
+// known).
+func (c *cli) follow(ctx context.Context, client *moebatch.Client, jobID string, inv *invocation, since time.Time) error {
+	display := newProgressDisplay(jobID, c.stderr, c.stderrTTY)
+	if inv.interval.value > 0 {
+		display.interval = inv.interval.value
+	}
 	opts := moebatch.WaitOptions{}
 	if !inv.noProgress {
 		opts.OnProgress = display.update
 	}
-	final, last, err := client.WaitJob(ctx, job.GetId(), opts)
+	final, last, err := client.WaitJob(ctx, jobID, opts)
 	display.close()
 	if err != nil {
 		if ctx.Err() != nil {
-			c.errorf("stopped waiting; %s goes on (`%s cancel %s` stops it)", job.GetId(), prog,
-				job.GetId())
+			c.errorf("stopped waiting; %s goes on (`%s cancel %s` stops it)", jobID, prog, jobID)
 		}
 		return err
 	}
 	counts := final.GetRequestCounts()
-	summary := fmt.Sprintf("%s %s: %d completed, %d failed of %d requests in %.1fs", final.GetId(),
+	summary := fmt.Sprintf("%s %s: %d completed, %d failed of %d requests in %.2fs", final.GetId(),
 		moebatch.StateName(final.GetState()), counts.GetCompleted(), counts.GetFailed(),
-		counts.GetTotal(), time.Since(started).Seconds())
+		counts.GetTotal(), final.GetElapsedSeconds())
+	if !since.IsZero() {
+		summary += fmt.Sprintf(" (%.1fs since submission)", time.Since(since).Seconds())
+	}
 	if last != nil {
 		summary += fmt.Sprintf("; %d prompt tokens, %d generated tokens, %.1f tok/s",
 			last.GetPromptTokens(), last.GetGeneratedTokens(), last.GetTokensPerSecond())

@@ -313,9 +313,9 @@ func TestProgressDisplay(t *testing.T) {
 	d.update(p(pb.JobState_JOB_STATE_IN_PROGRESS, 5)) // 5 s after the last line: printed
 	d.update(p(pb.JobState_JOB_STATE_COMPLETED, 10))  // a new state: printed
 	d.close()
-	want := "moebatch-go: job_1 in_progress 1/10 done (0 failed), 0.0 tok/s, ETA ?\n" +
-		"moebatch-go: job_1 in_progress 5/10 done (0 failed), 0.0 tok/s, ETA ?\n" +
-		"moebatch-go: job_1 completed 10/10 done (0 failed), 0.0 tok/s, ETA ?\n"
+	want := "moebatch-go: job_1 in_progress 1/10 done (0 failed), 0 tokens, 10%, 0.0 tok/s, 0:00 elapsed, ETA ?\n" +
+		"moebatch-go: job_1 in_progress 5/10 done (0 failed), 0 tokens, 50%, 0.0 tok/s, 0:00 elapsed, ETA ?\n" +
+		"moebatch-go: job_1 completed 10/10 done (0 failed), 0 tokens, 100%, 0.0 tok/s, 0:00 elapsed, ETA ?\n"
 	if buf.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
 	}
@@ -323,12 +323,101 @@ func TestProgressDisplay(t *testing.T) {
 	buf.Reset()
 	d = newProgressDisplay("job_2", &buf, true)
 	d.update(p(pb.JobState_JOB_STATE_IN_PROGRESS, 1))
-	d.update(p(pb.JobState_JOB_STATE_IN_PROGRESS, 2))
+	// Continuous batching: no more requests done, but tokens: the bar moves.
+	tokens := p(pb.JobState_JOB_STATE_IN_PROGRESS, 1)
+	tokens.GeneratedTokens, tokens.MaxTokensTotal, tokens.TokensPerSecond = 600, 1000, 312.5
+	tokens.ElapsedSeconds, tokens.EtaSeconds = 1.92, 1.28
+	d.update(tokens)
 	d.close()
-	want = "\r\x1b[Kmoebatch-go: job_2 in_progress 1/10 done (0 failed), 0.0 tok/s, ETA ?" +
-		"\r\x1b[Kmoebatch-go: job_2 in_progress 2/10 done (0 failed), 0.0 tok/s, ETA ?\n"
+	want = "\r\x1b[Kmoebatch-go: job_2 |##                  | in_progress 1/10 done (0 failed), 0 tokens, 10%, 0.0 tok/s, 0:00 elapsed, ETA ?" +
+		"\r\x1b[Kmoebatch-go: job_2 |############        | in_progress 1/10 done (0 failed), 600/1000 tokens, 60%, 312.5 tok/s, 0:02 elapsed, ETA 0:01\n"
 	if buf.String() != want {
 		t.Errorf("terminal: got %q want %q", buf.String(), want)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	srv := startServer(t, testserver.Options{})
+	ctx := context.Background()
+	getenv := env(moebatch.ServerEnv, srv.Addr())
+	// A job another process submitted.
+	r := runCLI(ctx, getenv, jsonl, "submit", "-")
+	if r.code != 0 {
+		t.Fatalf("submit: %+v", r)
+	}
+	done := make(chan result, 1)
+	go func() { done <- runCLI(ctx, getenv, "", "watch", "job_1") }()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(srv.Authorizations()) < 3 { // CreateJob, then watch's GetJob and WatchJob
+		if time.Now().After(deadline) {
+			t.Fatal("watch never watched the job")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := srv.Complete("job_1"); err != nil {
+		t.Fatal(err)
+	}
+	r = <-done
+	if r.code != 0 || decodeJob(t, r.stdout).State != "completed" {
+		t.Fatalf("watch: %+v", r)
+	}
+	for _, want := range []string{
+		"moebatch-go: watching job_1 (2 requests)\n",
+		"moebatch-go: job_1 in_progress 0/2 done (0 failed), 0/8 tokens, 0%, 12.5 tok/s, 0:02 elapsed, ETA 0:42\n",
+		"moebatch-go: job_1 completed 2/2 done (0 failed), 6/8 tokens, 100%, 12.5 tok/s, 0:02 elapsed, ETA ?\n",
+		"moebatch-go: job_1 completed: 2 completed, 0 failed of 2 requests in 2.25s; 0 prompt tokens, 6 generated tokens, 12.5 tok/s\n",
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("watch stderr %q lacks %q", r.stderr, want)
+		}
+	}
+	if strings.Contains(r.stderr, "since submission") {
+		t.Errorf("watch knows no submission time: %q", r.stderr)
+	}
+
+	// A finished job: its final state at once, no "watching" line.
+	r = runCLI(ctx, getenv, "", "watch", "job_1", "--no-progress")
+	if r.code != 0 || strings.Contains(r.stderr, "watching") ||
+		!strings.HasPrefix(r.stderr, "moebatch-go: job_1 completed: 2 completed") {
+		t.Errorf("watch a finished job: %+v", r)
+	}
+	// A cancelled one: exit 1, as submit -wait.
+	runCLI(ctx, getenv, jsonl, "submit", "-")
+	if r = runCLI(ctx, getenv, "", "cancel", "job_2"); r.code != 0 {
+		t.Fatalf("cancel: %+v", r)
+	}
+	r = runCLI(ctx, getenv, "", "watch", "job_2")
+	if r.code != 1 || !strings.HasSuffix(r.stderr, "moebatch-go: job job_2 was cancelled\n") ||
+		decodeJob(t, r.stdout).State != "cancelled" {
+		t.Errorf("watch a cancelled job: %+v", r)
+	}
+	r = runCLI(ctx, getenv, "", "watch", "job_9")
+	if r.code != 1 || r.stderr != "moebatch-go: NOT_FOUND: job job_9 not found\n" {
+		t.Errorf("watch an unknown job: %+v", r)
+	}
+}
+
+func TestStatusSummary(t *testing.T) {
+	srv := startServer(t, testserver.Options{})
+	ctx := context.Background()
+	getenv := env(moebatch.ServerEnv, srv.Addr())
+	runCLI(ctx, getenv, jsonl, "submit", "-")
+	if err := srv.Complete("job_1"); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(ctx, getenv, "", "status", "job_1")
+	job := decodeJob(t, r.stdout)
+	if r.code != 0 || job.StartedAt != 1700000001 || job.GeneratedTokens != 6 || job.PromptTokens != 2 ||
+		job.TokensPerSecond != 2.4 || job.ElapsedSeconds != 2.25 {
+		t.Errorf("status: %+v", r)
+	}
+	// The start from the job clock: finished_at less elapsed_seconds (2.25 s).
+	want := "moebatch-go: job_1 completed: 2/2 done (0 failed); started " + moebatch.LocalTime(1700000007) +
+		", ran 2.25s, finished " + moebatch.LocalTime(1700000010) +
+		"; 2 prompt tokens, 6 generated tokens, 2.4 tok/s\n"
+	if r.stderr != want {
+		t.Errorf("status stderr %q, want %q", r.stderr, want)
 	}
 }
 

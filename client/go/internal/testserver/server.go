@@ -229,7 +229,12 @@ func (j *job) setState(state pb.JobState) {
 	j.pb.State = state
 	if state == pb.JobState_JOB_STATE_COMPLETED {
 		j.pb.RequestCounts.Completed = j.pb.RequestCounts.Total
+		j.pb.StartedAt = j.pb.CreatedAt + 1
 		j.pb.FinishedAt = j.pb.CreatedAt + 10
+		j.pb.PromptTokens = j.pb.RequestCounts.Total
+		j.pb.GeneratedTokens = 3 * j.pb.RequestCounts.Total
+		j.pb.ElapsedSeconds = 2.25
+		j.pb.TokensPerSecond = 2.4
 	}
 	if state == pb.JobState_JOB_STATE_CANCELLED {
 		j.pb.FinishedAt = j.pb.CreatedAt + 5
@@ -347,8 +352,10 @@ func (s *Server) snapshot(id string, complete bool) (*pb.JobProgress, []string, 
 		j.setState(pb.JobState_JOB_STATE_COMPLETED)
 	}
 	counts := proto.Clone(j.pb.RequestCounts).(*pb.RequestCounts)
+	// Each request may generate 4 tokens and generates 3.
 	p := &pb.JobProgress{JobId: id, State: j.pb.State, RequestCounts: counts,
-		GeneratedTokens: 3 * counts.Completed, TokensPerSecond: 12.5}
+		GeneratedTokens: 3 * counts.Completed, TokensPerSecond: 12.5,
+		MaxTokensTotal: 4 * counts.Total, ElapsedSeconds: 2.25}
 	if !terminal(j.pb.State) {
 		p.EtaSeconds = 42
 	}

@@ -1,15 +1,16 @@
 """The `moebatch` command: submit batch jobs to moebatchd and fetch their results.
 
     moebatch submit prompts.jsonl --wait          # progress bar on stderr, final job on stdout
-    moebatch status JOB
+    moebatch watch JOB                            # the same progress bar for any job
+    moebatch status JOB                           # the job as JSON; a summary on stderr
     moebatch list [--state completed]
     moebatch results JOB -o results.jsonl
     moebatch cancel JOB
 
 Every command takes --server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051).
-Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for job ended failed or
-cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"); 2 bad usage or an
-unreadable input file; 130 interrupted.
+Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for (or watched) job ended
+failed or cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"); 2 bad
+usage or an unreadable input file; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import grpc
 from . import __version__
 from .client import DEFAULT_SERVER, DEFAULT_TIMEOUT, Client, default_server
 from .errors import ClientError
-from .jobs import STATE_NAMES, job_to_dict, parse_state, state_name
+from .jobs import STATE_NAMES, TERMINAL_STATES, job_to_dict, parse_state, state_name
 from .v1 import batch_pb2 as pb
 
 PROG = "moebatch"
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, parents=[common],
         description="Submit OpenAI-batch JSONL jobs to moebatchd and fetch their results.",
-        epilog="exit codes: 0 ok, 1 server error or a waited-for job failed/cancelled, "
+        epilog="exit codes: 0 ok, 1 server error or a waited-for/watched job failed/cancelled, "
                "2 usage error, 130 interrupted")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -120,10 +121,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="the daemon's model name (default: any)")
     p.add_argument("--no-progress", action="store_true",
                    help="with --wait: no progress display")
+    p.add_argument("--interval", type=_positive_float, default=5.0, metavar="SECONDS",
+                   help="with --wait, stderr not a terminal: a progress line at most every "
+                        "SECONDS, and at each state change (default 5)")
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("watch", parents=[common], help="follow a job with a progress bar",
+                       description="Follow a job (any job: submitted by another process, "
+                                   "running or finished) with a progress bar on stderr until it "
+                                   "ends; prints the final job as JSON. Exits 0 when the job "
+                                   "completed, 1 when it failed or was cancelled.")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--interval", type=_positive_float, default=5.0, metavar="SECONDS",
+                   help="stderr not a terminal: a progress line at most every SECONDS, and at "
+                        "each state change (default 5)")
+    p.set_defaults(func=cmd_watch)
+
     p = sub.add_parser("status", parents=[common], help="show a job",
-                       description="Print a job as JSON.")
+                       description="Print a job as JSON on stdout, and a summary on stderr: "
+                                   "state, requests, start time (local), tokens and the "
+                                   "daemon's rate.")
     p.add_argument("job", metavar="JOB")
     p.set_defaults(func=cmd_status)
 
@@ -174,17 +192,46 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def describe_progress(p: pb.JobProgress) -> str:
-    """"in_progress 120/805 done (2 failed), 1234.5 tok/s, ETA 0:42"."""
+def progress_fraction(p: pb.JobProgress) -> float:
+    """How much of the job is done, in [0, 1]: the larger of the fraction of requests done and
+    the fraction of max_tokens_total generated (requests run side by side for most of a job, so
+    the request fraction lags; requests that stop early make the token fraction lag). 1 once
+    the job completed."""
+    if p.state == pb.JOB_STATE_COMPLETED:
+        return 1.0
     c = p.request_counts
-    eta = format_duration(p.eta_seconds) if p.eta_seconds > 0 else "?"
+    fraction = (c.completed + c.failed) / c.total if c.total > 0 else 0.0
+    if p.max_tokens_total > 0:
+        fraction = max(fraction, p.generated_tokens / p.max_tokens_total)
+    return min(1.0, max(0.0, fraction))
+
+
+def _tokens(p: pb.JobProgress) -> str:
+    if p.max_tokens_total > 0:
+        return f"{p.generated_tokens}/{p.max_tokens_total} tokens"
+    return f"{p.generated_tokens} tokens"
+
+
+def _eta(p: pb.JobProgress) -> str:
+    return format_duration(p.eta_seconds) if p.eta_seconds > 0 else "?"
+
+
+def describe_progress(p: pb.JobProgress) -> str:
+    """"in_progress 120/805 done (2 failed), 15360/206080 tokens, 34%, 1234.5 tok/s,
+    0:12 elapsed, ETA 0:42" (the percentage is progress_fraction)."""
+    c = p.request_counts
     return (f"{state_name(p.state)} {c.completed + c.failed}/{c.total} done ({c.failed} failed), "
-            f"{p.tokens_per_second:.1f} tok/s, ETA {eta}")
+            f"{_tokens(p)}, {100 * progress_fraction(p):.0f}%, {p.tokens_per_second:.1f} tok/s, "
+            f"{format_duration(p.elapsed_seconds)} elapsed, ETA {_eta(p)}")
 
 
 class ProgressDisplay:
     """Shows JobProgress on stderr: a tqdm bar on a terminal, else a plain line at most every
-    `interval` seconds and at each state change (logs stay readable)."""
+    `interval` seconds and at each state change (logs stay readable). The bar's fill is
+    progress_fraction (tokens as well as requests, so it moves while requests run); elapsed time,
+    tok/s and ETA are the daemon's job clock."""
+
+    SCALE = 1000  # the bar's units: thousandths of the job
 
     def __init__(self, job_id: str, stream: TextIO, interval: float = 5.0):
         self.job_id = job_id
@@ -195,23 +242,25 @@ class ProgressDisplay:
         self.last_line = 0.0
         self.last_state: int | None = None
 
-    def update(self, p: pb.JobProgress) -> None:
+    @staticmethod
+    def postfix(p: pb.JobProgress) -> str:
+        """"120/805 req (2 failed), 15360/206080 tok, 1234.5 tok/s, 0:12, ETA 0:42"."""
         c = p.request_counts
-        done = c.completed + c.failed
+        tokens = _tokens(p).replace(" tokens", " tok")
+        return (f"{c.completed + c.failed}/{c.total} req ({c.failed} failed), {tokens}, "
+                f"{p.tokens_per_second:.1f} tok/s, {format_duration(p.elapsed_seconds)}, "
+                f"ETA {_eta(p)}")
+
+    def update(self, p: pb.JobProgress) -> None:
         if self.tty:
             from tqdm import tqdm
 
             if self.bar is None:
-                self.bar = tqdm(total=c.total, unit="req", file=self.stream, dynamic_ncols=True,
-                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}"
-                                           " [{elapsed}]{postfix}")
-            if self.bar.total != c.total:
-                self.bar.total = c.total
-            self.bar.n = done
+                self.bar = tqdm(total=self.SCALE, file=self.stream, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+            self.bar.n = round(self.SCALE * progress_fraction(p))
             self.bar.set_description_str(f"{self.job_id} {state_name(p.state)}", refresh=False)
-            eta = format_duration(p.eta_seconds) if p.eta_seconds > 0 else "?"
-            self.bar.set_postfix_str(
-                f"{c.failed} failed, {p.tokens_per_second:.1f} tok/s, ETA {eta}", refresh=False)
+            self.bar.set_postfix_str(self.postfix(p), refresh=False)
             self.bar.refresh()
             return
         now = time.monotonic()
@@ -228,6 +277,42 @@ class ProgressDisplay:
 
 # -- commands ---------------------------------------------------------------------------------
 
+def _follow(client: Client, job_id: str, args: argparse.Namespace,
+            since: float | None = None) -> int:
+    """Follows the job to its end with a progress display (unless args.no_progress; plain lines
+    every args.interval seconds), then prints a summary on stderr and the final job on stdout.
+    `since`: time.monotonic() at submission, for the wall time in the summary. Raises
+    JobEndedBadly when the job failed or was cancelled."""
+    display = (None if args.no_progress
+               else ProgressDisplay(job_id, sys.stderr, interval=args.interval))
+    try:
+        job, last = client.wait(job_id, on_progress=display.update if display else None)
+    except KeyboardInterrupt:
+        if display:
+            display.close()
+        print(f"{PROG}: stopped waiting; {job_id} goes on (`{PROG} cancel {job_id}` stops it)",
+              file=sys.stderr)
+        raise
+    finally:
+        if display:
+            display.close()
+    c = job.request_counts
+    summary = (f"{PROG}: {job.id} {state_name(job.state)}: {c.completed} completed, "
+               f"{c.failed} failed of {c.total} requests in {job.elapsed_seconds:.2f}s")
+    if since is not None:
+        summary += f" ({time.monotonic() - since:.1f}s since submission)"
+    if last is not None:
+        summary += (f"; {last.prompt_tokens} prompt tokens, {last.generated_tokens} generated "
+                    f"tokens, {last.tokens_per_second:.1f} tok/s")
+    print(summary, file=sys.stderr)
+    _print_job(job, sys.stdout)
+    if job.state == pb.JOB_STATE_FAILED:
+        raise JobEndedBadly(f"job {job.id} failed: {job.error or 'no reason given'}")
+    if job.state == pb.JOB_STATE_CANCELLED:
+        raise JobEndedBadly(f"job {job.id} was cancelled")
+    return EXIT_OK
+
+
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     try:
         with open(args.file, "rb") as f:
@@ -242,46 +327,64 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     if not args.wait:
         _print_job(job, sys.stdout)
         return EXIT_OK
-
     c = job.request_counts
     print(f"{PROG}: submitted {job.id} ({c.total} requests)", file=sys.stderr, flush=True)
-    display = None if args.no_progress else ProgressDisplay(job.id, sys.stderr)
-    try:
-        job, last = client.wait(job.id, on_progress=display.update if display else None)
-    except KeyboardInterrupt:
-        if display:
-            display.close()
-        print(f"{PROG}: stopped waiting; {job.id} goes on (`{PROG} cancel {job.id}` stops it)",
-              file=sys.stderr)
-        raise
-    finally:
-        if display:
-            display.close()
-    elapsed = time.monotonic() - started
+    return _follow(client, job.id, args, since=started)
+
+
+def cmd_watch(client: Client, args: argparse.Namespace) -> int:
+    job = client.get_job(args.job)  # NOT_FOUND before any display
+    if job.state not in TERMINAL_STATES:
+        c = job.request_counts
+        print(f"{PROG}: watching {job.id} ({c.total} requests)", file=sys.stderr, flush=True)
+    return _follow(client, job.id, args)
+
+
+def _timestamp(seconds: int, zone: bool = False) -> str:
+    """Unix seconds as local time, "2026-11-27 14:03:09" ("... CET" with `zone`); "-" for 0."""
+    if seconds <= 0:
+        return "-"
+    moment = _dt.datetime.fromtimestamp(seconds).astimezone()
+    return moment.strftime("%Y-%m-%d %H:%M:%S %Z" if zone else "%Y-%m-%d %H:%M:%S")
+
+
+def job_start(job: pb.Job, now: float | None = None) -> int:
+    """When the job started running, Unix seconds (0: not yet): its end (finished_at, or now
+    while it runs) less the daemon's elapsed_seconds, so from the job clock (the store's
+    started_at is the time of the first result); started_at when the daemon has no clock for
+    it."""
+    if job.elapsed_seconds > 0:
+        end = job.finished_at if job.finished_at > 0 else (time.time() if now is None else now)
+        return max(int(end - job.elapsed_seconds), job.created_at)
+    return job.started_at
+
+
+def describe_job(job: pb.Job) -> str:
+    """A job in one line for people, times local: "job_x in_progress: 120/805 done (2 failed);
+    started 2026-11-27 14:03:09 CET, ran 42.10s; 9630 prompt tokens, 15360 generated tokens,
+    364.8 tok/s". Tokens are those of the requests with a result; the rate is the daemon's."""
     c = job.request_counts
-    summary = (f"{PROG}: {job.id} {state_name(job.state)}: {c.completed} completed, "
-               f"{c.failed} failed of {c.total} requests in {elapsed:.1f}s")
-    if last is not None:
-        summary += (f"; {last.prompt_tokens} prompt tokens, {last.generated_tokens} generated "
-                    f"tokens, {last.tokens_per_second:.1f} tok/s")
-    print(summary, file=sys.stderr)
-    _print_job(job, sys.stdout)
-    if job.state == pb.JOB_STATE_FAILED:
-        raise JobEndedBadly(f"job {job.id} failed: {job.error or 'no reason given'}")
-    if job.state == pb.JOB_STATE_CANCELLED:
-        raise JobEndedBadly(f"job {job.id} was cancelled")
-    return EXIT_OK
+    text = (f"{job.id} {state_name(job.state)}: {c.completed + c.failed}/{c.total} done "
+            f"({c.failed} failed)")
+    start = job_start(job)
+    if start > 0:
+        text += f"; started {_timestamp(start, zone=True)}, ran {job.elapsed_seconds:.2f}s"
+    else:
+        text += f"; not started (created {_timestamp(job.created_at, zone=True)})"
+    if job.finished_at > 0:
+        text += f", finished {_timestamp(job.finished_at, zone=True)}"
+    text += (f"; {job.prompt_tokens} prompt tokens, {job.generated_tokens} generated tokens, "
+             f"{job.tokens_per_second:.1f} tok/s")
+    if job.error:
+        text += f"; error: {job.error}"
+    return text
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    _print_job(client.get_job(args.job), sys.stdout)
+    job = client.get_job(args.job)
+    print(f"{PROG}: {describe_job(job)}", file=sys.stderr)
+    _print_job(job, sys.stdout)
     return EXIT_OK
-
-
-def _timestamp(seconds: int) -> str:
-    if seconds <= 0:
-        return "-"
-    return _dt.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def cmd_list(client: Client, args: argparse.Namespace) -> int:

@@ -60,6 +60,11 @@ def job_to_dict(job: pb.Job) -> dict[str, Any]:
         "finished_at": job.finished_at,
         "error": job.error,
         "tenant": job.tenant,
+        "started_at": job.started_at,
+        "prompt_tokens": job.prompt_tokens,
+        "generated_tokens": job.generated_tokens,
+        "tokens_per_second": job.tokens_per_second,
+        "elapsed_seconds": job.elapsed_seconds,
     }
 
 
@@ -71,6 +76,8 @@ def progress_to_dict(progress: pb.JobProgress) -> dict[str, Any]:
         "request_counts": _counts(progress.request_counts),
         "prompt_tokens": progress.prompt_tokens,
         "generated_tokens": progress.generated_tokens,
+        "max_tokens_total": progress.max_tokens_total,
         "tokens_per_second": progress.tokens_per_second,
+        "elapsed_seconds": progress.elapsed_seconds,
         "eta_seconds": progress.eta_seconds,
     }
