@@ -279,12 +279,12 @@ def test_watch_and_status(go_cli, daemon, tmp_path):
 
     from moebatch import Client
 
-    n, max_tokens = 6, 1500
+    n, max_tokens = 4, 800
     job = Client(daemon.addr, timeout=60).create_job(jsonl="\n".join(
         chat_line(f"r{i}", f"Tell me a story {i}", max_tokens=max_tokens, temperature=0,
                   ignore_eos=True) for i in range(n)) + "\n")
     env = {"MOEBATCH_SERVER": daemon.addr}
-    watch = run(go_cli, "watch", job.id, "--interval", "0.2", env=env)
+    watch = run(go_cli, "watch", job.id, "--interval", "0.2", env=env, timeout=600)
     assert watch.returncode == 0, watch.stderr
     final = json.loads(watch.stdout)
     assert final["state"] == "completed" and final["generated_tokens"] == n * max_tokens
