@@ -48,9 +48,9 @@ void EngineWorker::Wake() {
   cv_.SignalAll();
 }
 
-void EngineWorker::Cancel(const std::string& job_id) {
+void EngineWorker::Cancel(const std::string& job_id, JobState final_state) {
   absl::MutexLock lock(&mu_);
-  cancels_.insert(job_id);
+  cancels_.emplace(job_id, final_state);
   cv_.SignalAll();
 }
 
@@ -110,12 +110,12 @@ void EngineWorker::Bump() {
 }
 
 absl::Status EngineWorker::HandleCancels() {
-  std::set<std::string> jobs;
+  std::map<std::string, JobState> jobs;
   {
     absl::MutexLock lock(&mu_);
     jobs.swap(cancels_);
   }
-  for (const std::string& job : jobs) {
+  for (const auto& [job, final_state] : jobs) {
     int aborted = 0;
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       if (it->second.job_id == job) {
@@ -137,10 +137,11 @@ absl::Status EngineWorker::HandleCancels() {
     if (!record.ok()) return record.status();
     if (!IsTerminal(record->state)) {
       // FailedPrecondition: its last result completed it meanwhile; that state stands.
-      absl::Status st = store_->SetJobState(job, JobState::kCancelled);
+      absl::Status st = store_->SetJobState(job, final_state);
       if (!st.ok() && st.code() != absl::StatusCode::kFailedPrecondition) return st;
     }
-    spdlog::info("job {} cancelled ({} in-flight requests stopped)", job, aborted);
+    spdlog::info("job {} {} ({} in-flight requests stopped)", job,
+                 std::string(JobStateName(final_state)), aborted);
     LogIfJobDone(job);
   }
   if (!jobs.empty()) Bump();

@@ -69,8 +69,9 @@ class EngineWorker {
 
   // A new job was stored: look for pending requests.
   void Wake();
-  // The job is CANCELLING in the store: abort its in-flight sequences, then mark it CANCELLED.
-  void Cancel(const std::string& job_id);
+  // Abort the job's in-flight sequences, then mark it `final_state`: CANCELLED (the job is
+  // CANCELLING in the store) or EXPIRED (its completion window passed).
+  void Cancel(const std::string& job_id, JobState final_state = JobState::kCancelled);
 
   // CreateJob stored a job whose runnable requests may generate `max_tokens_total` tokens (the
   // sum of their max_tokens); kept in memory (JobLive::max_tokens_total, the job clock's total).
@@ -133,8 +134,8 @@ class EngineWorker {
   absl::CondVar cv_;
   bool wake_ ABSL_GUARDED_BY(mu_) = true;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<std::string> cancels_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);  // running jobs: tokens in flight
+  std::map<std::string, JobState> cancels_ ABSL_GUARDED_BY(mu_);  // job -> its final state
+  std::map<std::string, JobLive> live_ ABSL_GUARDED_BY(mu_);      // running jobs: tokens in flight
   // The clock of every running job this process has fed requests of, from the first one fed
   // (after a restart: from the restart). Updated by the engine thread, read by Live.
   std::map<std::string, JobClock> clocks_ ABSL_GUARDED_BY(mu_);

@@ -175,7 +175,7 @@ Json BatchJson(const JobRecord& job, const JobStore::ResultStats& stats) {
       {"finalizing_at", job.state == JobState::kCompleted ? NullIfZero(finished) : nullptr},
       {"completed_at", job.state == JobState::kCompleted ? NullIfZero(finished) : nullptr},
       {"failed_at", job.state == JobState::kFailed ? NullIfZero(finished) : nullptr},
-      {"expired_at", nullptr},
+      {"expired_at", job.state == JobState::kExpired ? NullIfZero(finished) : nullptr},
       {"cancelling_at", NullIfZero(job.cancelling_at)},
       {"cancelled_at", job.state == JobState::kCancelled ? NullIfZero(finished) : nullptr},
       {"request_counts", counts},
@@ -213,17 +213,35 @@ absl::StatusOr<int32_t> IntParam(const httplib::Request& req, const std::string&
   return v;
 }
 
-// "<N>h" with N in [1, kMaxWindowHours] -> hours.
-absl::StatusOr<int64_t> WindowHours(const std::string& window) {
-  int64_t hours = 0;
-  if (window.size() < 2 || window.back() != 'h' ||
-      !absl::SimpleAtoi(window.substr(0, window.size() - 1), &hours) || hours < 1 ||
-      hours > kMaxWindowHours) {
-    return Invalid("completion_window",
-                   absl::StrCat("must be a number of hours such as \"24h\" (1h to ",
-                                kMaxWindowHours, "h), got ", QuoteBounded(window, kMaxQuoted)));
+// "<N>h" (OpenAI's form, "24h"), or "<N>s", "<N>m", "<N>d" -> seconds, 1 s to a year.
+absl::StatusOr<int64_t> WindowSeconds(const std::string& window) {
+  int64_t n = 0, unit = 0;
+  if (!window.empty()) {
+    switch (window.back()) {
+      case 's':
+        unit = 1;
+        break;
+      case 'm':
+        unit = 60;
+        break;
+      case 'h':
+        unit = 3600;
+        break;
+      case 'd':
+        unit = 86400;
+        break;
+      default:
+        break;
+    }
   }
-  return hours;
+  if (unit == 0 || !absl::SimpleAtoi(window.substr(0, window.size() - 1), &n) || n < 1 ||
+      n > kMaxWindowHours * 3600 / unit) {
+    return Invalid("completion_window",
+                   absl::StrCat("must be a duration such as \"24h\" (a number and s, m, h or d; "
+                                "at most a year), got ",
+                                QuoteBounded(window, kMaxQuoted)));
+  }
+  return n * unit;
 }
 
 int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
@@ -497,8 +515,8 @@ struct OpenAiHttpApi::Routes {
     }
     auto window = string_field("completion_window");
     if (!window.ok()) return SendError(res, window.status());
-    auto hours = WindowHours(*window);
-    if (!hours.ok()) return SendError(res, hours.status());
+    auto window_seconds = WindowSeconds(*window);
+    if (!window_seconds.ok()) return SendError(res, window_seconds.status());
     v1::CreateJobRequest request;
     if (body.contains("metadata") && !body["metadata"].is_null()) {
       if (!body["metadata"].is_object()) {
@@ -535,7 +553,7 @@ struct OpenAiHttpApi::Routes {
     fields.endpoint = *endpoint;
     fields.completion_window = *window;
     fields.input_file_id = file->id;
-    fields.expires_at = NowSeconds() + *hours * 3600;
+    fields.expires_at = NowSeconds() + *window_seconds;
     auto job = api->service_->Submit(*who, request, fields, /*store_invalid=*/true);
     if (!job.ok()) {
       // The whole file was refused (no requests, too many): the file is the parameter at fault.

@@ -18,6 +18,8 @@ std::string_view JobStateName(JobState state) {
       return "cancelling";
     case JobState::kCancelled:
       return "cancelled";
+    case JobState::kExpired:
+      return "expired";
   }
   return "unknown";  // a number outside the enum (e.g. read from a newer database)
 }

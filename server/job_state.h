@@ -14,13 +14,15 @@ enum class JobState : int {
   kFailed = 5,
   kCancelling = 6,
   kCancelled = 7,
+  kExpired = 8,  // not finished within its completion window (expires_at)
 };
 
 // "validating", "in_progress", ... (the OpenAI spelling).
 std::string_view JobStateName(JobState state);
 
 inline bool IsTerminal(JobState s) {
-  return s == JobState::kCompleted || s == JobState::kFailed || s == JobState::kCancelled;
+  return s == JobState::kCompleted || s == JobState::kFailed || s == JobState::kCancelled ||
+         s == JobState::kExpired;
 }
 
 }  // namespace moebatch

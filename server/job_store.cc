@@ -147,8 +147,7 @@ int64_t NowSeconds() {
 
 bool IsKnownState(JobState s) {
   int v = static_cast<int>(s);
-  return v >= static_cast<int>(JobState::kValidating) &&
-         v <= static_cast<int>(JobState::kCancelled);
+  return v >= static_cast<int>(JobState::kValidating) && v <= static_cast<int>(JobState::kExpired);
 }
 
 // The id as the caller gave it, cut: a message quoting a 100 KB id would exceed gRPC's metadata
@@ -832,22 +831,29 @@ absl::Status JobStore::SetJobStateUntracked(const std::string& job_id, JobState 
   } else {
     finished_at = 0;
   }
-  int64_t dropped = 0;
-  if (state == JobState::kCancelled && current != JobState::kCancelled) {
+  int64_t cancelled = 0, expired = 0;
+  if ((state == JobState::kCancelled || state == JobState::kExpired) && current != state) {
     // Every request without a result gets an error line (OpenAI's batch output line with
     // "response": null), built by SQLite's json_object so that custom_id is escaped as JSON.
+    const bool cancel = state == JobState::kCancelled;
     absl::StatusOr<Statement> fill = Statement::Prepare(
         db,
         "INSERT INTO results (job_id, idx, custom_id, line, failed) "
         "SELECT r.job_id, r.idx, r.custom_id, json_object('id', 'batch_req_' || r.job_id || '_' "
-        "|| r.idx, 'custom_id', r.custom_id, 'response', NULL, 'error', json_object('code', "
-        "'batch_cancelled', 'message', 'the batch was cancelled before this request finished')), "
-        "1 FROM requests r LEFT JOIN results s ON s.job_id = r.job_id AND s.idx = r.idx "
-        "WHERE r.job_id = ? AND s.idx IS NULL");
+        "|| r.idx, 'custom_id', r.custom_id, 'response', NULL, 'error', json_object('code', ?2, "
+        "'message', ?3)), 1 FROM requests r LEFT JOIN results s ON s.job_id = r.job_id AND "
+        "s.idx = r.idx WHERE r.job_id = ?1 AND s.idx IS NULL");
     if (!fill.ok()) return fill.status();
-    if (absl::Status s = fill->BindAll(job_id); !s.ok()) return s;
+    if (absl::Status s = fill->BindAll(
+            job_id, cancel ? "batch_cancelled" : "batch_expired",
+            cancel ? "the batch was cancelled before this request finished"
+                   : "the batch expired (its completion_window passed) before this request "
+                     "finished");
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = fill->Run(); !s.ok()) return s;
-    dropped = sqlite3_changes(db);
+    (cancel ? cancelled : expired) = sqlite3_changes(db);
   }
   {
     // An empty `error` keeps the stored one; cancelling_at is set once.
@@ -855,11 +861,13 @@ absl::Status JobStore::SetJobStateUntracked(const std::string& job_id, JobState 
         db,
         "UPDATE jobs SET state = ?1, finished_at = ?2, "
         "error = CASE WHEN ?3 = '' THEN error ELSE ?3 END, cancelled = cancelled + ?5, "
+        "failed = failed + ?8, "
         "cancelling_at = CASE WHEN ?1 = ?6 AND cancelling_at = 0 THEN ?7 ELSE cancelling_at END "
         "WHERE id = ?4");
     if (!update.ok()) return update.status();
-    if (absl::Status s = update->BindAll(static_cast<int64_t>(state), finished_at, error, job_id,
-                                         dropped, static_cast<int64_t>(JobState::kCancelling), now);
+    if (absl::Status s =
+            update->BindAll(static_cast<int64_t>(state), finished_at, error, job_id, cancelled,
+                            static_cast<int64_t>(JobState::kCancelling), now, expired);
         !s.ok()) {
       return s;
     }
@@ -997,6 +1005,30 @@ absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountJobsByState() {
   return counts;
 }
 
+absl::StatusOr<std::vector<std::string>> JobStore::JobsToExpire(int64_t now) {
+  absl::MutexLock lock(&impl_->read_mu);
+  absl::StatusOr<Statement> stmt = Statement::Prepare(
+      impl_->reader,
+      "SELECT id FROM jobs WHERE expires_at > 0 AND expires_at <= ? AND state IN (?, ?, ?, ?) "
+      "ORDER BY seq");
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(now, static_cast<int64_t>(JobState::kValidating),
+                                     static_cast<int64_t>(JobState::kInProgress),
+                                     static_cast<int64_t>(JobState::kFinalizing),
+                                     static_cast<int64_t>(JobState::kCancelling));
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> ids;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    ids.push_back(stmt->Text(0));
+  }
+  return ids;
+}
+
 absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
   if (!IsKnownState(state)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown job state ", static_cast<int>(state)));
@@ -1100,11 +1132,12 @@ absl::StatusOr<int64_t> JobStore::DeleteJobsFinishedBefore(int64_t cutoff) {
     if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
     absl::StatusOr<Statement> del = Statement::Prepare(
         impl_->db,
-        "DELETE FROM jobs WHERE state IN (?, ?, ?) AND finished_at > 0 AND finished_at < ?");
+        "DELETE FROM jobs WHERE state IN (?, ?, ?, ?) AND finished_at > 0 AND finished_at < ?");
     if (!del.ok()) return del.status();
     if (absl::Status s = del->BindAll(static_cast<int64_t>(JobState::kCompleted),
                                       static_cast<int64_t>(JobState::kFailed),
-                                      static_cast<int64_t>(JobState::kCancelled), cutoff);
+                                      static_cast<int64_t>(JobState::kCancelled),
+                                      static_cast<int64_t>(JobState::kExpired), cutoff);
         !s.ok()) {
       return s;
     }

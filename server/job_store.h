@@ -155,7 +155,8 @@ class JobStore {
   // Sets the state (and error, finished_at for terminal states; cancelling_at for CANCELLING).
   // NotFound for an unknown job; FailedPrecondition when the job is already in another terminal
   // state (it stays there). CANCELLED gives every request without a result a failed result line
-  // (error code "batch_cancelled"), counted in `cancelled`, in the same transaction.
+  // (error code "batch_cancelled"), counted in `cancelled`, in the same transaction; EXPIRED
+  // likewise (code "batch_expired"), counted in `failed`.
   absl::Status SetJobState(const std::string& job_id, JobState state,
                            const std::string& error = "");
 
@@ -217,6 +218,10 @@ class JobStore {
 
   // The number of jobs in each state (states without jobs are absent), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();
+
+  // Jobs not finished whose expires_at is set and not after `now` (Unix seconds): the daemon
+  // expires them (EngineWorker::Cancel with JobState::kExpired).
+  absl::StatusOr<std::vector<std::string>> JobsToExpire(int64_t now);
 
   // Jobs that are CANCELLING: on start the daemon finishes their cancellation.
   absl::StatusOr<std::vector<std::string>> JobsInState(JobState state);

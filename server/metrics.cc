@@ -40,9 +40,9 @@ using prometheus::Counter;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr std::array<JobState, 7> kJobStates = {
+constexpr std::array<JobState, 8> kJobStates = {
     JobState::kValidating, JobState::kInProgress, JobState::kFinalizing, JobState::kCompleted,
-    JobState::kFailed,     JobState::kCancelling, JobState::kCancelled};
+    JobState::kFailed,     JobState::kCancelling, JobState::kCancelled,  JobState::kExpired};
 
 // Forward passes run from milliseconds (a small model on the CPU) to tens of seconds (a large MoE
 // streaming its weights over PCIe at a full token budget).

@@ -16,7 +16,7 @@
 //     moebatch_ready                        gauge    1 when the daemon serves requests, else 0
 //     moebatch_jobs{state}                  gauge    jobs in each state (validating, in_progress,
 //                                                    finalizing, completed, failed, cancelling,
-//                                                    cancelled); as last given to SetJobCounts
+//                                                    cancelled, expired); as last given to SetJobCounts
 //     moebatch_requests_total{outcome}      counter  results committed, by outcome="completed"
 //                                                    or "failed"
 //     moebatch_prompt_tokens_total          counter  prompt tokens of those results

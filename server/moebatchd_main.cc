@@ -502,11 +502,20 @@ int Run(const std::set<std::string>& given) {
   // Health follows the job store and the engine: NOT_SERVING while the store refuses writes (the
   // disk full, a damaged file; the worker holds its results meanwhile) or the engine has failed,
   // SERVING again once they recover. Checked every second until the stop.
-  // Retention runs there too, at start and every 10 minutes.
+  // Retention runs there too, at start and every 10 minutes, and jobs past their completion window
+  // expire (checked every second).
   std::thread health_monitor([&] {
     bool serving = !stopping;
     std::chrono::steady_clock::time_point next_retention{};
+    std::set<std::string> expiring;  // handed to the worker
     while (!stop_requested.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      if (auto due = (*store)->JobsToExpire(static_cast<int64_t>(std::time(nullptr))); due.ok()) {
+        for (const std::string& job : *due) {
+          if (!expiring.insert(job).second) continue;
+          spdlog::info("job {}: its completion window passed; expiring it", job);
+          worker.Cancel(job, JobState::kExpired);
+        }
+      }
       if (retention_days > 0 && std::chrono::steady_clock::now() >= next_retention) {
         next_retention = std::chrono::steady_clock::now() + std::chrono::minutes(10);
         const int64_t cutoff =

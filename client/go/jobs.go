@@ -15,6 +15,7 @@ const statePrefix = "JOB_STATE_"
 // them, in the proto's order.
 var StateNames = []string{
 	"validating", "in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled",
+	"expired",
 }
 
 // StateName is the OpenAI name of a job state: JOB_STATE_IN_PROGRESS -> "in_progress"; a
@@ -42,12 +43,12 @@ func ParseState(text string) (pb.JobState, error) {
 		fmt.Errorf("must be one of %s, got %q", strings.Join(StateNames, ", "), text)
 }
 
-// IsTerminal reports whether a job in this state never changes again (completed, failed or
-// cancelled).
+// IsTerminal reports whether a job in this state never changes again (completed, failed,
+// cancelled or expired).
 func IsTerminal(state pb.JobState) bool {
 	switch state {
 	case pb.JobState_JOB_STATE_COMPLETED, pb.JobState_JOB_STATE_FAILED,
-		pb.JobState_JOB_STATE_CANCELLED:
+		pb.JobState_JOB_STATE_CANCELLED, pb.JobState_JOB_STATE_EXPIRED:
 		return true
 	}
 	return false

@@ -11,7 +11,7 @@ import (
 
 func TestStateNames(t *testing.T) {
 	var got []string
-	for v := int32(1); v <= 7; v++ {
+	for v := int32(1); v <= 8; v++ {
 		got = append(got, StateName(pb.JobState(v)))
 	}
 	if strings.Join(got, ",") != strings.Join(StateNames, ",") {
@@ -54,7 +54,8 @@ func TestParseState(t *testing.T) {
 
 func TestIsTerminal(t *testing.T) {
 	for v, name := range pb.JobState_name {
-		want := name == "JOB_STATE_COMPLETED" || name == "JOB_STATE_FAILED" || name == "JOB_STATE_CANCELLED"
+		want := name == "JOB_STATE_COMPLETED" || name == "JOB_STATE_FAILED" ||
+			name == "JOB_STATE_CANCELLED" || name == "JOB_STATE_EXPIRED"
 		if IsTerminal(pb.JobState(v)) != want {
 			t.Errorf("IsTerminal(%s) = %v", name, !want)
 		}

@@ -342,3 +342,22 @@ def test_litellm_passes_a_batch_through(http_daemon, tmp_path):
     assert sorted(json.loads(l)["custom_id"] for l in got["output"]) == ["l0", "l1", "l2"]
     batch = http_daemon.openai().batches.retrieve(got["id"])
     assert batch.metadata == {"via": "litellm"}
+
+
+def test_a_batch_past_its_completion_window_expires(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    lines = [chat_line(f"x{i}", f"Go on {i}", max_tokens=3000, ignore_eos=True)
+             for i in range(32)]
+    file = client.files.create(file=write_jsonl(tmp_path / "in.jsonl", lines).open("rb"),
+                               purpose="batch")
+    # OpenAI's windows are "24h"; moebatchd also takes seconds, minutes and days.
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                                  completion_window="2s")
+    assert batch.expires_at - batch.created_at in (2, 3)
+    batch = wait_done(client, batch.id, timeout=60)
+    assert batch.status == "expired" and batch.expired_at >= batch.expires_at
+    c = batch.request_counts
+    assert c.completed + c.failed == c.total == 32 and c.failed > 0
+    errors = [json.loads(l) for l in client.files.content(batch.error_file_id).text.splitlines()]
+    assert len(errors) == c.failed
+    assert all(e["error"]["code"] == "batch_expired" for e in errors)

@@ -227,6 +227,9 @@ func (c *cli) follow(ctx context.Context, client *moebatch.Client, jobID string,
 		return &jobEndedBadly{msg: fmt.Sprintf("job %s failed: %s", final.GetId(), reason)}
 	case pb.JobState_JOB_STATE_CANCELLED:
 		return &jobEndedBadly{msg: fmt.Sprintf("job %s was cancelled", final.GetId())}
+	case pb.JobState_JOB_STATE_EXPIRED:
+		return &jobEndedBadly{msg: fmt.Sprintf("job %s expired: its completion window passed",
+			final.GetId())}
 	}
 	return nil
 }

@@ -310,6 +310,8 @@ def _follow(client: Client, job_id: str, args: argparse.Namespace,
         raise JobEndedBadly(f"job {job.id} failed: {job.error or 'no reason given'}")
     if job.state == pb.JOB_STATE_CANCELLED:
         raise JobEndedBadly(f"job {job.id} was cancelled")
+    if job.state == pb.JOB_STATE_EXPIRED:
+        raise JobEndedBadly(f"job {job.id} expired: its completion window passed")
     return EXIT_OK
 
 

@@ -9,7 +9,7 @@ _PREFIX = "JOB_STATE_"
 
 #: States after which a job never changes again.
 TERMINAL_STATES = frozenset(
-    {pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED}
+    {pb.JOB_STATE_COMPLETED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED, pb.JOB_STATE_EXPIRED}
 )
 
 #: The OpenAI Batch API names of the states, as the CLI prints and accepts them.
