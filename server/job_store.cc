@@ -1005,6 +1005,21 @@ absl::StatusOr<std::map<JobState, int64_t>> JobStore::CountJobsByState() {
   return counts;
 }
 
+namespace {
+
+// The first column of every row, as text.
+absl::StatusOr<std::vector<std::string>> FirstColumn(Statement& stmt) {
+  std::vector<std::string> values;
+  for (;;) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return values;
+    values.push_back(stmt.Text(0));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> JobStore::JobsToExpire(int64_t now) {
   absl::MutexLock lock(&impl_->read_mu);
   absl::StatusOr<Statement> stmt = Statement::Prepare(
@@ -1019,14 +1034,7 @@ absl::StatusOr<std::vector<std::string>> JobStore::JobsToExpire(int64_t now) {
       !s.ok()) {
     return s;
   }
-  std::vector<std::string> ids;
-  for (;;) {
-    absl::StatusOr<bool> row = stmt->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    ids.push_back(stmt->Text(0));
-  }
-  return ids;
+  return FirstColumn(*stmt);
 }
 
 absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
@@ -1038,14 +1046,7 @@ absl::StatusOr<std::vector<std::string>> JobStore::JobsInState(JobState state) {
       Statement::Prepare(impl_->reader, "SELECT id FROM jobs WHERE state = ? ORDER BY seq");
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s = stmt->BindAll(static_cast<int64_t>(state)); !s.ok()) return s;
-  std::vector<std::string> ids;
-  for (;;) {
-    absl::StatusOr<bool> row = stmt->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    ids.push_back(stmt->Text(0));
-  }
-  return ids;
+  return FirstColumn(*stmt);
 }
 
 absl::StatusOr<JobStore::ResultStats> JobStore::ResultSizes(const std::string& job_id) {
