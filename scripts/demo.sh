@@ -45,15 +45,17 @@ echo "demo: $(wc -l <"$work/prompts.jsonl") prompts in $work/prompts.jsonl"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 server="127.0.0.1:$port"
+http_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$build/server/moebatchd" --model "$model" --listen "$server" --data-dir "$work/data" \
-  --kv-cache-gb 1 2>"$work/moebatchd.log" &
+  --http-listen "127.0.0.1:$http_port" --kv-cache-gb 1 2>"$work/moebatchd.log" &
 daemon_pid=$!
 for _ in $(seq 1 18000); do  # a real checkpoint takes minutes to load
   grep -q "serving model" "$work/moebatchd.log" 2>/dev/null && break
   kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/moebatchd.log"; exit 1; }
   sleep 0.2
 done
-echo "demo: moebatchd serving on $server (log: $work/moebatchd.log)"
+echo "demo: moebatchd serving gRPC on $server and OpenAI's Batch API on" \
+  "http://127.0.0.1:$http_port/v1 (log: $work/moebatchd.log)"
 
 start=$(date +%s.%N)
 "$venv/bin/moebatch" --server "$server" submit "$work/prompts.jsonl" --wait | tee "$work/job.txt"
