@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from conftest import Daemon, free_port
-from test_security import make_token
+from test_security import certs, make_token  # noqa: F401 (certs: a fixture)
 
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 
@@ -361,3 +361,40 @@ def test_a_batch_past_its_completion_window_expires(http_daemon, tmp_path):
     errors = [json.loads(l) for l in client.files.content(batch.error_file_id).text.splitlines()]
     assert len(errors) == c.failed
     assert all(e["error"]["code"] == "batch_expired" for e in errors)
+
+
+def test_https_with_the_grpc_certificate(tmp_path, certs):
+    import ssl
+    d = HttpDaemon(tmp_path / "data", ["--tls_cert", str(certs / "server.pem"), "--tls_key",
+                                       str(certs / "server.key")], tls_ca=certs / "ca.pem").start()
+    try:
+        url = f"https://127.0.0.1:{d.http_port}/v1"
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        client = OpenAI(base_url=url, api_key="unused", max_retries=0,
+                        http_client=openai.DefaultHttpxClient(verify=context))
+        path = write_jsonl(tmp_path / "in.jsonl", [chat_line("s", "Hi", max_tokens=2)])
+        file, batch = run_batch(client, path)
+        assert wait_done(client, batch.id).status == "completed"
+        # Plain HTTP to the HTTPS port, or a client that does not trust the CA, gets nothing.
+        with pytest.raises(openai.APIConnectionError):
+            OpenAI(base_url=f"http://127.0.0.1:{d.http_port}/v1", api_key="x",
+                   max_retries=0).models.list()
+        with pytest.raises(openai.APIConnectionError):
+            OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
+    finally:
+        d.stop()
+
+
+def test_tenant_limits_answer_429(tmp_path):
+    d = HttpDaemon(tmp_path / "data", ["--max_pending_jobs_per_tenant", "1"]).start()
+    try:
+        client = d.openai()
+        long = write_jsonl(tmp_path / "long.jsonl",
+                           [chat_line("l", "Go", max_tokens=3000, ignore_eos=True)])
+        _, first = run_batch(client, long)
+        with pytest.raises(openai.RateLimitError) as e:
+            run_batch(client, long)
+        assert "max_pending_jobs_per_tenant" in e.value.body["message"]
+        client.batches.cancel(first.id)
+    finally:
+        d.stop()
