@@ -612,10 +612,10 @@ OpenAiHttpApi::OpenAiHttpApi(BatchServiceImpl* service, JobStore* jobs, FileStor
     : service_(service), jobs_(jobs), files_(files), auth_(auth), options_(options) {}
 
 absl::Status OpenAiHttpApi::Start(const std::string& listen_address, HttpEndpointOptions endpoint) {
-  // Uploads and downloads take as long as the bytes need: generous timeouts between reads.
+  // Uploads and downloads take as long as the bytes need: generous timeouts between reads. An idle
+  // kept-alive connection still closes after keep_alive_timeout_s (1 s): a stop waits that long.
   endpoint.read_timeout_s = std::max(endpoint.read_timeout_s, 30);
   endpoint.write_timeout_s = std::max(endpoint.write_timeout_s, 30);
-  endpoint.keep_alive_timeout_s = std::max(endpoint.keep_alive_timeout_s, 5);
   // The body limit httplib enforces (413) before a handler runs: an upload's file plus its
   // multipart framing.
   endpoint.max_body_bytes = static_cast<size_t>(options_.max_upload_bytes) + (64 << 10);
