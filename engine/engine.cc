@@ -41,13 +41,22 @@ const char* FinishReasonName(FinishReason reason) {
   return "";
 }
 
+// One choice of one request.
 struct Engine::Sequence {
-  Sequence(int64_t id, GenerationRequest request, const Tokenizer& tokenizer)
-      : params(std::move(request.sampling)), sampler(params), text(tokenizer, params.stop) {
-    slots.id = id;
-    prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
-    slots.tokens = std::move(request.prompt_token_ids);
+  Sequence(int64_t request_id, int32_t choice, std::vector<int32_t> prompt_token_ids,
+           SamplingParams sampling, const Tokenizer& tokenizer)
+      : request_id(request_id),
+        choice(choice),
+        params(std::move(sampling)),
+        sampler(params, choice),
+        text(tokenizer, params.stop) {
+    slots.id = SequenceId(request_id, choice);
+    prompt_tokens = static_cast<int64_t>(prompt_token_ids.size());
+    slots.tokens = std::move(prompt_token_ids);
   }
+  int64_t request_id = 0;
+  int32_t choice = 0;
+  int32_t pending_forks = 0;  // choice 0 before its prompt is prefilled: the choices to fork
   SequenceSlots slots;
   SamplingParams params;
   Sampler sampler;
@@ -346,15 +355,53 @@ absl::StatusOr<int64_t> Engine::AddRequest(GenerationRequest request) {
         plan_.max_context_tokens, " tokens"));
   }
   if (auto st = request.sampling.Validate(); !st.ok()) return st;
+  const int32_t n = request.sampling.n;
+  if (n > max_choices()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "n: ", n, " choices, more than the ", max_choices(),
+        " sequences this engine decodes in one pass (--max_num_seqs, --max_tokens_per_pass)"));
+  }
   const int64_t id = next_id_++;
-  auto seq = std::make_unique<Sequence>(id, std::move(request), *tokenizer_);
+  auto seq = std::make_unique<Sequence>(id, 0, std::move(request.prompt_token_ids),
+                                        std::move(request.sampling), *tokenizer_);
+  seq->pending_forks = n - 1;
+  seq->slots.width = n;
   scheduler_->Add(&seq->slots);
-  sequences_.emplace(id, std::move(seq));
+  sequences_.emplace(seq->slots.id, std::move(seq));
   return id;
 }
 
+int32_t Engine::max_choices() const {
+  return static_cast<int32_t>(std::min<int64_t>(
+      {kMaxChoices, plan_.schedule.max_num_seqs, plan_.schedule.max_tokens_per_pass}));
+}
+
 void Engine::Abort(int64_t request_id) {
-  if (sequences_.count(request_id) != 0) aborted_.push_back(request_id);
+  for (int32_t c = 0; c < kMaxChoices; ++c) {
+    if (sequences_.count(SequenceId(request_id, c)) != 0) {
+      aborted_.push_back(request_id);
+      return;
+    }
+  }
+}
+
+std::vector<Engine::Sequence*> Engine::Fork(Sequence* parent) {
+  std::vector<Sequence*> children;
+  const int32_t n = parent->pending_forks + 1;
+  // The prompt is prefilled and nothing is generated yet: tokens == prompt == num_computed.
+  for (int32_t c = 1; c < n; ++c) {
+    auto child = std::make_unique<Sequence>(parent->request_id, c, parent->slots.tokens,
+                                            parent->params, *tokenizer_);
+    child->slots.num_computed = parent->slots.num_computed;
+    child->slots.block_table = parent->slots.block_table;
+    for (int32_t block : child->slots.block_table) allocator_->Share(block);
+    scheduler_->AddRunning(&child->slots);
+    children.push_back(child.get());
+    sequences_.emplace(child->slots.id, std::move(child));
+  }
+  parent->pending_forks = 0;
+  parent->slots.width = 1;
+  return children;
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, GenerationOutput* out) {
@@ -396,13 +443,23 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
     cpu_pool_owner_ = std::this_thread::get_id();
   }
   for (int64_t id : aborted_) {
-    auto it = sequences_.find(id);
-    if (it == sequences_.end()) continue;
-    GenerationOutput out;
-    out.request_id = id;
-    out.prompt_tokens = it->second->prompt_tokens;
-    Finish(it->second.get(), FinishReason::kAborted, &out);
-    outputs->push_back(std::move(out));
+    for (int32_t c = 0; c < kMaxChoices; ++c) {
+      auto it = sequences_.find(SequenceId(id, c));
+      if (it == sequences_.end()) continue;
+      const int32_t pending = it->second->pending_forks;
+      GenerationOutput out;
+      out.request_id = id;
+      out.index = c;
+      out.prompt_tokens = it->second->prompt_tokens;
+      Finish(it->second.get(), FinishReason::kAborted, &out);
+      // Choices not forked yet end too, so that every choice has a final output.
+      for (int32_t k = 1; k <= pending; ++k) {
+        GenerationOutput unforked = out;
+        unforked.index = k;
+        outputs->push_back(std::move(unforked));
+      }
+      outputs->push_back(std::move(out));
+    }
   }
   aborted_.clear();
   if (!scheduler_->has_work()) return absl::OkStatus();
@@ -415,6 +472,9 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
         "scheduler made no progress (KV cache too small for the queue head)");
   }
 
+  // Copy-on-write of shared KV blocks, before the pass writes into the copies.
+  for (const BlockCopy& copy : plan.copies) cache_->CopyBlock(copy.src, copy.dst);
+
   ForwardBatch batch;
   std::vector<SequenceSlots*> need_logits;
   for (const ScheduledChunk& chunk : plan.chunks) {
@@ -425,7 +485,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
     fs.num_tokens = chunk.num_tokens;
     fs.context_len = s->num_computed + chunk.num_tokens;
     fs.need_logits = fs.context_len == static_cast<int64_t>(s->tokens.size());
-    fs.greedy = fs.need_logits && sequences_.at(s->id)->sampler.greedy();
+    fs.greedy = fs.need_logits && sequences_.at(s->id)->sampler.device_greedy();
     batch.token_ids.insert(batch.token_ids.end(), s->tokens.begin() + s->num_computed,
                            s->tokens.begin() + fs.context_len);
     batch.seqs.push_back(fs);
@@ -459,32 +519,55 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
 
   // Next tokens: greedy ones came from the device; the others are sampled here, in parallel (each
   // sequence has its own generator and scratch, so the result does not depend on the threads).
+  // A request whose prompt was just prefilled forks its other choices here: they sample from the
+  // same row of logits (or take the same greedy token).
   const int64_t vocab = config().vocab_size;
-  const int64_t n = static_cast<int64_t>(need_logits.size());
-  std::vector<Sequence*> seqs(n);
-  std::vector<int64_t> logits_row(n, -1);
-  std::vector<int32_t> tokens(n);
+  std::vector<Sequence*> seqs;
+  std::vector<int64_t> logits_row;  // -1: the device's greedy token
+  std::vector<int32_t> tokens;
   int64_t sampled = 0, greedy = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    seqs[i] = sequences_.at(need_logits[i]->id).get();
-    if (seqs[i]->sampler.greedy()) {
-      tokens[i] = greedy_tokens_[greedy++];
+  for (SequenceSlots* slots : need_logits) {
+    Sequence* seq = sequences_.at(slots->id).get();
+    int64_t row = -1;
+    int32_t token = 0;
+    if (seq->sampler.device_greedy()) {
+      token = greedy_tokens_[greedy++];
     } else {
-      logits_row[i] = sampled++;
+      row = sampled++;
+    }
+    seqs.push_back(seq);
+    logits_row.push_back(row);
+    tokens.push_back(token);
+    if (seq->pending_forks > 0) {
+      for (Sequence* child : Fork(seq)) {
+        seqs.push_back(child);
+        logits_row.push_back(row);
+        tokens.push_back(token);
+      }
     }
   }
-#pragma omp parallel for schedule(dynamic, 4) if (sampled > 8)
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  const int64_t to_sample = n - std::count(logits_row.begin(), logits_row.end(), int64_t{-1});
+  std::vector<TokenLogprob> logprobs(n);
+#pragma omp parallel for schedule(dynamic, 4) if (to_sample > 8)
   for (int64_t i = 0; i < n; ++i) {
     if (logits_row[i] < 0) continue;
     const float* row = logits_.data() + logits_row[i] * vocab;
     // -1, as the device's greedy argmax says it, for a row that is not finite.
-    tokens[i] = std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })
-                    ? seqs[i]->sampler.Sample(row, static_cast<int32_t>(vocab))
-                    : -1;
+    if (!std::all_of(row, row + vocab, [](float v) { return std::isfinite(v); })) {
+      tokens[i] = -1;
+      continue;
+    }
+    tokens[i] = seqs[i]->sampler.Sample(row, static_cast<int32_t>(vocab));
+    if (seqs[i]->params.logprobs) {
+      logprobs[i] =
+          TokenLogprobs(row, static_cast<int32_t>(vocab), tokens[i], seqs[i]->params.top_logprobs);
+    }
   }
   for (int64_t i = 0; i < n; ++i) {
     GenerationOutput out;
-    out.request_id = seqs[i]->slots.id;
+    out.request_id = seqs[i]->request_id;
+    out.index = seqs[i]->choice;
     out.prompt_tokens = seqs[i]->prompt_tokens;
     if (tokens[i] < 0) {
       ++stats_.requests_failed;
@@ -496,7 +579,8 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
       out.completion_tokens = seqs[i]->completion_tokens();
       Finish(seqs[i], FinishReason::kError, &out);
     } else {
-      AcceptToken(seqs[i], tokens[i], &out);
+      if (seqs[i]->params.logprobs) out.new_logprobs.push_back(std::move(logprobs[i]));
+      AcceptToken(seqs[i], tokens[i], &out);  // may finish (and free) the sequence
     }
     outputs->push_back(std::move(out));
   }

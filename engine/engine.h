@@ -33,12 +33,17 @@ enum class FinishReason { kNone, kStop, kLength, kAborted, kError };
 // "stop", "length", "aborted", "error" ("" for kNone): the OpenAI spelling where it has one.
 const char* FinishReasonName(FinishReason reason);
 
-// What one Step produced for one request.
+// What one Step produced for one choice of one request (a request with SamplingParams::n > 1 has
+// n choices, each finishing on its own: n final outputs per request).
 struct GenerationOutput {
   int64_t request_id = 0;
+  int32_t index = 0;                   // the choice, [0, n)
   std::vector<int32_t> new_token_ids;  // generated this step (EOS included when generated)
-  std::string new_text;                // text released this step (UTF-8 complete; never part of a
-                                       // stop string; EOS gives no text)
+  // With SamplingParams::logprobs: one per new token id, in order (sampler.h's TokenLogprobs:
+  // the raw logits' log-softmax; top_logprobs entries each).
+  std::vector<TokenLogprob> new_logprobs;
+  std::string new_text;  // text released this step (UTF-8 complete; never part of a
+                         // stop string; EOS gives no text)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   int64_t prompt_tokens = 0;
@@ -100,8 +105,14 @@ class Engine {
 
   // Queues a request; returns its id (increasing). InvalidArgument naming the field: empty prompt,
   // a token id outside the vocabulary, a prompt that leaves no room to generate within
-  // max_context_tokens(), invalid sampling parameters.
+  // max_context_tokens(), invalid sampling parameters, n above max_choices().
+  // With n > 1 the prompt is prefilled once; then the sequence forks into n choices that share the
+  // prompt's KV blocks (a partly filled last block is copied when a choice first writes to it) and
+  // draw their first tokens from the same logits, each with its own generator (ChoiceSeed).
   absl::StatusOr<int64_t> AddRequest(GenerationRequest request);
+  // The largest n a request may ask for: kMaxChoices, or fewer when the scheduler decodes fewer
+  // sequences per pass (min(max_num_seqs, max_tokens_per_pass)).
+  int32_t max_choices() const;
 
   // Runs one pass (or none when idle) and appends what it produced to `outputs`: every request that
   // generated tokens, finished or was aborted. Finished requests release their KV blocks at once.
@@ -120,8 +131,8 @@ class Engine {
   absl::StatusOr<std::vector<std::vector<double>>> ScoreTokens(
       const std::vector<std::vector<int32_t>>& sequences, int64_t first);
 
-  // Stops a request; its final output (FinishReason::kAborted) comes from the next Step. Unknown
-  // or finished ids are ignored.
+  // Stops a request (all its choices); their final outputs (FinishReason::kAborted) come from the
+  // next Step. Unknown or finished ids are ignored.
   void Abort(int64_t request_id);
 
   bool HasUnfinished() const { return !sequences_.empty(); }
@@ -144,6 +155,13 @@ class Engine {
   struct Sequence;
   Engine();
   void Finish(Sequence* seq, FinishReason reason, GenerationOutput* out);
+  // A request's choices 1..n-1 out of its choice 0 after its prompt is prefilled: each shares its
+  // KV blocks and is added to the running set. Returns them, in choice order.
+  std::vector<Sequence*> Fork(Sequence* parent);
+  // The sequence id of choice `choice` of request `request_id` (ids keep arrival order).
+  static int64_t SequenceId(int64_t request_id, int32_t choice) {
+    return request_id * kMaxChoices + choice;
+  }
   // Appends a sampled token, applies the stop rules, fills `out`.
   void AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out);
 
@@ -160,7 +178,7 @@ class Engine {
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<BlockAllocator> allocator_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;  // by SequenceId
   std::vector<int64_t> aborted_;
   int64_t next_id_ = 1;
   EngineStats stats_;

@@ -21,6 +21,18 @@ absl::Status SamplingParams::Validate() const {
   if (max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens: must be >= 1, got ", max_tokens));
   }
+  if (n < 1 || n > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", kMaxChoices, "], got ", n));
+  }
+  if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", top_logprobs));
+  }
+  if (top_logprobs > 0 && !logprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: needs logprobs to be true, got ", top_logprobs));
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must not be empty"));
@@ -29,15 +41,53 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
+uint64_t ChoiceSeed(uint64_t seed, int32_t choice) {
+  if (choice == 0) return seed;
+  uint64_t z = seed + static_cast<uint64_t>(choice) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+TokenLogprob TokenLogprobs(const float* logits, int32_t vocab_size, int32_t token, int32_t top_k) {
+  float max = logits[0];
+  for (int32_t v = 1; v < vocab_size; ++v) max = std::max(max, logits[v]);
+  double sum = 0.0;
+  for (int32_t v = 0; v < vocab_size; ++v) sum += std::exp(static_cast<double>(logits[v] - max));
+  const double log_sum = std::log(sum);
+  auto logprob = [&](int32_t v) {
+    return static_cast<float>(static_cast<double>(logits[v] - max) - log_sum);
+  };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprob(token);
+  if (top_k <= 0) return out;
+  // The top_k largest logits (ties to the lower id), kept sorted in `best` by insertion.
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::vector<int32_t> best;
+  best.reserve(top_k + 1);
+  for (int32_t v = 0; v < vocab_size; ++v) {
+    if (static_cast<int32_t>(best.size()) == top_k && !before(v, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), v, before), v);
+    if (static_cast<int32_t>(best.size()) > top_k) best.pop_back();
+  }
+  out.top.reserve(best.size());
+  for (int32_t v : best) out.top.emplace_back(v, logprob(v));
+  return out;
+}
+
 namespace {
-uint64_t InitialSeed(const std::optional<uint64_t>& seed) {
-  if (seed) return *seed;
+uint64_t InitialSeed(const std::optional<uint64_t>& seed, int32_t choice) {
+  if (seed) return ChoiceSeed(*seed, choice);
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 }  // namespace
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(InitialSeed(params.seed)) {}
+Sampler::Sampler(const SamplingParams& params, int32_t choice)
+    : params_(params), rng_(InitialSeed(params.seed, choice)) {}
 
 int32_t Sampler::Sample(const float* logits, int32_t vocab_size) {
   if (params_.temperature == 0.0f) {

@@ -19,12 +19,31 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockAllocator* allocator)
 
 void Scheduler::Add(SequenceSlots* seq) { waiting_.push_back(seq); }
 
-bool Scheduler::EnsureBlocks(SequenceSlots* seq, int64_t tokens_after) {
-  const int64_t need = BlocksForTokens(tokens_after, config_.block_size) -
-                       static_cast<int64_t>(seq->block_table.size());
-  if (need <= 0) return true;
-  if (need > allocator_->num_free()) return false;
-  for (int64_t i = 0; i < need; ++i) seq->block_table.push_back(*allocator_->Allocate());
+void Scheduler::AddRunning(SequenceSlots* seq) {
+  auto pos = std::lower_bound(
+      running_.begin(), running_.end(), seq,
+      [](const SequenceSlots* a, const SequenceSlots* b) { return a->id < b->id; });
+  running_.insert(pos, seq);
+}
+
+bool Scheduler::EnsureBlocks(SequenceSlots* seq, int64_t tokens_after, SchedulerOutput* out) {
+  std::vector<int32_t>& table = seq->block_table;
+  const int64_t have = static_cast<int64_t>(table.size());
+  const int64_t need =
+      std::max<int64_t>(0, BlocksForTokens(tokens_after, config_.block_size) - have);
+  // Only the block holding position num_computed can be both shared and written: a forked
+  // sequence's later blocks are its own.
+  const int64_t first = seq->num_computed / config_.block_size;
+  const bool copy =
+      tokens_after > seq->num_computed && first < have && allocator_->holders(table[first]) > 1;
+  if (need + (copy ? 1 : 0) > allocator_->num_free()) return false;
+  if (copy) {
+    const int32_t dst = *allocator_->Allocate();
+    out->copies.push_back(BlockCopy{table[first], dst});
+    allocator_->Free(table[first]);  // one holder fewer; the others keep it
+    table[first] = dst;
+  }
+  for (int64_t i = 0; i < need; ++i) table.push_back(*allocator_->Allocate());
   return true;
 }
 
@@ -37,6 +56,12 @@ SequenceSlots* Scheduler::PickVictim(const SequenceSlots* requester) {
 }
 
 void Scheduler::Preempt(SequenceSlots* seq, SchedulerOutput* out) {
+  // A copy into one of its blocks is not needed any more (the block may go to another sequence).
+  for (int32_t block : seq->block_table) {
+    out->copies.erase(std::remove_if(out->copies.begin(), out->copies.end(),
+                                     [&](const BlockCopy& c) { return c.dst == block; }),
+                      out->copies.end());
+  }
   allocator_->FreeAll(&seq->block_table);
   seq->num_computed = 0;
   ++seq->num_preemptions;
@@ -55,7 +80,7 @@ SchedulerOutput Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size(); ++i) {
     SequenceSlots* seq = running_[i];
     bool self_preempted = false;
-    while (!EnsureBlocks(seq, seq->num_computed + 1)) {
+    while (!EnsureBlocks(seq, seq->num_computed + 1, &out)) {
       SequenceSlots* victim = PickVictim(seq);
       if (victim == nullptr) break;  // unreachable: seq itself is running
       Preempt(victim, &out);
@@ -73,18 +98,24 @@ SchedulerOutput Scheduler::Schedule() {
   // 2. Prefill from the head of the queue within the token budget, while blocks last.
   int64_t budget = config_.max_tokens_per_pass - out.num_decode_tokens;
   int64_t holding = static_cast<int64_t>(running_.size());
-  for (SequenceSlots* seq : waiting_) holding += seq->block_table.empty() ? 0 : 1;
+  for (SequenceSlots* seq : waiting_) holding += seq->block_table.empty() ? 0 : seq->width;
   for (SequenceSlots* seq : waiting_) {
     if (budget <= 0) break;
-    if (seq->block_table.empty() && holding >= config_.max_num_seqs) break;
+    // A sequence of width > 1 also keeps the decode set within the token budget once it forks
+    // (a width-1 one joins through a prefill token of this pass's budget).
+    if (seq->block_table.empty() &&
+        (holding + seq->width > config_.max_num_seqs ||
+         (seq->width > 1 && holding + seq->width > config_.max_tokens_per_pass))) {
+      break;
+    }
     const int64_t capacity =
         (static_cast<int64_t>(seq->block_table.size()) + allocator_->num_free()) *
             config_.block_size -
         seq->num_computed;
     const int64_t chunk = std::min({seq->num_pending(), budget, capacity});
     if (chunk <= 0) break;
-    if (seq->block_table.empty()) ++holding;
-    EnsureBlocks(seq, seq->num_computed + chunk);  // cannot fail: chunk <= capacity
+    if (seq->block_table.empty()) holding += seq->width;
+    EnsureBlocks(seq, seq->num_computed + chunk, &out);  // cannot fail: chunk <= capacity
     out.chunks.push_back(ScheduledChunk{seq, chunk, false});
     out.num_prefill_tokens += chunk;
     budget -= chunk;

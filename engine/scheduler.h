@@ -13,6 +13,13 @@
 //      what is left is split across passes (chunked prefill).
 // A sequence whose context can never fit the whole cache is not admitted (the engine checks).
 //
+// Shared blocks (a request's n choices, forked by the engine after the prompt's prefill): a
+// sequence about to write into a block that another sequence also holds first gets its own copy
+// (copy-on-write, vLLM's): a new block is allocated, the pair goes to SchedulerOutput::copies, and
+// the engine copies the K/V before the pass runs. A sequence of width n (a request whose choices
+// have not forked yet) counts n against max_num_seqs and the token budget when it is admitted, so
+// that its choices, once forked, still decode in one pass.
+//
 // Plain class, no device code; the scheduler thread owns it and the BlockAllocator.
 #pragma once
 
@@ -33,6 +40,7 @@ struct SequenceSlots {
   int64_t num_computed = 0;          // leading tokens whose K/V is in the cache
   std::vector<int32_t> block_table;  // covers at least num_computed tokens
   int64_t num_preemptions = 0;
+  int64_t width = 1;  // sequences it stands for at admission: n before its choices fork, else 1
 
   int64_t num_pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };
@@ -63,9 +71,14 @@ struct ScheduledChunk {
   bool is_decode = false;
 };
 
+struct BlockCopy {
+  int32_t src = 0, dst = 0;  // KV block ids: dst gets src's contents before the pass runs
+};
+
 struct SchedulerOutput {
   std::vector<ScheduledChunk> chunks;  // decode chunks first, then prefill chunks
   std::vector<SequenceSlots*> preempted;
+  std::vector<BlockCopy> copies;  // copy-on-write of shared blocks, to do before the pass
   int64_t num_decode_tokens = 0;
   int64_t num_prefill_tokens = 0;
   bool empty() const { return chunks.empty(); }
@@ -77,6 +90,10 @@ class Scheduler {
 
   // Queues a new sequence for prefill (tail of the FIFO). The scheduler does not own it.
   void Add(SequenceSlots* seq);
+  // Adds a sequence straight to the running (decode) set: a choice forked from a sequence whose
+  // prompt is prefilled; its block table shares that sequence's blocks (BlockAllocator::Share)
+  // and num_computed covers the prompt. Its id orders it among the running ones.
+  void AddRunning(SequenceSlots* seq);
   // Forms the next pass. Blocks for every chunk are allocated before it returns.
   SchedulerOutput Schedule();
   // After the pass ran: advances num_computed of every chunk; sequences whose prompt is now fully
@@ -91,7 +108,10 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
 
  private:
-  bool EnsureBlocks(SequenceSlots* seq, int64_t tokens_after);
+  // Blocks for writing tokens [num_computed, tokens_after): new ones past the table, and a copy of
+  // the shared block the first of them goes to (recorded in out->copies). false (nothing changed)
+  // when too few blocks are free.
+  bool EnsureBlocks(SequenceSlots* seq, int64_t tokens_after, SchedulerOutput* out);
   SequenceSlots* PickVictim(const SequenceSlots* requester);
   void Preempt(SequenceSlots* seq, SchedulerOutput* out);
 

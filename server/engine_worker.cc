@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -193,10 +194,12 @@ absl::Status EngineWorker::Feed() {
       Bump();
       continue;
     }
-    flight.completion.prompt_tokens = static_cast<int64_t>(p.request.prompt_token_ids.size());
+    flight.prompt_tokens = static_cast<int64_t>(p.request.prompt_token_ids.size());
+    flight.choices.resize(flight.request.sampling.n);
+    for (Completion& c : flight.choices) c.prompt_tokens = flight.prompt_tokens;
     {
       absl::MutexLock lock(&mu_);
-      live_[p.job_id].prompt_tokens += flight.completion.prompt_tokens;
+      live_[p.job_id].prompt_tokens += flight.prompt_tokens;
     }
     keys_.insert({p.job_id, p.request.index});
     in_flight_.emplace(*id, std::move(flight));
@@ -207,10 +210,10 @@ absl::Status EngineWorker::Feed() {
 
 absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
   const std::string rid = absl::StrCat("batch_req_", f.job_id, "_", f.index);
-  StoredResult r{
-      f.index, f.request.custom_id,
-      FormatBatchOutput(f.request, rid, f.completion, static_cast<int64_t>(std::time(nullptr))),
-      false};
+  StoredResult r{f.index, f.request.custom_id,
+                 FormatBatchOutput(f.request, rid, f.choices,
+                                   static_cast<int64_t>(std::time(nullptr)), &engine_->tokenizer()),
+                 false};
   if (!f.error.ok()) {  // a failed request: an error line, counted as failed
     ParsedBatchLine line;
     line.custom_id = f.request.custom_id;
@@ -221,17 +224,16 @@ absl::Status EngineWorker::Finish(int64_t request_id, InFlight& f) {
     spdlog::warn("job {} request {} ({}): {}", f.job_id, f.index, f.request.custom_id,
                  f.error.ToString());
   }
-  auto committed =
-      store_->CommitResult(f.job_id, r, f.completion.prompt_tokens, f.completion.completion_tokens);
+  const int64_t completion_tokens = f.completion_tokens();
+  auto committed = store_->CommitResult(f.job_id, r, f.prompt_tokens, completion_tokens);
   if (!committed.ok()) return committed.status();
   if (*committed && options_.metrics != nullptr) {
-    options_.metrics->ObserveResult(r.failed, f.completion.prompt_tokens,
-                                    f.completion.completion_tokens);
+    options_.metrics->ObserveResult(r.failed, f.prompt_tokens, completion_tokens);
   }
   absl::MutexLock lock(&mu_);
   JobLive& live = live_[f.job_id];
-  live.prompt_tokens -= f.completion.prompt_tokens;
-  live.generated_tokens -= f.completion.completion_tokens;
+  live.prompt_tokens -= f.prompt_tokens;
+  live.generated_tokens -= completion_tokens;
   return absl::OkStatus();
 }
 
@@ -377,8 +379,11 @@ void EngineWorker::Run() {
       auto it = in_flight_.find(o.request_id);
       if (it == in_flight_.end()) continue;  // aborted by a cancel
       InFlight& f = it->second;
-      Completion& c = f.completion;
+      if (o.index < 0 || o.index >= static_cast<int32_t>(f.choices.size())) continue;
+      Completion& c = f.choices[o.index];
       c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      c.logprobs.insert(c.logprobs.end(), std::make_move_iterator(o.new_logprobs.begin()),
+                        std::make_move_iterator(o.new_logprobs.end()));
       c.text += o.new_text;
       {
         absl::MutexLock lock(&mu_);
@@ -388,9 +393,11 @@ void EngineWorker::Run() {
         }
       }
       if (!o.finished) continue;
-      f.error = o.error;
+      if (f.error.ok()) f.error = o.error;  // the first failed choice fails the request
       c.finish_reason = FinishReasonName(o.finish_reason);
       c.completion_tokens = o.completion_tokens;
+      // One result line per request: committed when its last choice finishes.
+      if (++f.finished < static_cast<int32_t>(f.choices.size())) continue;
       if (absl::Status fs = Finish(o.request_id, f); !fs.ok()) {
         if (JobStore::IsStorageFailure(fs)) {
           // The disk is full (or failing): keep the result and go on; it is committed once the

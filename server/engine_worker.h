@@ -100,8 +100,15 @@ class EngineWorker {
     std::string job_id;
     int64_t index = 0;
     BatchRequest request;
-    Completion completion;
-    absl::Status error;  // the engine failed the request (FinishReason::kError)
+    std::vector<Completion> choices;  // [n]: the request's choices, by index
+    int32_t finished = 0;             // choices whose final output came: at n, one result line
+    absl::Status error;               // the engine failed a choice (FinishReason::kError)
+    int64_t prompt_tokens = 0;
+    int64_t completion_tokens() const {
+      int64_t sum = 0;
+      for (const Completion& c : choices) sum += c.completion_tokens;
+      return sum;
+    }
   };
   void Run();
   void Bump();

@@ -95,6 +95,19 @@ std::string ToBatchLine(const v1::BatchRequest& r) {
   if (s.has_max_tokens()) body["max_tokens"] = s.max_tokens();
   if (s.stop_size() > 0) body["stop"] = std::vector<std::string>(s.stop().begin(), s.stop().end());
   if (s.ignore_eos()) body["ignore_eos"] = true;
+  if (s.has_n()) body["n"] = s.n();
+  if (r.input_case() == v1::BatchRequest::kChat) {
+    if (s.has_logprobs()) body["logprobs"] = s.logprobs();
+    if (s.has_top_logprobs()) body["top_logprobs"] = s.top_logprobs();
+  } else if (s.has_logprobs() || s.has_top_logprobs()) {
+    // /v1/completions' logprobs is the number of most likely tokens; top_logprobs without
+    // logprobs is passed on for the parser to refuse.
+    if (s.has_logprobs() && s.logprobs()) {
+      body["logprobs"] = s.has_top_logprobs() ? s.top_logprobs() : 0;
+    } else if (s.has_top_logprobs()) {
+      body["top_logprobs"] = s.top_logprobs();
+    }
+  }
   Json line = {{"custom_id", r.custom_id()}, {"method", "POST"}, {"url", url}, {"body", body}};
   return line.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -187,6 +200,12 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
             absl::StrCat("url: must be ", prepare.endpoint, ", the batch's endpoint, got ", url));
       }
     }
+    if (const int32_t n = line.parsed.request->sampling.n; n > limits.max_choices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "body.n: ", n, " choices, more than the ", limits.max_choices,
+          " this daemon runs per request (its engine decodes at most that many sequences per "
+          "pass: --max-num-seqs, --max-tokens-per-pass)"));
+    }
     auto ids = TokenizeRequest(*line.parsed.request, tokenizer, limits.vocab_size);
     if (!ids.ok()) return ids.status();
     if (ids->empty()) return absl::InvalidArgumentError("body.prompt: empty");
@@ -237,9 +256,10 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
               " tokens exceeds the context of ", limits.max_context_tokens, " tokens"))));
       continue;
     }
-    job.requests.push_back(StoredRequest{line.index, req.custom_id,
-                                         FreezeDefaults(line.text, req, limits.model_name),
-                                         std::move(ids), prompt_len + req.sampling.max_tokens});
+    // The n choices share the prompt's KV blocks and each adds up to max_tokens.
+    job.requests.push_back(StoredRequest{
+        line.index, req.custom_id, FreezeDefaults(line.text, req, limits.model_name),
+        std::move(ids), prompt_len + int64_t{req.sampling.n} * req.sampling.max_tokens});
   }
   return job;
 }

@@ -42,6 +42,7 @@ struct JobLimits {
   // Token ids a prompt may hold: [0, vocab_size), the model's embedding rows (config.json
   // vocab_size, as Engine::AddRequest checks); 0: the tokenizer's vocabulary.
   int64_t vocab_size = 0;
+  int32_t max_choices = kMaxChoices;  // a request's n at most (Engine::max_choices())
 };
 
 // Job metadata as OpenAI limits it: at most 16 pairs, keys of 1 to 64 characters, values of up to

@@ -9,7 +9,7 @@
 //     cancelled: requests a cancel dropped; errors: JSON (job_store_codec.h).
 //   requests(job_id, idx, custom_id, line, prompt_token_ids, budget_tokens)
 //     PRIMARY KEY (job_id, idx); prompt_token_ids: a BLOB of little-endian int32;
-//     budget_tokens: prompt tokens + max_tokens (what the request may add to the KV cache).
+//     budget_tokens: prompt tokens + n * max_tokens (what the request may add to the KV cache).
 // Version 1 (no tenant, no budget_tokens) is upgraded in place on open: its jobs belong to the
 // tenant "local" (the principal when authentication is off) and its requests count 0 tokens.
 // Version 2 (no batch columns) is upgraded in place too: its jobs are not HTTP batches.

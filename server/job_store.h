@@ -67,7 +67,8 @@ struct StoredRequest {
   std::string custom_id;
   std::string line;                       // the request as an OpenAI batch input line (JSON)
   std::vector<int32_t> prompt_token_ids;  // tokenized at CreateJob
-  int64_t budget_tokens = 0;  // prompt tokens + max_tokens: the most it adds to the KV cache
+  int64_t budget_tokens = 0;  // prompt tokens + n * max_tokens: the most it adds to the KV cache
+                              // (n choices share the prompt's blocks)
 };
 
 // A request that failed validation at CreateJob: its result is stored with the job.

@@ -485,6 +485,7 @@ int Run(const std::set<std::string>& given) {
   limits.max_context_tokens = (*engine)->max_context_tokens();
   limits.vocab_size = (*engine)->config().vocab_size;
   limits.check_model = absl::GetFlag(FLAGS_check_model);
+  limits.max_choices = (*engine)->max_choices();
   TenantQuota quota;
   quota.max_pending_jobs = absl::GetFlag(FLAGS_max_pending_jobs_per_tenant);
   quota.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens_per_tenant);

@@ -227,7 +227,50 @@ absl::Status OptionalFloat(const json& body, const char* key, float* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, SamplingParams* p) {
+// `logprobs` / `top_logprobs`: chat takes a boolean and an integer in [0, 20] (which needs
+// logprobs: true, checked by SamplingParams::Validate); completions an integer in [0, 5], the
+// number of most likely tokens (the sampled token's log-probability is always given).
+absl::Status ParseLogprobs(const json& body, Endpoint endpoint, SamplingParams* p) {
+  const json* logprobs = FindOptional(body, "logprobs");
+  if (endpoint == Endpoint::kCompletions) {
+    if (const json* top = FindOptional(body, "top_logprobs")) {
+      return Invalid("body.top_logprobs",
+                     absl::StrCat("is a chat field; /v1/completions takes body.logprobs, an "
+                                  "integer in [0, ",
+                                  kMaxCompletionLogprobs, "]"),
+                     *top);
+    }
+    if (logprobs == nullptr) return absl::OkStatus();
+    int32_t k = 0;
+    if (!AsInt32(*logprobs, &k) || k < 0 || k > kMaxCompletionLogprobs) {
+      return Invalid("body.logprobs",
+                     absl::StrCat("must be an integer in [0, ", kMaxCompletionLogprobs, "]"),
+                     *logprobs);
+    }
+    p->logprobs = true;
+    p->top_logprobs = k;
+    return absl::OkStatus();
+  }
+  if (logprobs != nullptr) {
+    if (!logprobs->is_boolean()) return Invalid("body.logprobs", "must be a boolean", *logprobs);
+    p->logprobs = logprobs->get<bool>();
+  }
+  if (const json* top = FindOptional(body, "top_logprobs")) {
+    int32_t k = 0;
+    if (!AsInt32(*top, &k)) {
+      return Invalid("body.top_logprobs",
+                     absl::StrCat("must be an integer in [0, ", kMaxTopLogprobs, "]"), *top);
+    }
+    if (!p->logprobs) {
+      return Invalid("body.top_logprobs", "needs body.logprobs to be true", *top);
+    }
+    p->top_logprobs = k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endpoint endpoint,
+                           SamplingParams* p) {
   *p = SamplingParams();
   p->max_tokens = defaults.max_tokens;
 
@@ -290,9 +333,12 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Samp
   }
 
   if (const json* n = FindOptional(body, "n")) {
-    int64_t value = 0;
-    if (!AsInt64(*n, &value) || value != 1) return Invalid("body.n", "only 1 is supported", *n);
+    if (!AsInt32(*n, &p->n)) {
+      return Invalid("body.n", absl::StrCat("must be an integer in [1, ", kMaxChoices, "]"), *n);
+    }
   }
+  s = ParseLogprobs(body, endpoint, p);
+  if (!s.ok()) return s;
 
   if (const json* ignore_eos = FindOptional(body, "ignore_eos")) {
     if (!ignore_eos->is_boolean()) {
@@ -353,7 +399,7 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
                        ? ParseMessages(body, &request.messages)
                        : ParsePrompt(body, &request);
   if (!s.ok()) return s;
-  s = ParseSampling(body, defaults, &request.sampling);
+  s = ParseSampling(body, defaults, request.endpoint, &request.sampling);
   if (!s.ok()) return s;
   return request;
 }
@@ -447,32 +493,136 @@ ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defau
   return parsed;
 }
 
+namespace {
+
+// A token's bytes (Tokenizer::TokenBytes) as the JSON fields OpenAI gives it: "token" (the bytes as
+// text, ill-formed UTF-8 replaced by U+FFFD) and "bytes" (the raw bytes, 0..255 each).
+struct TokenFields {
+  std::string text;
+  std::vector<int> bytes;
+};
+
+TokenFields TokenOf(const Tokenizer* tokenizer, int32_t id) {
+  TokenFields f;
+  if (tokenizer == nullptr) return f;
+  const std::string raw = tokenizer->TokenBytes(id);
+  f.text = ValidUtf8(raw);
+  for (unsigned char c : raw) f.bytes.push_back(c);
+  return f;
+}
+
+// Unicode code points of valid UTF-8 `s` (continuation bytes not counted).
+int64_t CodePoints(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// choice.logprobs of a chat completion: {"content": [{token, logprob, bytes, top_logprobs:
+// [{token, logprob, bytes}]}], "refusal": null}.
+ordered_json ChatLogprobs(const Completion& c, const Tokenizer* tokenizer) {
+  ordered_json content = ordered_json::array();
+  for (const TokenLogprob& lp : c.logprobs) {
+    TokenFields t = TokenOf(tokenizer, lp.token);
+    ordered_json entry;
+    entry["token"] = std::move(t.text);
+    entry["logprob"] = lp.logprob;
+    entry["bytes"] = std::move(t.bytes);
+    ordered_json top = ordered_json::array();
+    for (const auto& [id, logprob] : lp.top) {
+      TokenFields tt = TokenOf(tokenizer, id);
+      ordered_json alt;
+      alt["token"] = std::move(tt.text);
+      alt["logprob"] = logprob;
+      alt["bytes"] = std::move(tt.bytes);
+      top.push_back(std::move(alt));
+    }
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  ordered_json out;
+  out["content"] = std::move(content);
+  out["refusal"] = nullptr;
+  return out;
+}
+
+// choice.logprobs of a legacy completion: {"tokens", "token_logprobs", "top_logprobs": [{token:
+// logprob} with the top k and the sampled token], "text_offset": code points into the
+// concatenated token strings, from 0}.
+ordered_json CompletionLogprobs(const Completion& c, const Tokenizer* tokenizer) {
+  ordered_json tokens = ordered_json::array(), token_logprobs = ordered_json::array(),
+               top_logprobs = ordered_json::array(), text_offset = ordered_json::array();
+  int64_t offset = 0;
+  for (const TokenLogprob& lp : c.logprobs) {
+    std::string text = TokenOf(tokenizer, lp.token).text;
+    text_offset.push_back(offset);
+    offset += CodePoints(text);
+    ordered_json top = ordered_json::object();
+    for (const auto& [id, logprob] : lp.top) {
+      std::string key = TokenOf(tokenizer, id).text;
+      if (!top.contains(key)) top[key] = logprob;  // tokens with the same text: the likelier
+    }
+    if (!top.contains(text)) top[text] = lp.logprob;
+    tokens.push_back(std::move(text));
+    token_logprobs.push_back(lp.logprob);
+    top_logprobs.push_back(std::move(top));
+  }
+  ordered_json out;
+  out["tokens"] = std::move(tokens);
+  out["token_logprobs"] = std::move(token_logprobs);
+  out["top_logprobs"] = std::move(top_logprobs);
+  out["text_offset"] = std::move(text_offset);
+  return out;
+}
+
+}  // namespace
+
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
                               const Completion& completion, int64_t created) {
+  return FormatBatchOutput(request, request_id, std::vector<Completion>{completion}, created,
+                           nullptr);
+}
+
+std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
+                              const std::vector<Completion>& choices, int64_t created,
+                              const Tokenizer* tokenizer) {
   try {
     const std::string_view suffix = RequestSuffix(request_id);
     const bool chat = request.endpoint == Endpoint::kChatCompletions;
 
-    ordered_json choice;
-    choice["index"] = 0;
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", completion.text}};
-    } else {
-      choice["text"] = completion.text;
+    ordered_json out_choices = ordered_json::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const Completion& completion = choices[i];
+      ordered_json choice;
+      choice["index"] = i;
+      if (chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", completion.text}};
+      } else {
+        choice["text"] = completion.text;
+      }
+      choice["finish_reason"] = completion.finish_reason;
+      if (!request.sampling.logprobs) {
+        choice["logprobs"] = nullptr;
+      } else {
+        choice["logprobs"] =
+            chat ? ChatLogprobs(completion, tokenizer) : CompletionLogprobs(completion, tokenizer);
+      }
+      choice["token_ids"] = completion.token_ids;
+      out_choices.push_back(std::move(choice));
+      prompt_tokens = completion.prompt_tokens;  // the same prompt in every choice
+      completion_tokens += completion.completion_tokens;
     }
-    choice["finish_reason"] = completion.finish_reason;
-    choice["logprobs"] = nullptr;
-    choice["token_ids"] = completion.token_ids;
 
     ordered_json body;
     body["id"] = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", Sv(suffix));
     body["object"] = chat ? "chat.completion" : "text_completion";
     body["created"] = created;
     body["model"] = request.model;
-    body["choices"] = ordered_json::array({std::move(choice)});
-    body["usage"] = {{"prompt_tokens", completion.prompt_tokens},
-                     {"completion_tokens", completion.completion_tokens},
-                     {"total_tokens", completion.prompt_tokens + completion.completion_tokens}};
+    body["choices"] = std::move(out_choices);
+    body["usage"] = {{"prompt_tokens", prompt_tokens},
+                     {"completion_tokens", completion_tokens},
+                     {"total_tokens", prompt_tokens + completion_tokens}};
 
     ordered_json line;
     line["id"] = std::string(request_id);

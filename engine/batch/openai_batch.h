@@ -2,11 +2,16 @@
 //
 // Input line: {"custom_id": str, "method": "POST", "url": "/v1/chat/completions" |
 // "/v1/completions", "body": {"model"?, "messages" | "prompt", "max_tokens" |
-// "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n" (1 only),
-// "ignore_eos" (extension)}}. `prompt` may be a string or an array of token ids (as OpenAI allows).
+// "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n" (1..16),
+// "logprobs" (chat: bool; completions: 0..5), "top_logprobs" (chat: 0..20), "ignore_eos"
+// (extension)}}. `prompt` may be a string or an array of token ids (as OpenAI allows).
 //
 // Output line: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
 // "body": {chat.completion or text_completion object with "choices" and "usage"}}, "error": null}.
+// With n > 1, "choices" has n entries (index 0..n-1) and usage.completion_tokens sums them. With
+// logprobs, choice.logprobs is OpenAI's object for the endpoint (chat: {"content": [{token,
+// logprob, bytes, top_logprobs}], "refusal": null}; completions: {tokens, token_logprobs,
+// top_logprobs, text_offset}), else null.
 // Extension: every choice also carries "token_ids", the generated token ids (stop-string and EOS
 // tokens included when they were generated; see docs/api.md).
 // A request that fails validation gets "response": {"status_code": 400, "body": {"error": {...}}};
@@ -27,6 +32,9 @@
 namespace moebatch {
 
 enum class Endpoint { kChatCompletions, kCompletions };
+
+// /v1/completions' `logprobs` at most (OpenAI's limit); chat's top_logprobs: kMaxTopLogprobs.
+constexpr int32_t kMaxCompletionLogprobs = 5;
 
 struct BatchRequest {
   std::string custom_id;
@@ -53,18 +61,26 @@ struct BatchDefaults {
 // Parses one input line. Never throws; every problem is in `request`'s status.
 ParsedBatchLine ParseBatchLine(std::string_view line, const BatchDefaults& defaults = {});
 
+// One choice of a request's output.
 struct Completion {
   std::string text;
   std::vector<int32_t> token_ids;
-  std::string finish_reason;  // "stop" (EOS or stop string) or "length"
+  std::vector<TokenLogprob> logprobs;  // one per token id when the request asked for logprobs
+  std::string finish_reason;           // "stop" (EOS or stop string) or "length"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
 };
 
-// Formats a successful output line (no trailing newline). `request_id` is unique per request
-// ("batch_req_<...>"); `created` is Unix seconds.
+// Formats a successful output line (no trailing newline) of a request with one choice and no
+// logprobs. `request_id` is unique per request ("batch_req_<...>"); `created` is Unix seconds.
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
                               const Completion& completion, int64_t created);
+// The same with every choice of the request (choices[i] is choice i; usage.completion_tokens sums
+// them, prompt_tokens is theirs); `tokenizer` (borrowed; may be null when the request asked for no
+// logprobs) gives the tokens' text and bytes in choice.logprobs.
+std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
+                              const std::vector<Completion>& choices, int64_t created,
+                              const Tokenizer* tokenizer);
 
 // The field path a validation message starts with ("body.messages[1].role" of
 // "body.messages[1].role: must be one of ..."), or "" when the message names no field: the

@@ -4,32 +4,31 @@
 
 namespace moebatch {
 
-BlockAllocator::BlockAllocator(int64_t num_blocks) : num_blocks_(num_blocks) {
+BlockAllocator::BlockAllocator(int64_t num_blocks)
+    : num_blocks_(num_blocks), holders_(num_blocks, 0) {
   free_.reserve(num_blocks);
   // Highest id at the bottom so that the first allocations are 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
-#ifndef NDEBUG
-  is_free_.assign(num_blocks, true);
-#endif
 }
 
 std::optional<int32_t> BlockAllocator::Allocate() {
   if (free_.empty()) return std::nullopt;
   const int32_t b = free_.back();
   free_.pop_back();
-#ifndef NDEBUG
-  is_free_[b] = false;
-#endif
+  holders_[b] = 1;
   return b;
+}
+
+void BlockAllocator::Share(int32_t block) {
+  assert(block >= 0 && block < num_blocks_);
+  assert(holders_[block] > 0 && "sharing a free KV block");
+  ++holders_[block];
 }
 
 void BlockAllocator::Free(int32_t block) {
   assert(block >= 0 && block < num_blocks_);
-#ifndef NDEBUG
-  assert(!is_free_[block] && "KV block freed twice");
-  is_free_[block] = true;
-#endif
-  free_.push_back(block);
+  assert(holders_[block] > 0 && "KV block freed twice");
+  if (--holders_[block] == 0) free_.push_back(block);
 }
 
 void BlockAllocator::FreeAll(std::vector<int32_t>* block_table) {

@@ -3,6 +3,10 @@
 // (engine/scheduler.h) allocates a block when a sequence's last one is full and frees its table
 // when it finishes or is preempted (MoE-Lens §6.2).
 //
+// Sharing: a block may sit in several block tables (the n choices of one request share their
+// prompt's blocks, vLLM's fork). Each block counts its holders: Allocate gives a block one holder,
+// Share adds one, Free drops one and returns the block to the free list with the last.
+//
 // Threading: used by one thread (the scheduler's); not thread-safe.
 #pragma once
 
@@ -12,25 +16,27 @@
 
 namespace moebatch {
 
-// A LIFO free list of block ids [0, num_blocks).
+// A LIFO free list of block ids [0, num_blocks), with a holder count per block.
 class BlockAllocator {
  public:
   explicit BlockAllocator(int64_t num_blocks);
-  // nullopt when no block is free.
+  // A free block with one holder; nullopt when no block is free.
   std::optional<int32_t> Allocate();
-  // Returns a block; freeing a block twice or an id out of range is a programming error (checked in
-  // debug builds).
+  // One more holder of an allocated block (another block table lists it).
+  void Share(int32_t block);
+  // Drops one holder; the last one returns the block to the free list. Freeing a free block or an
+  // id out of range is a programming error (checked in debug builds).
   void Free(int32_t block);
   void FreeAll(std::vector<int32_t>* block_table);  // frees every block of the table and clears it
+  // Holders of `block` (0 when free).
+  int32_t holders(int32_t block) const { return holders_[block]; }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
   int64_t num_blocks() const { return num_blocks_; }
 
  private:
   int64_t num_blocks_;
   std::vector<int32_t> free_;
-#ifndef NDEBUG
-  std::vector<bool> is_free_;
-#endif
+  std::vector<int32_t> holders_;  // [num_blocks]
 };
 
 // Blocks needed to hold `tokens` token slots.

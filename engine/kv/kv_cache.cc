@@ -4,6 +4,7 @@
 
 #include <cassert>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -62,6 +63,13 @@ void PagedKvCache::Write(int64_t layer, const std::vector<int32_t>& block_table,
     std::byte* kdst = key_block + h * head_stride_ + slot_offset;
     ConvertFromF32(config_.dtype, k + h * config_.head_dim, kdst, config_.head_dim);
     ConvertFromF32(config_.dtype, v + h * config_.head_dim, kdst + value_offset_, config_.head_dim);
+  }
+}
+
+void PagedKvCache::CopyBlock(int32_t src, int32_t dst) {
+  assert(src >= 0 && src < config_.num_blocks && dst >= 0 && dst < config_.num_blocks);
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    std::memcpy(KeyBlock(layer, dst), KeyBlock(layer, src), block_stride_);
   }
 }
 

@@ -65,6 +65,10 @@ class PagedKvCache {
   void Write(int64_t layer, const std::vector<int32_t>& block_table, int64_t position,
              const float* k, const float* v);
 
+  // Copies block `src`'s K and V (every slot, every layer) into block `dst`: the copy-on-write of
+  // a block that several sequences share (SchedulerOutput::copies). bytes_per_block() bytes.
+  void CopyBlock(int32_t src, int32_t dst);
+
  private:
   struct Unmapper {
     size_t bytes;

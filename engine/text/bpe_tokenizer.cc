@@ -621,6 +621,36 @@ constexpr char kReplacementChar[] = "\xEF\xBF\xBD";
 
 }  // namespace
 
+std::string BpeTokenizer::TokenBytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size() || !(id_flags_[id] & kIdUsed)) return std::string();
+  std::string item = id_text_[id];
+  if (id_flags_[id] & kIdSpecial) return item;
+  for (const DecoderStep& step : impl_->decoder) {
+    switch (step.kind) {
+      case DecoderStep::kByteLevel: {
+        std::string bytes;
+        AppendTokenBytes(item, &bytes);
+        item = std::move(bytes);
+        break;
+      }
+      case DecoderStep::kByteFallback:
+        if (const int b = FallbackByte(item); b >= 0) item = std::string(1, static_cast<char>(b));
+        break;
+      case DecoderStep::kReplace:
+        item = ApplyReplace(step, item);
+        break;
+      case DecoderStep::kMetaspace:
+        item = ApplyMetaspace(step, item, /*first=*/false);
+        break;
+      case DecoderStep::kStrip:
+      case DecoderStep::kFuse:
+      case DecoderStep::kJoinSpace:
+        break;
+    }
+  }
+  return item;
+}
+
 BpeDecodeStream::BpeDecodeStream(const BpeTokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(&tokenizer),
       skip_special_(skip_special_tokens),

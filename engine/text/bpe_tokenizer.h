@@ -87,6 +87,10 @@ class BpeTokenizer {
   const std::string* IdToToken(int32_t id) const;
   // true for an added token marked special (and any token whose string is one).
   bool IsSpecial(int32_t id) const;
+  // The bytes of one token alone (Tokenizer::TokenBytes): its string through the decoder's
+  // per-token steps, raw (a partial UTF-8 character stays partial); a special token's content;
+  // "" for an unused id.
+  std::string TokenBytes(int32_t id) const;
 
   // From tokenizer_config.json (strings or AddedToken objects); empty / -1 when not given.
   const std::string& bos_token() const { return bos_token_; }

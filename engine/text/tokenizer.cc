@@ -509,6 +509,26 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
   return sp_->DecodeIds(pieces);
 }
 
+std::string Tokenizer::TokenBytes(int32_t id) const {
+  if (bpe_ != nullptr) return bpe_->TokenBytes(id);
+  if (id < 0 || id >= sp_->GetPieceSize()) return std::string();
+  if (const int byte = ByteOf(*sp_, id); byte >= 0) return std::string(1, static_cast<char>(byte));
+  const std::string& piece = sp_->IdToPiece(id);
+  if (sp_->IsControl(id) || id == sp_->unk_id()) return piece;
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, sentencepiece's space
+  std::string out;
+  out.reserve(piece.size());
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, kSpace.size(), kSpace) == 0) {
+      out.push_back(' ');
+      i += kSpace.size();
+    } else {
+      out.push_back(piece[i++]);
+    }
+  }
+  return out;
+}
+
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {
   if (tokenizer.bpe_ != nullptr) bpe_.emplace(*tokenizer.bpe_, /*skip_special_tokens=*/true);
 }

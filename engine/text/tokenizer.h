@@ -170,6 +170,16 @@ class Tokenizer {
   // applied (as HF tokenizers' decode and its DecodeStream do not).
   std::string Decode(const std::vector<int32_t>& ids) const;
 
+  // The bytes one token stands for, as the logprobs of an OpenAI response show a token (its
+  // "bytes"; a character split over several tokens gives each its own bytes, not valid UTF-8
+  // alone). sentencepiece: a byte piece <0xNN> gives that byte, a control piece (<s>, </s>) and
+  // <unk> their piece text, any other piece its text with each "▁" (U+2581) as a space (kept at the
+  // start: no leading-space rule). tokenizer.json: the token's string through the decoder chain
+  // (byte-level characters to their bytes, <0xNN> to its byte, Replace, Metaspace; Strip and the
+  // joining steps apply to whole texts, not tokens, and are skipped); a special added token gives
+  // its content. "" for an id outside the vocabulary.
+  std::string TokenBytes(int32_t id) const;
+
   TokenizerKind kind() const {
     return bpe_ != nullptr ? TokenizerKind::kBpe : TokenizerKind::kSentencePiece;
   }

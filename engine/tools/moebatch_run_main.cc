@@ -55,7 +55,9 @@ struct LineState {
   BatchLine line;                     // from the batch front end: the request or its error
   std::vector<int32_t> prompt;        // the prompt's token ids (valid lines)
   std::optional<std::string> output;  // the formatted output line once done
-  Completion completion;
+  std::vector<Completion> choices;    // [n], by choice index
+  int32_t finished = 0;               // choices whose final output came
+  absl::Status error;                 // the first failed choice's
 };
 
 // The progress line on stderr: at most every 0.2 s on a terminal, every 10 s otherwise; the
@@ -235,11 +237,14 @@ int Run() {
       GenerationRequest gen;
       gen.sampling = req.sampling;
       gen.prompt_token_ids = std::move(prompts[line.line.index]);
-      line.completion.prompt_tokens = static_cast<int64_t>(gen.prompt_token_ids.size());
+      line.choices.resize(req.sampling.n);
+      for (Completion& c : line.choices) {
+        c.prompt_tokens = static_cast<int64_t>(gen.prompt_token_ids.size());
+      }
       auto id = engine.AddRequest(std::move(gen));
       if (id.ok()) {
         line_of_request[*id] = index;
-        queued_max_tokens += req.sampling.max_tokens;
+        queued_max_tokens += int64_t{req.sampling.max_tokens} * req.sampling.n;
       } else {
         st = id.status();
       }
@@ -276,16 +281,23 @@ int Run() {
     for (GenerationOutput& o : step_outputs) {
       const size_t index = line_of_request.at(o.request_id);
       LineState& line = lines[index];
-      Completion& c = line.completion;
+      Completion& c = line.choices.at(o.index);
       c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      c.logprobs.insert(c.logprobs.end(), std::make_move_iterator(o.new_logprobs.begin()),
+                        std::make_move_iterator(o.new_logprobs.end()));
       c.text += o.new_text;
       clock.AddTokens(static_cast<int64_t>(o.new_token_ids.size()));
       if (o.finished) {
         c.finish_reason = FinishReasonName(o.finish_reason);
         c.completion_tokens = o.completion_tokens;
-        line.output = o.error.ok() ? FormatBatchOutput(*line.line.parsed.request, request_id(index),
-                                                       c, created)
-                                   : FormatBatchError(line.line.parsed, request_id(index), o.error);
+        if (line.error.ok()) line.error = o.error;
+        // One output line per request, once its last choice finished.
+        if (++line.finished < static_cast<int32_t>(line.choices.size())) continue;
+        line.output = line.error.ok()
+                          ? FormatBatchOutput(*line.line.parsed.request, request_id(index),
+                                              line.choices, created, &engine.tokenizer())
+                          : FormatBatchError(line.line.parsed, request_id(index), line.error);
+        line.choices.clear();
         clock.AddRequests(1);
       }
     }

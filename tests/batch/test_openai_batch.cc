@@ -232,8 +232,20 @@ TEST_CASE("Every validation error is InvalidArgument naming its field") {
       {ChatLine({{"stop", {"a", "b", "c", "d", "e"}}}), "body.stop"},
       {ChatLine({{"stop", {"a", ""}}}), "body.stop[1]"},
       {ChatLine({{"stop", {"a", 2}}}), "body.stop[1]"},
-      {ChatLine({{"n", 2}}), "body.n"},
+      {ChatLine({{"n", 0}}), "body.n"},
+      {ChatLine({{"n", 17}}), "body.n"},
       {ChatLine({{"n", "1"}}), "body.n"},
+      {ChatLine({{"n", 1.5}}), "body.n"},
+      {ChatLine({{"logprobs", 1}}), "body.logprobs"},
+      {ChatLine({{"top_logprobs", 3}}), "body.top_logprobs"},  // without logprobs: true
+      {ChatLine({{"logprobs", false}, {"top_logprobs", 3}}), "body.top_logprobs"},
+      {ChatLine({{"logprobs", true}, {"top_logprobs", 21}}), "body.top_logprobs"},
+      {ChatLine({{"logprobs", true}, {"top_logprobs", -1}}), "body.top_logprobs"},
+      {ChatLine({{"logprobs", true}, {"top_logprobs", "2"}}), "body.top_logprobs"},
+      {CompletionLine({{"logprobs", 6}}), "body.logprobs"},
+      {CompletionLine({{"logprobs", -1}}), "body.logprobs"},
+      {CompletionLine({{"logprobs", true}}), "body.logprobs"},
+      {CompletionLine({{"logprobs", 2}, {"top_logprobs", 2}}), "body.top_logprobs"},
       {ChatLine({{"ignore_eos", 1}}), "body.ignore_eos"},
       {CompletionLine({{"temperature", 101}}), "body.temperature"},
   };
@@ -253,8 +265,13 @@ TEST_CASE("The url and method errors say what is allowed") {
       R"({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}})");
   CHECK(url.request.status().message() ==
         "url: must be /v1/chat/completions or /v1/completions, got \"/v1/embeddings\"");
-  ParsedBatchLine n = ParseBatchLine(ChatLine({{"n", 3}}));
-  CHECK(n.request.status().message() == "body.n: only 1 is supported, got 3");
+  ParsedBatchLine n = ParseBatchLine(ChatLine({{"n", 17}}));
+  CHECK(n.request.status().message() == "body.n: must be in [1, 16], got 17");
+  ParsedBatchLine top = ParseBatchLine(ChatLine({{"top_logprobs", 3}}));
+  CHECK(top.request.status().message() ==
+        "body.top_logprobs: needs body.logprobs to be true, got 3");
+  ParsedBatchLine legacy = ParseBatchLine(CompletionLine({{"logprobs", 6}}));
+  CHECK(legacy.request.status().message() == "body.logprobs: must be an integer in [0, 5], got 6");
 }
 
 TEST_CASE("A line that is not a JSON object gives json_ok=false and an invalid_json error") {
@@ -482,6 +499,104 @@ TEST_CASE("Invalid UTF-8 in generated text does not throw and still gives valid 
   REQUIRE_NOTHROW(
       j = json::parse(FormatBatchError(bad, "batch_req_v", absl::InvalidArgumentError("x\xff"))));
   CHECK(j["custom_id"] == "id-\xEF\xBF\xBD");
+}
+
+TEST_CASE("n, logprobs and top_logprobs parse per endpoint") {
+  BatchRequest chat = ParseOk(ChatLine({{"n", 3}, {"logprobs", true}, {"top_logprobs", 20}}));
+  CHECK(chat.sampling.n == 3);
+  CHECK(chat.sampling.logprobs);
+  CHECK(chat.sampling.top_logprobs == 20);
+  chat = ParseOk(ChatLine({{"logprobs", true}}));
+  CHECK(chat.sampling.logprobs);
+  CHECK(chat.sampling.top_logprobs == 0);
+  chat = ParseOk(ChatLine({{"logprobs", nullptr}, {"top_logprobs", nullptr}, {"n", nullptr}}));
+  CHECK_FALSE(chat.sampling.logprobs);
+  CHECK(chat.sampling.n == 1);
+  // /v1/completions: an integer, the number of most likely tokens; 0 still gives the sampled one's.
+  BatchRequest completion = ParseOk(CompletionLine({{"logprobs", 5}, {"n", 16}}));
+  CHECK(completion.sampling.logprobs);
+  CHECK(completion.sampling.top_logprobs == 5);
+  CHECK(completion.sampling.n == 16);
+  completion = ParseOk(CompletionLine({{"logprobs", 0}}));
+  CHECK(completion.sampling.logprobs);
+  CHECK(completion.sampling.top_logprobs == 0);
+  CHECK_FALSE(ParseOk(CompletionLine({})).sampling.logprobs);
+}
+
+// Two choices with logprobs, formatted with the tiny Mixtral's sentencepiece tokenizer (ids 1 and
+// 2 are <s> and </s>; 28705 is "▁"; 28740 "1"; byte piece 13 is <0x0A>).
+TEST_CASE("n choices and logprobs in chat and completion output lines") {
+  auto tok =
+      Tokenizer::Load(std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtral/tokenizer.model", 1, 2);
+  INFO(tok.status().ToString() << " (run scripts/fetch_tokenizer.sh)");
+  REQUIRE(tok.ok());
+  const int32_t space = (*tok)->TokenToId("\xE2\x96\x81");  // "▁"
+  REQUIRE(space > 0);
+  REQUIRE((*tok)->TokenBytes(space) == " ");
+  REQUIRE((*tok)->TokenBytes(13) == "\n");  // <0x0A>
+  std::vector<Completion> choices(2);
+  choices[0].text = " \n";
+  choices[0].token_ids = {space, 13};
+  choices[0].logprobs = {{space, -0.5f, {{space, -0.5f}, {13, -1.25f}}},
+                         {13, -2.0f, {{space, -0.25f}, {2, -1.0f}}}};
+  choices[0].finish_reason = "length";
+  choices[0].prompt_tokens = 4;
+  choices[0].completion_tokens = 2;
+  choices[1] = choices[0];
+  choices[1].text = "";
+  choices[1].token_ids = {2};
+  choices[1].logprobs = {{2, -3.0f, {{space, -0.125f}, {13, -0.75f}}}};
+  choices[1].finish_reason = "stop";
+  choices[1].completion_tokens = 1;
+
+  SECTION("chat: content entries with token, logprob, bytes, top_logprobs") {
+    const BatchRequest request =
+        ParseOk(ChatLine({{"n", 2}, {"logprobs", true}, {"top_logprobs", 2}}));
+    const json j = json::parse(FormatBatchOutput(request, "batch_req_c", choices, 7, tok->get()));
+    const json& body = j["response"]["body"];
+    REQUIRE(body["choices"].size() == 2);
+    CHECK(body["choices"][0]["index"] == 0);
+    CHECK(body["choices"][1]["index"] == 1);
+    CHECK(body["choices"][1]["finish_reason"] == "stop");
+    CHECK(body["usage"]["prompt_tokens"] == 4);
+    CHECK(body["usage"]["completion_tokens"] == 3);  // summed over the choices
+    CHECK(body["usage"]["total_tokens"] == 7);
+    const json& lp = body["choices"][0]["logprobs"];
+    CHECK(lp["refusal"].is_null());
+    REQUIRE(lp["content"].size() == 2);
+    const json& first = lp["content"][0];
+    CHECK(first["token"] == " ");
+    CHECK(first["logprob"].get<double>() == -0.5);
+    CHECK(first["bytes"] == json::array({32}));
+    REQUIRE(first["top_logprobs"].size() == 2);
+    CHECK(first["top_logprobs"][1]["token"] == "\n");
+    CHECK(first["top_logprobs"][1]["logprob"].get<double>() == -1.25);
+    CHECK(first["top_logprobs"][1]["bytes"] == json::array({10}));
+    CHECK(first["top_logprobs"][0].size() == 3);  // token, logprob, bytes
+    const json& eos = body["choices"][1]["logprobs"]["content"][0];
+    CHECK(eos["token"] == "</s>");
+    CHECK(eos["logprob"].get<double>() == -3.0);
+  }
+  SECTION(
+      "completions: tokens, token_logprobs, top_logprobs (with the sampled token), text_offset") {
+    const BatchRequest request = ParseOk(CompletionLine({{"n", 2}, {"logprobs", 1}}));
+    const json j = json::parse(FormatBatchOutput(request, "batch_req_t", choices, 7, tok->get()));
+    const json& lp = j["response"]["body"]["choices"][0]["logprobs"];
+    CHECK(lp["tokens"] == json::array({" ", "\n"}));
+    CHECK(lp["token_logprobs"] == json::array({-0.5, -2.0}));
+    CHECK(lp["text_offset"] == json::array({0, 1}));
+    REQUIRE(lp["top_logprobs"].size() == 2);
+    CHECK(lp["top_logprobs"][0] == json({{" ", -0.5}, {"\n", -1.25}}));
+    // The sampled "\n" is not among the top entries given: it is added.
+    CHECK(lp["top_logprobs"][1] == json({{" ", -0.25}, {"</s>", -1.0}, {"\n", -2.0}}));
+    CHECK(j["response"]["body"]["choices"][1]["logprobs"]["tokens"] == json::array({"</s>"}));
+  }
+  SECTION("without logprobs asked, choice.logprobs is null") {
+    const BatchRequest request = ParseOk(ChatLine({{"n", 2}}));
+    const json j = json::parse(FormatBatchOutput(request, "batch_req_n", choices, 7, tok->get()));
+    CHECK(j["response"]["body"]["choices"][0]["logprobs"].is_null());
+    CHECK(j["response"]["body"]["choices"][1]["logprobs"].is_null());
+  }
 }
 
 }  // namespace

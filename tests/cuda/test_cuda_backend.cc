@@ -85,6 +85,71 @@ TEST_CASE("cuda backend: greedy tokens of the families' golden fixtures, f32 wei
   CheckGreedy(fixture);
 }
 
+// A greedy request that asks for logprobs cannot use Device::GreedyTokens: its logits row comes
+// back to the sampler. Its tokens equal the device-greedy ones and its logprobs match
+// transformers' (tests/fixtures/make_logprobs_golden.py) within 1e-3 (the f32-weight logits are
+// within 1e-4 relative of transformers'); n = 2 greedy choices are the same tokens.
+TEST_CASE("cuda backend: logprobs take the logits path, n choices too",
+          "[cuda_backend][f32_weights][logprobs]") {
+  const std::string dir = FixtureDir("tiny-mixtral");
+  std::ifstream in(dir + "/logprobs.jsonl");
+  REQUIRE(in.good());
+  std::string text;
+  REQUIRE(std::getline(in, text));
+  const auto ref = nlohmann::json::parse(text);
+  const auto ids = ref.at("token_ids").get<std::vector<int32_t>>();
+  const auto logprobs = ref.at("logprobs").get<std::vector<float>>();
+  const auto top_ids = ref.at("top_ids").get<std::vector<std::vector<int32_t>>>();
+  auto engine = Engine::Create(CudaOptions(dir, DType::kF32));
+  INFO(engine.status().ToString());
+  REQUIRE(engine.ok());
+  GenerationRequest r;
+  r.prompt_token_ids = ref.at("prompt_token_ids").get<std::vector<int32_t>>();
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = static_cast<int32_t>(ids.size());
+  r.sampling.ignore_eos = true;
+  r.sampling.logprobs = true;
+  r.sampling.top_logprobs = 3;
+  // n = 2 when the engine decodes 2 sequences per pass (n_real may be 1 on the emulator).
+  const int32_t n = std::min(2, (*engine)->max_choices());
+  r.sampling.n = n;
+  auto with_id = (*engine)->AddRequest(r);
+  INFO(with_id.status().ToString());
+  REQUIRE(with_id.ok());
+  const int64_t with = *with_id;
+  r.sampling.logprobs = false;
+  r.sampling.top_logprobs = 0;
+  r.sampling.n = 1;
+  auto without_id = (*engine)->AddRequest(r);
+  REQUIRE(without_id.ok());
+  const int64_t without = *without_id;
+  std::map<std::pair<int64_t, int32_t>, std::vector<int32_t>> got;
+  std::vector<TokenLogprob> lp;
+  while ((*engine)->HasUnfinished()) {
+    std::vector<GenerationOutput> outs;
+    REQUIRE((*engine)->Step(&outs).ok());
+    for (const auto& o : outs) {
+      auto& v = got[{o.request_id, o.index}];
+      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.request_id == with && o.index == 0) {
+        lp.insert(lp.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      } else {
+        CHECK(o.new_logprobs.size() == (o.request_id == with ? o.new_token_ids.size() : 0));
+      }
+    }
+  }
+  CHECK(got.at({without, 0}) == ids);
+  CHECK(got.at({with, 0}) == ids);
+  if (n == 2) CHECK(got.at({with, 1}) == ids);
+  REQUIRE(lp.size() == ids.size());
+  for (size_t s = 0; s < ids.size(); ++s) {
+    INFO("step " << s);
+    CHECK(std::abs(lp[s].logprob - logprobs[s]) <= 1e-3f);
+    REQUIRE(lp[s].top.size() == 3);
+    CHECK(lp[s].top[0].first == top_ids[s][0]);
+  }
+}
+
 TEST_CASE("cuda backend: greedy tokens with resident layers", "[cuda_backend][f32_weights]") {
   CheckGreedy("tiny-mixtral", 1);   // layer 0 resident; 1, 2, 3 stream (odd: slots alternate)
   CheckGreedy("tiny-mixtral", -1);  // 0 and 1 resident; 2 and 3 stay in the slots

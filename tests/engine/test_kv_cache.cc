@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
@@ -26,6 +27,47 @@ TEST_CASE("BlockAllocator hands out every block once and takes them back") {
   alloc.FreeAll(&table);
   REQUIRE(table.empty());
   REQUIRE(alloc.num_free() == 5);
+}
+
+TEST_CASE("BlockAllocator: a shared block returns to the free list with its last holder") {
+  BlockAllocator alloc(3);
+  const int32_t b = *alloc.Allocate();
+  CHECK(alloc.holders(b) == 1);
+  alloc.Share(b);
+  alloc.Share(b);
+  CHECK(alloc.holders(b) == 3);
+  CHECK(alloc.num_free() == 2);
+  alloc.Free(b);
+  alloc.Free(b);
+  CHECK(alloc.num_free() == 2);  // one holder left
+  CHECK(alloc.holders(b) == 1);
+  alloc.Free(b);
+  CHECK(alloc.num_free() == 3);
+  CHECK(alloc.holders(b) == 0);
+}
+
+TEST_CASE("PagedKvCache::CopyBlock copies K and V of every layer, nothing else") {
+  KvCacheConfig c{2, 2, 4, 4, 4, DType::kF32};
+  auto cache_or = PagedKvCache::Create(c);
+  REQUIRE(cache_or.ok());
+  PagedKvCache& cache = **cache_or;
+  const std::vector<int32_t> src = {0, 1}, other = {3};
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (int64_t pos = 0; pos < 6; ++pos) {
+      std::vector<float> k(8, static_cast<float>(layer * 100 + pos)), v(8, -1.0f - pos);
+      cache.Write(layer, src, pos, k.data(), v.data());
+    }
+    std::vector<float> k(8, 7.0f), v(8, 7.0f);
+    cache.Write(layer, other, 0, k.data(), v.data());
+  }
+  cache.CopyBlock(1, 2);
+  const size_t block_bytes = cache.block_stride_bytes();
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    CHECK(std::memcmp(cache.KeyBlock(layer, 2), cache.KeyBlock(layer, 1), block_bytes) == 0);
+    float f = 0;
+    std::memcpy(&f, cache.KeyBlock(layer, 3), sizeof f);
+    CHECK(f == 7.0f);  // the neighbour is untouched
+  }
 }
 
 TEST_CASE("BlocksForTokens rounds up") {

@@ -28,6 +28,9 @@ void CheckSampling(const v1::SamplingParams& sent, const SamplingParams& stored)
   if (sent.has_max_tokens()) FUZZ_CHECK(stored.max_tokens == sent.max_tokens(), "max_tokens");
   FUZZ_CHECK(static_cast<int>(stored.stop.size()) == sent.stop_size(), "stop");
   FUZZ_CHECK(stored.ignore_eos == sent.ignore_eos(), "ignore_eos");
+  if (sent.has_n()) FUZZ_CHECK(stored.n == sent.n(), "n");
+  // logprobs: a chat request's flag, or a completion's number of top tokens.
+  if (sent.has_logprobs() && sent.logprobs()) FUZZ_CHECK(stored.logprobs, "logprobs");
 }
 
 void Check(const v1::CreateJobRequest& request, const JobLimits& limits) {

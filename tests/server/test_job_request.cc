@@ -297,5 +297,45 @@ TEST_CASE("PrepareJob with an endpoint refuses lines of the other url, naming ur
   CHECK(PrepareJsonl(jsonl, Limits(), options).ok());
 }
 
+TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in the KV budget") {
+  v1::CreateJobRequest request;
+  v1::BatchRequest* chat = request.mutable_requests()->add_requests();
+  chat->set_custom_id("chat");
+  v1::ChatMessage* m = chat->mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  chat->mutable_sampling()->set_n(3);
+  chat->mutable_sampling()->set_max_tokens(10);
+  chat->mutable_sampling()->set_logprobs(true);
+  chat->mutable_sampling()->set_top_logprobs(4);
+  v1::BatchRequest* completion = request.mutable_requests()->add_requests();
+  completion->set_custom_id("completion");
+  completion->set_prompt("Once");
+  completion->mutable_sampling()->set_max_tokens(5);
+  completion->mutable_sampling()->set_logprobs(true);
+  completion->mutable_sampling()->set_top_logprobs(2);
+  auto job = PrepareJob(request, MixtralTokenizer(), Limits(), "test");
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  REQUIRE(job->requests.size() == 2);
+  const auto chat_line = nlohmann::json::parse(job->requests[0].line);
+  CHECK(chat_line["body"]["n"] == 3);
+  CHECK(chat_line["body"]["logprobs"] == true);
+  CHECK(chat_line["body"]["top_logprobs"] == 4);
+  const int64_t prompt = static_cast<int64_t>(job->requests[0].prompt_token_ids.size());
+  CHECK(job->requests[0].budget_tokens == prompt + 3 * 10);
+  // /v1/completions takes logprobs as the number of most likely tokens.
+  const auto completion_line = nlohmann::json::parse(job->requests[1].line);
+  CHECK(completion_line["body"]["logprobs"] == 2);
+  CHECK_FALSE(completion_line["body"].contains("top_logprobs"));
+
+  // n above the daemon's engine limit: the line is refused, naming body.n.
+  JobLimits narrow = Limits();
+  narrow.max_choices = 2;
+  auto refused = PrepareJob(request, MixtralTokenizer(), narrow, "test");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(absl::StrContains(refused.status().message(), "line 1 (custom_id \"chat\"): body.n: 3"));
+}
+
 }  // namespace
 }  // namespace moebatch

@@ -238,6 +238,25 @@ TEST_CASE("bpe: a character split over byte-level tokens is held back until comp
   CHECK(rest == tok.Decode(std::vector<int32_t>(ids.begin(), ids.end() - 1)));
 }
 
+TEST_CASE("bpe: TokenBytes gives each token's raw bytes (logprobs' \"bytes\")", "[bpe]") {
+  const Tokenizer& tok = Tok("gpt2");
+  // Byte-level: the bytes of a character split over tokens add up to it; a part alone is not UTF-8.
+  const std::vector<int32_t> ids = tok.Encode("a 😀", /*add_bos=*/false);
+  std::string all;
+  bool partial = false;
+  for (int32_t id : ids) {
+    all += tok.TokenBytes(id);
+    partial = partial || !IsValidUtf8(tok.TokenBytes(id));
+  }
+  CHECK(all == "a 😀");
+  CHECK(partial);
+  // "Ġworld": the byte-level space is a space.
+  const std::vector<int32_t> word = tok.Encode(" world", false);
+  REQUIRE(word.size() == 1);
+  CHECK(tok.TokenBytes(word[0]) == " world");
+  CHECK(tok.TokenBytes(-1).empty());
+}
+
 TEST_CASE("bpe: OutputText over a byte-level tokenizer never splits a character", "[bpe]") {
   const Tokenizer& tok = Tok("llama3");
   const std::string text = "Stop here: 😀 日本語 END more text";

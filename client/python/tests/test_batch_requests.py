@@ -81,6 +81,25 @@ def test_a_message_becomes_the_daemons_line():
     assert request_line(nan)["body"]["top_p"] == "NaN"  # the daemon names the field
 
 
+def test_n_and_logprobs_follow_the_endpoint():
+    chat = pb.BatchRequest(custom_id="c", chat=pb.ChatMessages(messages=[
+        pb.ChatMessage(role="user", content="hi")]))
+    chat.sampling.n = 3
+    chat.sampling.logprobs = True
+    chat.sampling.top_logprobs = 2
+    assert request_line(chat)["body"] == {"messages": [{"role": "user", "content": "hi"}],
+                                          "n": 3, "logprobs": True, "top_logprobs": 2}
+    # /v1/completions: logprobs is the number of most likely tokens.
+    comp = pb.BatchRequest(custom_id="p", prompt="p")
+    comp.sampling.logprobs = True
+    comp.sampling.top_logprobs = 4
+    assert request_line(comp)["body"] == {"prompt": "p", "logprobs": 4}
+    comp.sampling.ClearField("top_logprobs")
+    assert request_line(comp)["body"] == {"prompt": "p", "logprobs": 0}
+    comp.sampling.logprobs = False
+    assert request_line(comp)["body"] == {"prompt": "p"}
+
+
 @pytest.mark.parametrize("obj", [
     line({"messages": CHAT}, custom_id=""),
     line({"messages": CHAT}, custom_id=7),

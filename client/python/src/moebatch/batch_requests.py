@@ -63,6 +63,17 @@ def request_line(message: pb.BatchRequest) -> dict[str, Any]:
         body["stop"] = list(s.stop)
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if s.HasField("n"):
+        body["n"] = s.n
+    if which == "chat":
+        for field in ("logprobs", "top_logprobs"):
+            if s.HasField(field):
+                body[field] = getattr(s, field)
+    elif s.HasField("logprobs") and s.logprobs:
+        # /v1/completions' logprobs is an integer: the number of most likely tokens.
+        body["logprobs"] = s.top_logprobs if s.HasField("top_logprobs") else 0
+    elif s.HasField("top_logprobs"):
+        body["top_logprobs"] = s.top_logprobs  # the daemon refuses it, naming the field
     return {"custom_id": message.custom_id, "method": "POST", "url": url, "body": body}
 
 
