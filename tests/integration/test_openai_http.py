@@ -398,3 +398,30 @@ def test_tenant_limits_answer_429(tmp_path):
         client.batches.cancel(first.id)
     finally:
         d.stop()
+
+
+def test_logprobs_and_n_through_the_http_api(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    lines = [chat_line("lp", "Hi", max_tokens=4, logprobs=True, top_logprobs=3, n=2),
+             {"custom_id": "c", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "Once upon", "max_tokens": 3, "temperature": 0, "logprobs": 2}}]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    file = client.files.create(file=path.open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    # One endpoint per batch: the completions line fails validation, naming url.
+    assert batch.status == "failed" and [e.param for e in batch.errors.data] == ["url"]
+    path = write_jsonl(tmp_path / "chat.jsonl", lines[:1])
+    _, batch = run_batch(client, path)
+    batch = wait_done(client, batch.id)
+    [out] = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
+    body = out["response"]["body"]
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["choices"][0]["message"] == body["choices"][1]["message"]  # greedy: the same
+    assert body["usage"]["completion_tokens"] == 8
+    for choice in body["choices"]:
+        content = choice["logprobs"]["content"]
+        assert len(content) == 4
+        for entry in content:
+            assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+            assert entry["logprob"] == max(t["logprob"] for t in entry["top_logprobs"])
