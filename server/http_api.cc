@@ -321,9 +321,15 @@ struct OpenAiHttpApi::Routes {
 
   void UploadFile(const httplib::Request& req, httplib::Response& res,
                   const httplib::ContentReader& content_reader) const {
+    // Refused before the body is read: the connection closes after the answer (the unread body
+    // would otherwise be taken for the next request).
     auto who = Who(req);
-    if (!who.ok()) return SendError(res, who.status());
+    if (!who.ok()) {
+      res.set_header("Connection", "close");
+      return SendError(res, who.status());
+    }
     if (!req.is_multipart_form_data()) {
+      res.set_header("Connection", "close");
       return SendError(res, Invalid("file",
                                     "the body must be multipart/form-data with the "
                                     "fields file and purpose"));

@@ -256,6 +256,10 @@ def test_another_tenants_ids_are_not_found(tmp_path):
         assert other.batches.list().data == [] and other.files.list().data == []
         with pytest.raises(openai.AuthenticationError):
             d.openai("not-a-token").batches.list()
+        stranger = d.openai("not-a-token")
+        for _ in range(2):  # the refused upload's body does not spoil the next request
+            with pytest.raises(openai.AuthenticationError):
+                stranger.files.create(file=path.open("rb"), purpose="batch")
     finally:
         d.stop()
 
