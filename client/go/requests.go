@@ -16,6 +16,9 @@ type Sampling struct {
 	MaxTokens   *int32
 	Stop        []string
 	IgnoreEOS   bool
+	N           *int32 // choices per request, [1, 16]
+	Logprobs    *bool  // report each generated token's log-probability
+	TopLogprobs *int32 // most likely tokens per position ([0, 20] chat, [0, 5] completions)
 }
 
 // Greedy is argmax sampling (temperature 0) of at most maxTokens tokens.
@@ -34,6 +37,9 @@ func (s Sampling) Proto() *pb.SamplingParams {
 		MaxTokens:   s.MaxTokens,
 		Stop:        append([]string(nil), s.Stop...),
 		IgnoreEos:   s.IgnoreEOS,
+		N:           s.N,
+		Logprobs:    s.Logprobs,
+		TopLogprobs: s.TopLogprobs,
 	}
 }
 

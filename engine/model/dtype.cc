@@ -87,16 +87,26 @@ void ConvertToF32(DType type, const void* src, float* dst, size_t n) {
     case DType::kF32:
       std::memcpy(dst, src, n * sizeof(float));
       return;
+    // `src` may be only byte-aligned (a GGUF file with general.alignment 1): each element is read
+    // with memcpy, which compiles to a plain 16-bit load.
     case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
+      const auto* s = static_cast<const unsigned char*>(src);
 #pragma omp parallel for schedule(static) if (count > (1 << 16))
-      for (int64_t i = 0; i < count; ++i) dst[i] = BF16ToF32(s[i]);
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t v;
+        std::memcpy(&v, s + 2 * i, sizeof(v));
+        dst[i] = BF16ToF32(v);
+      }
       return;
     }
     case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
+      const auto* s = static_cast<const unsigned char*>(src);
 #pragma omp parallel for schedule(static) if (count > (1 << 16))
-      for (int64_t i = 0; i < count; ++i) dst[i] = F16ToF32(s[i]);
+      for (int64_t i = 0; i < count; ++i) {
+        uint16_t v;
+        std::memcpy(&v, s + 2 * i, sizeof(v));
+        dst[i] = F16ToF32(v);
+      }
       return;
     }
   }

@@ -183,6 +183,24 @@ TEST_CASE("ConvertToF32 / ConvertFromF32 match the scalar conversions", "[dtype]
   }
 }
 
+// Fuzz regression (fuzz_gguf, regress-misaligned-f16): a GGUF file with general.alignment 1 puts
+// f16 / bf16 rows at odd addresses; ConvertToF32 reads them byte-wise (UBSan: no misaligned load).
+TEST_CASE("ConvertToF32 reads f16 and bf16 at an odd address", "[dtype]") {
+  const std::vector<float> values = {1.0f, -2.5f, 0.15625f, 65504.0f, -0.0f};
+  for (DType type : {DType::kF16, DType::kBF16}) {
+    std::vector<uint16_t> halves(values.size());
+    ConvertFromF32(type, values.data(), halves.data(), values.size());
+    std::vector<unsigned char> bytes(1 + 2 * values.size());
+    std::memcpy(bytes.data() + 1, halves.data(), 2 * halves.size());
+    std::vector<float> out(values.size());
+    ConvertToF32(type, bytes.data() + 1, out.data(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      INFO("type " << static_cast<int>(type) << " element " << i);
+      CHECK(out[i] == Approx(values[i]).epsilon(1e-2));
+    }
+  }
+}
+
 TEST_CASE("dtype names parse in safetensors and torch spellings", "[dtype]") {
   CHECK(DTypeFromSafetensors("BF16") == DType::kBF16);
   CHECK(DTypeFromSafetensors("F16") == DType::kF16);
