@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
 #include "server/job_store.h"
+#include "tests/support/temp_dir.h"
 
 namespace moebatch {
 namespace {
@@ -29,25 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device device;
-    std::string name = "moebatch_job_store_" + std::to_string(::getpid()) + "_" +
-                       std::to_string(device()) + std::to_string(device());
-    path_ = fs::temp_directory_path() / name;
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string str() const { return path_.string(); }
-  fs::path db() const { return path_ / "moebatch.db"; }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 std::unique_ptr<JobStore> OpenOk(const std::string& dir) {
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir);
@@ -505,11 +488,11 @@ TEST_CASE("JobStore: a damaged file is found at Open, named, and left as it was"
     std::unique_ptr<JobStore> store = OpenOk(dir.str());
     for (int i = 0; i < 40; ++i) CreateOk(*store, 20);
   }  // the last close checkpoints the WAL into the file
-  const uintmax_t size = fs::file_size(dir.db());
+  const uintmax_t size = fs::file_size((dir / "moebatch.db"));
   REQUIRE(size > 16 * 4096);
   {
     // A zeroed 4 KiB page in the middle (SQLite's default page size).
-    std::fstream f(dir.db(), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f((dir / "moebatch.db"), std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>((size / 4096 / 2) * 4096));
     const std::string zeros(4096, '\0');
     f.write(zeros.data(), zeros.size());
@@ -518,7 +501,7 @@ TEST_CASE("JobStore: a damaged file is found at Open, named, and left as it was"
   CHECK(store.status().code() == absl::StatusCode::kDataLoss);
   CHECK(absl::StrContains(store.status().message(), "moebatch.db"));
   CHECK(absl::StrContains(store.status().message(), "quick_check"));
-  CHECK(fs::file_size(dir.db()) == size);
+  CHECK(fs::file_size((dir / "moebatch.db")) == size);
 }
 
 TEST_CASE("JobStore: health follows the storage, not the callers' mistakes", "[job_store]") {
@@ -537,14 +520,14 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
   TempDir dir;
   SECTION("a text file") {
     {
-      std::ofstream out(dir.db(), std::ios::binary);
+      std::ofstream out((dir / "moebatch.db"), std::ios::binary);
       for (int i = 0; i < 200; ++i) out << "this is not a database, just some text\n";
     }
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.str());
     CHECK(store.status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(absl::StrContains(store.status().message(), "moebatch.db"));
     // The file is left as it was.
-    CHECK(fs::file_size(dir.db()) == 200 * 39);
+    CHECK(fs::file_size((dir / "moebatch.db")) == 200 * 39);
   }
   // Byte offsets in the SQLite header: user_version at 60, application_id at 68 (big-endian).
   auto patch_header = [&](int offset, uint32_t value) {
@@ -553,7 +536,7 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
       CreateOk(*store, 1);
     }  // the last close checkpoints the WAL into the file and removes it
     REQUIRE_FALSE(fs::exists(dir.str() + "/moebatch.db-wal"));
-    std::fstream f(dir.db(), std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f((dir / "moebatch.db"), std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(offset);
     for (int i = 3; i >= 0; --i) f.put(static_cast<char>((value >> (8 * i)) & 0xff));
   };
@@ -572,7 +555,7 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
     CHECK_FALSE(JobStore::Open(dir.str() + "/plain_file").ok());
   }
   SECTION("an empty file becomes a new store") {
-    std::ofstream(dir.db()).close();
+    std::ofstream((dir / "moebatch.db")).close();
     std::unique_ptr<JobStore> store = OpenOk(dir.str());
     CreateOk(*store, 1);
   }
@@ -779,7 +762,7 @@ TEST_CASE("JobStore: a schema version 1 store is upgraded in place", "[job_store
   {
     // The version 1 schema, as an earlier build created it, with one job of two requests.
     sqlite3* db = nullptr;
-    REQUIRE(sqlite3_open(dir.db().c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_open((dir / "moebatch.db").c_str(), &db) == SQLITE_OK);
     const char* v1 = R"sql(
 PRAGMA journal_mode = WAL;
 CREATE TABLE jobs (id TEXT PRIMARY KEY NOT NULL, seq INTEGER NOT NULL UNIQUE,
