@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -115,8 +116,66 @@ void QuantizeRow(const float* x, int64_t blocks, int64_t groups, int bias, qli::
   }
 }
 
-qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, int bias,
+// One super-block of 256 floats at x to int8 as ggml's quantize_row_q8_K_ref: max is the element
+// of largest |x| (the first of equals), iscale = -127 / max, q = min(127, nearest_int(iscale · x))
+// (nearest_int rounds half to even, as the SSE conversion does in the default rounding mode),
+// dx = 1 / iscale; all zero when x is. Block b's values go to slot KSlot(paired, b) of rec->q;
+// bsum[b] = Σ of block b's q; with a bias, corr16[t] = -bias · (q[2t] + q[2t + 1]) over the stored
+// q. SSE2 only, like QuantizeBlock.
+void QuantizeSuperBlock(const float* x, int bias, bool paired, qli::XGroup* rec) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < qli::kGroup; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[j];
+    }
+  }
+  if (amax == 0.0f) {
+    std::fill(rec->q, rec->q + qli::kGroup, int8_t{0});
+    std::fill(rec->bsum, rec->bsum + qli::kGroupBlocks, int16_t{0});
+    std::fill(rec->corr16, rec->corr16 + qli::kGroup / 2, int16_t{0});
+    rec->dx = 0.0f;
+    return;
+  }
+  const float iscale = -127.0f / max;
+  const __m128 is = _mm_set1_ps(iscale);
+  for (int b = 0; b < qli::kGroupBlocks; ++b) {
+    const float* xb = x + b * qli::kBlock;
+    int8_t* q = rec->q + qli::KSlot(paired, b) * qli::kBlock;
+    __m128i h[4];
+    for (int j = 0; j < 4; ++j) {
+      h[j] = _mm_packs_epi32(_mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(xb + 8 * j), is)),
+                             _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(xb + 8 * j + 4), is)));
+      h[j] = _mm_min_epi16(_mm_max_epi16(h[j], _mm_set1_epi16(-127)), _mm_set1_epi16(127));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(h[0], h[1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_packs_epi16(h[2], h[3]));
+    __m128i sum = _mm_madd_epi16(
+        _mm_add_epi16(_mm_add_epi16(h[0], h[1]), _mm_add_epi16(h[2], h[3])), _mm_set1_epi16(1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
+    rec->bsum[b] = static_cast<int16_t>(_mm_cvtsi128_si32(sum));
+  }
+  if (bias != 0) {
+    for (int t = 0; t < qli::kGroup / 2; ++t) {
+      rec->corr16[t] = static_cast<int16_t>(-bias * (rec->q[2 * t] + rec->q[2 * t + 1]));
+    }
+  }
+  rec->dx = 1.0f / iscale;
+}
+
+// One row of x (k = groups · 256 floats) into the records x[g · stride] as K-quant activations.
+void QuantizeRowK(const float* x, int64_t groups, int bias, bool paired, qli::XGroup* out,
+                  int64_t stride) {
+  for (int64_t g = 0; g < groups; ++g) {
+    QuantizeSuperBlock(x + g * qli::kGroup, bias, paired, &out[g * stride]);
+  }
+}
+
+qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, const qli::Kernel& kernel,
                                 std::vector<qli::XGroup>* scratch) {
+  const int bias = kernel.bias;
   qli::QuantizedRows xq;
   xq.blocks = k / qli::kBlock;
   xq.groups = (xq.blocks + qli::kGroupBlocks - 1) / qli::kGroupBlocks;
@@ -125,7 +184,11 @@ qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, int bias,
   qli::XGroup* out = scratch->data();
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
   for (int64_t r = 0; r < m; ++r) {
-    QuantizeRow(x + r * k, xq.blocks, xq.groups, bias, out + r, xq.stride);
+    if (kernel.superblock) {
+      QuantizeRowK(x + r * k, xq.groups, bias, kernel.paired_slots, out + r, xq.stride);
+    } else {
+      QuantizeRow(x + r * k, xq.blocks, xq.groups, bias, out + r, xq.stride);
+    }
   }
   xq.x = out;
   return xq;
@@ -173,7 +236,7 @@ absl::Status QuantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const
         absl::StrCat("QuantLinear: no ", CpuIsaName(isa), " kernel for ", traits.name));
   }
   thread_local std::vector<qli::XGroup> scratch;  // the calling thread's, grown to the largest call
-  const qli::QuantizedRows xq = QuantizeRows(x, m, k, kernel.bias, &scratch);
+  const qli::QuantizedRows xq = QuantizeRows(x, m, k, kernel, &scratch);
   const int64_t row_bytes = k / traits.block_size * traits.type_size;
 
   // Tiles. Decode-sized m: all rows, and weight-row tiles small enough that each thread takes

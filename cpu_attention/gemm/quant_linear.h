@@ -2,34 +2,50 @@
 // place in one of ggml's block formats (llama.cpp's GGUF tensor types), never widened to floats.
 //
 // Method: llama.cpp's (ggml-cpu quants.c, ggml_vec_dot_<type>_q8_0 / _q8_K): every activation row
-// is quantized once per call to int8 in blocks of 32 (d = amax / 127, q = x · (1 / d) rounded half
-// to even, |q| <= 127, as quantize_row_q8_0), the weight blocks are unpacked to small integers and
-// the products are integer dot products (AVX2: vpmaddubsw + vpmaddwd; AVX-512: VNNI vpdpbusd), with
-// the float scales applied per block of 32. Block layouts: ggml-common.h (block_q4_0 ...
+// is quantized once per call to int8, the weight blocks are unpacked to small integers and the
+// products are integer dot products (AVX2: vpmaddubsw + vpmaddwd; AVX-512: VNNI vpdpbusd /
+// vpdpwssd), with float scales applied per block. Block layouts: ggml-common.h (block_q4_0 ...
 // block_q6_K, block_mxfp4); the value each element stands for: engine/model/ggml_quants.h
-// (DequantizeRow).
+// (DequantizeRow). Two schemes, each one fixed sequence of float operations per output element,
+// whatever M, the other rows of x, the tiling, the thread count or the ISA level (AVX-512 VNNI,
+// AVX2 and portable give the same bits; quant_linear_portable.cc is the lane-exact model the
+// vector kernels follow).
 //
-// The unified view that every type is computed in: a block of 32 weights is 32 int8 w_i, a float
-// scale per lane of 4 elements, and an optional float c, with value_i = scale_i · w_i + c:
+// Types of 32-blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4), as ggml's q8_0 dot products: x is
+// quantized in blocks of 32 (d = amax / 127, q = x · (1 / d) rounded half to even, |q| <= 127, as
+// quantize_row_q8_0), and every block is 32 int8 w_i, a float scale, and an optional float c, with
+// value_i = scale · w_i + c:
 //   Q4_0  w = q - 8, scale d              Q4_1  w = q, scale d, c = m
 //   Q5_0  w = q - 16, scale d             Q5_1  w = q, scale d, c = m
 //   Q8_0  w = q, scale d                  MXFP4 w = kvalues[q] (E2M1 doubled), scale 2^(e - 128)
-//   Q4_K, Q5_K  w = q, per 32: scale d·sc_j, c = -(dmin·m_j)
-//   Q6_K  w = q - 32, per 16: scale d·sc_j
-// Every output element is one fixed sequence of float operations, whatever M, the other rows of x,
-// the tiling, the thread count or the ISA level (AVX-512 VNNI, AVX2 and portable give the same
-// bits; quant_linear_portable.cc is the lane-exact model the vector kernels follow):
 //   1. integer lanes: for weight block b and lane l (elements 4l..4l+3), p = Σ w_i · q_i (exact);
-//   2. 16 float partial sums a[0..16): a[8·(b mod 2) + l] = fma(scale_bl · d_b, float(p), a[..]),
+//   2. 16 float partial sums a[0..16): a[8·(b mod 2) + l] = fma(scale_b · d_b, float(p), a[..]),
 //      the product scale · d rounded to float first, blocks in increasing b;
 //   3. types with c: 8 partial sums e[0..8): e[b mod 8] = fma(c_b, s_b, e[b mod 8]) with
 //      s_b = d_b · float(Σ_i q_i) (one rounding), blocks in increasing b;
 //   4. y = Tree(a) (lane i += lane i+8, then i+4, i+2, i+1), and for types with c
 //      y = Tree(a) + Tree(e) (e: lane i += lane i+4, i+2, i+1).
+//
+// K-quants (Q4_K, Q5_K, Q6_K), as ggml's q8_K dot products: x is quantized per super-block of 256
+// as quantize_row_q8_K (max = the element of largest |x|, iscale = -127 / max, q =
+// nearest_int(iscale · x), dx = 1 / iscale), and the sub-block scales stay integers:
+//   Q4_K, Q5_K  w = q, value = d · sc_j · w - dmin · m_j (sc_j, m_j 6-bit, per 32)
+//   Q6_K        w = q - 32, value = d · sc_t · w (sc_t int8, per 16)
+//   1. integer lanes per super-block g: L[l] = Σ over its 8 blocks of Σ_{i = 4l..4l+3} sc · w_i ·
+//   q_i
+//      (exact: |L| < 2^24), l < 8; and, Q4_K / Q5_K, E[j] = m_2j · B_2j + m_2j+1 · B_2j+1 (j < 4)
+//      with B_b = Σ of q over block b;
+//   2. a[l] = fma(d · dx, float(L[l]), a[l]) (d · dx rounded to float first), super-blocks in
+//      increasing g; Q4_K / Q5_K: e[j] = fma(dmin · dx, float(E[j]), e[j]);
+//   3. y = Tree(a) (lane i += lane i+4, i+2, i+1), minus Tree(e) (i += i+2, i+1) for Q4_K / Q5_K.
+// One float multiply-add per 32 elements instead of one per 4: the 4-bit types at decode-sized M
+// are bound by instructions, not bytes, otherwise (bench/quant_linear.cc).
+//
 // Accuracy: besides float rounding (~1e-6 relative to Σ|x·w|), the int8 activations: each x_i is
-// replaced by d_b · q_i, |x_i - d_b · q_i| <= d_b / 2, so |y - x·Wᵀ| <= Σ_b (d_b / 2) Σ_{i in b}
-// |value_i| (tests/cpu_attention/test_quant_linear.cc checks that bound, and a relative RMS error
-// near 0.5% on Gaussian data).
+// replaced by d_b · q_i, |x_i - d_b · q_i| <= |d_b| / 2 (b the block of 32, or the super-block of
+// 256 for the K-quants), so |y - x·Wᵀ| <= Σ_b (|d_b| / 2) Σ_{i in b} |value_i|
+// (tests/cpu_attention/test_quant_linear.cc checks that bound, and a relative RMS error near 0.6%
+// (blocks of 32) and 0.8% (256) on Gaussian data).
 //
 // Shapes and types: x [m, k] f32 row-major contiguous; W [n, k] as a GGUF tensor stores a Linear
 // weight (or one expert's slice of it): n rows, each k / block_size blocks of type_size bytes (row

@@ -43,14 +43,7 @@ struct Policy {
     for (int i = 0; i < kGroupBlocks; ++i) {
       dg->w[i] = u.w[i];
       if constexpr (kSign) dg->abs_w[i] = _mm256_abs_epi8(u.w[i]);
-      if constexpr (U::kPer16) {
-        // Lanes 0-3 take sub-block 2i's scale, lanes 4-7 sub-block 2i + 1's.
-        const int j = 2 * (i % 4);
-        dg->scale[i] = _mm256_permutevar8x32_ps(
-            u.scale[i / 4], _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1));
-      } else {
-        dg->scale[i] = _mm256_permutevar8x32_ps(u.scale[0], _mm256_set1_epi32(i));
-      }
+      dg->scale[i] = _mm256_permutevar8x32_ps(u.scale, _mm256_set1_epi32(i));
     }
     if constexpr (kHasC) dg->c = u.c;
   }
@@ -96,10 +89,89 @@ struct Policy {
   }
 };
 
+// The K-quant types (quant_linear.h, "K-quants"), blocks in natural order, one per ymm: vpmaddubsw
+// (u times q, pairs to int16: at most 2·63·127), plus, for Q6_K, the activations' correction
+// -32·(q + q') per pair (giving Σ w·q exactly, |.| <= 2·32·127), then vpmaddwd with the int16 scale
+// of those elements into int32 lanes of 4 elements, summed over the blocks in two chains.
+template <GgmlType T>
+struct PolicyK {
+  using Q = KQuant<T>;
+  static constexpr int kBias = Q::kBias;
+  static constexpr int64_t kGroupBytes = Q::kGroupBytes;
+  static constexpr bool kHasC = Q::kHasC;
+  static constexpr int kMR = 4;
+
+  struct DG {
+    __m256i w[kGroupBlocks];   // block b: u
+    __m256i sc[kGroupBlocks];  // block b: int16 t holds the scale of elements 2t, 2t + 1
+    __m128i mins;              // Q4_K / Q5_K: int16 m_b
+    __m128 dmin;               // d, dmin
+  };
+  using Acc = KAcc;
+
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
+                                                    DG* dg) {
+    const uint8_t* b = row + g * kGroupBytes;
+    if constexpr (T == GgmlType::kQ6_K) {
+      WeightsQ6K(b, dg->w);
+      dg->mins = _mm_setzero_si128();
+      // Block j: scales 2j (int16 0-7 of the product vector) and 2j + 1 (8-15).
+      alignas(32) int16_t s[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(s), ScalesQ6K(b));
+      for (int j = 0; j < kGroupBlocks; ++j) {
+        dg->sc[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[2 * j])),
+                                            _mm_set1_epi16(s[2 * j + 1]), 1);
+      }
+    } else {
+      if constexpr (T == GgmlType::kQ4_K) {
+        WeightsQ4K(b, dg->w);
+      } else {
+        WeightsQ5K(b, dg->w);
+      }
+      alignas(16) int16_t s[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(s), ScalesK4(b, &dg->mins));
+      for (int j = 0; j < kGroupBlocks; ++j) dg->sc[j] = _mm256_set1_epi16(s[j]);
+    }
+    dg->dmin = Q::DMin(b);
+  }
+
+  static Acc Zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+  __attribute__((always_inline)) static __m256i Block(const DG& dg, int j, const XRow& x) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + j * kBlock));
+    __m256i p16 = _mm256_maddubs_epi16(dg.w[j], q);
+    if constexpr (kBias != 0) {
+      p16 = _mm256_add_epi16(
+          p16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr16 + j * kBlock / 2)));
+    }
+    return _mm256_madd_epi16(p16, dg.sc[j]);
+  }
+
+  template <bool kFull>
+  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/,
+                                                        const XRow& x) {
+    __m256i s0 = Block(dg, 0, x), s1 = Block(dg, 1, x);
+    for (int j = 2; j < kGroupBlocks; j += 2) {
+      s0 = _mm256_add_epi32(s0, Block(dg, j, x));
+      s1 = _mm256_add_epi32(s1, Block(dg, j + 1, x));
+    }
+    KStep<kHasC>(acc, _mm256_add_epi32(s0, s1), dg.dmin, dg.mins, x);
+  }
+
+  static float Finish(const Acc& acc) { return KFinish<kHasC>(acc); }
+};
+
 template <GgmlType T>
 Kernel KernelOf() {
-  return Kernel{Tile<Policy<T>>, Policy<T>::kBias,
-                static_cast<int64_t>(sizeof(typename Policy<T>::DG))};
+  if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K || T == GgmlType::kQ6_K) {
+    Kernel k{Tile<PolicyK<T>>, PolicyK<T>::kBias,
+             static_cast<int64_t>(sizeof(typename PolicyK<T>::DG))};
+    k.superblock = true;
+    return k;
+  } else {
+    return Kernel{Tile<Policy<T>>, Policy<T>::kBias,
+                  static_cast<int64_t>(sizeof(typename Policy<T>::DG))};
+  }
 }
 
 }  // namespace

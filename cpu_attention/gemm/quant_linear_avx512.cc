@@ -121,59 +121,6 @@ struct FullGroup<GgmlType::kQ8_0> {
   }
 };
 
-template <>
-struct FullGroup<GgmlType::kQ4_K> {
-  static void Group(const uint8_t* b, __m512i* w, __m512* scales, __m256* c) {
-    Unpacked u;
-    ScalesK4(b, &u);
-    *scales = _mm512_castps256_ps512(u.scale[0]);
-    *c = u.c;
-    for (int p = 0; p < kPairs; ++p) w[p] = NibbleHalves(b + 16 + 32 * p);
-  }
-};
-
-template <>
-struct FullGroup<GgmlType::kQ5_K> {
-  static void Group(const uint8_t* b, __m512i* w, __m512* scales, __m256* c) {
-    Unpacked u;
-    ScalesK4(b, &u);
-    *scales = _mm512_castps256_ps512(u.scale[0]);
-    *c = u.c;
-    const __m512i qh =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
-    for (int p = 0; p < kPairs; ++p) {
-      // Block 2p takes bit 2p of qh[e], block 2p + 1 bit 2p + 1.
-      const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * p))),
-                                             _mm256_set1_epi8(static_cast<char>(2 << (2 * p))), 1);
-      const __m512i low = NibbleHalves(b + 48 + 32 * p);
-      w[p] = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(qh, bit), low, _mm512_set1_epi8(16));
-    }
-  }
-};
-
-template <>
-struct FullGroup<GgmlType::kQ6_K> {
-  static void Group(const uint8_t* b, __m512i* w, __m512* scales, __m256* c) {
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(LoadU16(b + 208)));
-    *scales = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
-    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
-    // Per 16-bit lane of the low / high 256 bits: qh's bits 0-1 / 2-3 to bits 4-5 (blocks 4h,
-    // 4h + 1), then bits 4-5 / 6-7 (blocks 4h + 2, 4h + 3).
-    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    for (int h = 0; h < 2; ++h) {  // 128 elements: ql[64h, 64h + 64), qh[32h, 32h + 32)
-      const __m512i ql = _mm512_loadu_si512(b + 64 * h);
-      const __m512i qh = _mm512_broadcast_i64x4(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
-      w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4),
-                                 _mm512_and_si512(_mm512_sllv_epi16(qh, up), top2));
-      w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
-                                     _mm512_and_si512(_mm512_srlv_epi16(qh, down), top2));
-    }
-  }
-};
-
 struct Acc {
   __m512 a;  // step 2's 16 lanes
   // Step 3 in the low 8 lanes. A zmm so that parking an Acc (Micro) copies two registers: with a
@@ -205,21 +152,17 @@ struct Policy {
     } else {  // the last group of a row of 32-blocks (K-quant rows have whole groups only)
       Unpacked u;
       U::Group(row, g, nblk, &u);
-      scales = U::kPer16 ? _mm512_insertf32x8(_mm512_castps256_ps512(u.scale[0]), u.scale[1], 1)
-                         : _mm512_castps256_ps512(u.scale[0]);
+      scales = _mm512_castps256_ps512(u.scale);
       for (int p = 0; p < kPairs; ++p) {
         dg->w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(u.w[2 * p]), u.w[2 * p + 1], 1);
       }
       if constexpr (kHasC) dg->c = u.c;
     }
     for (int p = 0; p < kPairs; ++p) {
-      // Per 16 elements (Q6_K): lane l takes sub-block 4p + l / 4; per block: block 2p + l / 8.
+      // Lane l takes block 2p + l / 8's scale.
       const __m512i index =
-          U::kPer16
-              ? _mm512_add_epi32(_mm512_set1_epi32(4 * p),
-                                 _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3))
-              : _mm512_add_epi32(_mm512_set1_epi32(2 * p),
-                                 _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+          _mm512_add_epi32(_mm512_set1_epi32(2 * p),
+                           _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
       dg->scale[p] = _mm512_permutexvar_ps(index, scales);
     }
   }
@@ -256,10 +199,130 @@ struct Policy {
   }
 };
 
+// The K-quant types (quant_linear.h, "K-quants"): two blocks per zmm, in slot order (Q4_K / Q5_K:
+// a 64-byte load of nibbles is blocks 4j, 4j + 2 (low nibbles) and 4j + 1, 4j + 3 (high); Q6_K:
+// natural). vpmaddubsw (u times q, pairs to int16), plus Q6_K's correction -32·(q + q') per pair,
+// then vpdpwssd with the int16 scale of those elements into int32 lanes of 4 elements, two chains;
+// the two blocks' lanes are added, so lane l sums elements 4l..4l+3 of every block.
+template <GgmlType T>
+struct PolicyK {
+  using Q = KQuant<T>;
+  static constexpr int kBias = Q::kBias;
+  static constexpr int64_t kGroupBytes = Q::kGroupBytes;
+  static constexpr bool kHasC = Q::kHasC;
+  static constexpr bool kPaired = T != GgmlType::kQ6_K;
+  static constexpr int kMR = 8;
+
+  struct DG {
+    __m512i w[kPairs];   // slots 2p (low 256 bits) and 2p + 1: u
+    __m512i sc[kPairs];  // int16 t: the scale of the elements 2t, 2t + 1 of the zmm
+    __m128i mins;        // Q4_K / Q5_K: int16 m_b, natural order
+    __m128 dmin;         // d, dmin
+  };
+  using Acc = KAcc;
+
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
+                                                    DG* dg) {
+    const uint8_t* b = row + g * kGroupBytes;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if constexpr (T == GgmlType::kQ6_K) {
+      const __m512i top2 = _mm512_set1_epi8(0x30);
+      // Per 16-bit lane of the low / high 256 bits: qh's bits 0-1 / 2-3 to bits 4-5 (blocks 4h,
+      // 4h + 1), then bits 4-5 / 6-7 (blocks 4h + 2, 4h + 3).
+      const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+      const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+      for (int h = 0; h < 2; ++h) {  // 128 elements: ql[64h, 64h + 64), qh[32h, 32h + 32)
+        const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
+        dg->w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                       _mm512_and_si512(_mm512_sllv_epi16(qh, up), top2));
+        dg->w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                           _mm512_and_si512(_mm512_srlv_epi16(qh, down), top2));
+      }
+      // zmm p holds blocks 2p, 2p + 1: its 128-bit lane k takes scale 4p + k.
+      const __m512i sc = _mm512_castsi256_si512(ScalesQ6K(b));
+      for (int p = 0; p < kPairs; ++p) {
+        const __m512i index = _mm512_add_epi16(
+            _mm512_set1_epi16(static_cast<int16_t>(4 * p)),
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(
+                                   _mm256_setzero_si256(), _mm_set1_epi16(1), 1)),
+                               _mm256_inserti128_si256(_mm256_set1_epi16(2), _mm_set1_epi16(3), 1),
+                               1));
+        dg->sc[p] = _mm512_permutexvar_epi16(index, sc);
+      }
+      dg->mins = _mm_setzero_si128();
+    } else {
+      const int qs = T == GgmlType::kQ4_K ? 16 : 48;
+      for (int j = 0; j < 2; ++j) {  // 64 bytes: blocks 4j, 4j + 2 (low nibbles), 4j + 1, 4j + 3
+        const __m512i z = _mm512_loadu_si512(b + qs + 64 * j);
+        dg->w[2 * j] = _mm512_and_si512(z, low4);
+        dg->w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+      }
+      if constexpr (T == GgmlType::kQ5_K) {
+        // Element e of block k takes bit k of qh[e].
+        const __m512i qh =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+        for (int p = 0; p < kPairs; ++p) {
+          const int b0 = KSlot(true, 2 * p), b1 = KSlot(true, 2 * p + 1);
+          const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << b0)),
+                                                 _mm256_set1_epi8(static_cast<char>(1 << b1)), 1);
+          dg->w[p] = _mm512_mask_add_epi8(dg->w[p], _mm512_test_epi8_mask(qh, bit), dg->w[p],
+                                          _mm512_set1_epi8(16));
+        }
+      }
+      // The 8 int16 scales in every 128-bit lane; zmm p holds the blocks at slots 2p (low 256
+      // bits) and 2p + 1: vpshufb picks scale b0 for the low half and b1 for the high.
+      const __m512i sc = _mm512_broadcast_i32x4(ScalesK4(b, &dg->mins));
+      for (int p = 0; p < kPairs; ++p) {
+        const int b0 = KSlot(true, 2 * p), b1 = KSlot(true, 2 * p + 1);
+        const __m512i pick = _mm512_inserti64x4(
+            _mm512_set1_epi16(static_cast<int16_t>(2 * b0 | (2 * b0 + 1) << 8)),
+            _mm256_set1_epi16(static_cast<int16_t>(2 * b1 | (2 * b1 + 1) << 8)), 1);
+        dg->sc[p] = _mm512_shuffle_epi8(sc, pick);
+      }
+    }
+    dg->dmin = Q::DMin(b);
+  }
+
+  static Acc Zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+  __attribute__((always_inline)) static __m512i Pair(__m512i sum, const DG& dg, int p,
+                                                     const XRow& x) {
+    __m512i p16 = _mm512_maddubs_epi16(dg.w[p], _mm512_loadu_si512(x.q + p * 2 * kBlock));
+    if constexpr (kBias != 0)
+      p16 = _mm512_add_epi16(p16, _mm512_loadu_si512(x.corr16 + p * kBlock));
+    return _mm512_dpwssd_epi32(sum, p16, dg.sc[p]);
+  }
+
+  template <bool kFull>
+  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/,
+                                                        const XRow& x) {
+    __m512i s0 = Pair(_mm512_setzero_si512(), dg, 0, x);
+    __m512i s1 = Pair(_mm512_setzero_si512(), dg, 1, x);
+    s0 = Pair(s0, dg, 2, x);
+    s1 = Pair(s1, dg, 3, x);
+    const __m512i s = _mm512_add_epi32(s0, s1);
+    const __m256i lanes =
+        _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    KStep<kHasC>(acc, lanes, dg.dmin, dg.mins, x);
+  }
+
+  static float Finish(const Acc& acc) { return KFinish<kHasC>(acc); }
+};
+
 template <GgmlType T>
 Kernel KernelOf() {
-  return Kernel{Tile<Policy<T>>, Policy<T>::kBias,
-                static_cast<int64_t>(sizeof(typename Policy<T>::DG))};
+  if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K || T == GgmlType::kQ6_K) {
+    Kernel k{Tile<PolicyK<T>>, PolicyK<T>::kBias,
+             static_cast<int64_t>(sizeof(typename PolicyK<T>::DG))};
+    k.superblock = true;
+    k.paired_slots = PolicyK<T>::kPaired;
+    return k;
+  } else {
+    return Kernel{Tile<Policy<T>>, Policy<T>::kBias,
+                  static_cast<int64_t>(sizeof(typename Policy<T>::DG))};
+  }
 }
 
 }  // namespace

@@ -38,15 +38,24 @@ constexpr int64_t kBlock = 32;       // elements per block of the unified view (
 constexpr int64_t kGroupBlocks = 8;  // blocks per group: a K-quant super-block
 constexpr int64_t kGroup = kBlock * kGroupBlocks;
 
-// One group (256 elements) of one activation row quantized to int8 in blocks of 32
-// (quant_linear.cc's QuantizeRows), block i of the group:
+// One group (256 elements) of one activation row quantized to int8 (quant_linear.cc's
+// QuantizeRows). For the types of 32-blocks, in blocks of 32, block i of the group:
+//   q, d8, corr (int32) and s.
+// For the K-quant types (Kernel::superblock), once per group as ggml's quantize_row_q8_K:
+//   q (block b at slot KSlot(b)), dx, bsum and, with a bias, corr16; d8 and s unused.
 struct alignas(64) XGroup {
   int8_t q[kGroup];            // the int8 values
   float d8[kGroupBlocks * 8];  // d_i, 8 copies at [8i, 8i + 8)
-  // At [8i + l]: -bias · Σ of q over elements 4l..4l+3 of block i (Kernel::bias).
-  int32_t corr[kGroupBlocks * 8];
-  float s[kGroupBlocks];  // s_i = d_i · float(Σ q) (step 3)
-  char pad[32];           // to whole 64-byte lines
+  union {
+    // At [8i + l]: -bias · Σ of q over elements 4l..4l+3 of block i (Kernel::bias).
+    int32_t corr[kGroupBlocks * 8];
+    // K-quants: at [t]: -bias · (q[2t] + q[2t + 1]), q in slot order (Kernel::bias).
+    int16_t corr16[kGroup / 2];
+  };
+  float s[kGroupBlocks];       // s_i = d_i · float(Σ q) (step 3)
+  float dx;                    // K-quants: the group's scale (q8_K's d = 1 / iscale)
+  int16_t bsum[kGroupBlocks];  // K-quants: Σ q over block b (natural order)
+  char pad[12];                // to whole 64-byte lines
 };
 static_assert(sizeof(XGroup) % 64 == 0, "XGroup fills whole cache lines");
 
@@ -80,12 +89,22 @@ struct XRow {
   const float* d8;
   const float* s;
   const int32_t* corr;  // null when the policy's bias is 0
+  const int16_t* corr16;
+  const int16_t* bsum;
+  float dx;
 };
 
 template <class K>
 XRow RowAt(const QuantizedRows& xq, int64_t r, int64_t g) {
   const XGroup& x = xq.x[g * xq.stride + r];
-  return XRow{x.q, x.d8, x.s, K::kBias != 0 ? x.corr : nullptr};
+  return XRow{x.q, x.d8, x.s, K::kBias != 0 ? x.corr : nullptr, x.corr16, x.bsum, x.dx};
+}
+
+// K-quant activations (Kernel::superblock): the slot of block b's 32 values within the group's q.
+// paired: b with bits 0 and 1 swapped (0, 2, 1, 3, 4, 6, 5, 7: the AVX-512 kernels' order, where
+// a 64-byte load of Q4_K / Q5_K nibbles holds blocks 4j and 4j + 2); else b.
+constexpr int KSlot(bool paired, int b) {
+  return paired ? (b & ~3) | ((b & 1) << 1) | ((b >> 1) & 1) : b;
 }
 
 // y[m0:m1, n0:n1] of y [*, ldy] from x's rows m0..m1 and W's rows n0..n1 (row_bytes apart).
@@ -99,6 +118,10 @@ struct Kernel {
   // corr = -bias · Σ q per lane (exact integers either way); 0: no correction.
   int bias = 0;
   int64_t decoded_group_bytes = 0;  // sizeof(DG): sizes the tiles of unpacked weights
+  // K-quant kernels (Q4_K, Q5_K, Q6_K): activations quantized per super-block (XGroup), blocks at
+  // KSlot(paired_slots, b); bias fills corr16 instead of corr.
+  bool superblock = false;
+  bool paired_slots = false;
 };
 
 // nullptr tile for a type the ISA has no kernel for (never for QuantLinearSupports' types).
@@ -109,10 +132,11 @@ Kernel Avx512VnniKernel(GgmlType type);  // quant_linear_avx512.cc: AVX-512 F/BW
 // Tiles with at most this many rows of x stream their weights: each weight row is read and
 // unpacked group by group while every row of x uses the group.
 constexpr int64_t kStreamRows = 8;
-// Streaming, the weights are prefetched this many groups ahead (1.7-3.3 KiB). The hardware
-// prefetchers alone leave a decode-sized call latency-bound: one core streamed Q4_0 from memory
-// at 6.5 GB/s without, 11 GB/s with (its speed on weights in cache).
-constexpr int64_t kPrefetchGroups = 12;
+// Streaming, the weights are prefetched this many bytes ahead. The hardware prefetchers alone
+// leave a decode-sized call latency-bound: one core streamed Q4_0 from memory at 6.5 GB/s without,
+// 11 GB/s with 12 groups (1.7 KiB) ahead; 4-6 KiB ahead held 2 threads nearer the triad than 1-2
+// KiB for every type (bench/quant_linear.cc).
+constexpr int64_t kPrefetchBytes = 6144;
 // Groups per K slice of the unpacked path: a slice of kMR rows of x (4 XGroups, 3.25 KiB a row;
 // 26 KiB for 8 rows) stays in L1 while every unpacked weight row of the tile passes over it.
 constexpr int64_t kSliceGroups = 4;
@@ -142,7 +166,7 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
     if constexpr (kPacked) {
       // Past the row's end this touches the next rows of the tile (or nothing: prefetches never
       // fault).
-      const uint8_t* ahead = wrow + (g + kPrefetchGroups) * K::kGroupBytes;
+      const uint8_t* ahead = wrow + g * K::kGroupBytes + kPrefetchBytes;
       for (int64_t line = 0; line < K::kGroupBytes; line += 64) __builtin_prefetch(ahead + line);
       K::Decode(wrow, g, nblk, &local);
       dg = &local;
@@ -235,9 +259,8 @@ struct Unpacked {
   // Block i's 32 weights u = w + bias as unsigned bytes (signed w with kSigned8 for Q8_0); zero for
   // i >= nblk.
   __m256i w[kGroupBlocks];
-  // kPer16 (Q6_K): lane j of scale[j / 8] is the scale of elements [16j, 16j + 16). Otherwise lane
-  // i of scale[0] is block i's scale (and scale[1] is unused). Finite for i >= nblk.
-  __m256 scale[2];
+  // Lane i: block i's scale, finite for i >= nblk.
+  __m256 scale;
   __m256 c;  // lane i: block i's c (types with c), zero for i >= nblk
 };
 
@@ -306,17 +329,15 @@ inline __m256i BitTo4(__m256i v) {
   }
 }
 
-// The 8 6-bit scales and mins of a Q4_K / Q5_K super-block (scales[12], ggml's get_scale_min_k4)
-// as 32-bit lanes.
-inline void ScalesMinsK4(const uint8_t* s, __m256i* sc, __m256i* mn) {
+// The 8 6-bit scales (bytes 0-7) and mins (bytes 8-15) of a Q4_K / Q5_K super-block (scales[12],
+// ggml's get_scale_min_k4).
+inline __m128i ScalesMinsK4(const uint8_t* s) {
   const uint32_t u0 = LoadU32(s), u1 = LoadU32(s + 4), u2 = LoadU32(s + 8);
   const uint32_t sc_lo = u0 & 0x3F3F3F3Fu, mn_lo = u1 & 0x3F3F3F3Fu;
   const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
   const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
-  *sc =
-      _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(sc_lo | uint64_t{sc_hi} << 32)));
-  *mn =
-      _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mn_lo | uint64_t{mn_hi} << 32)));
+  return _mm_set_epi64x(static_cast<int64_t>(mn_lo | uint64_t{mn_hi} << 32),
+                        static_cast<int64_t>(sc_lo | uint64_t{sc_hi} << 32));
 }
 
 // 2^(e - 128) for 8 E8M0 exponents in 32-bit lanes (ggml's GGML_E8M0_TO_FP32_HALF: a subnormal
@@ -361,9 +382,9 @@ inline __m256i Mxfp4Table() {
                           16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
 }
 
-// Unpack<T, kSigned8>: kGroupBytes (packed bytes of 8 blocks), kBias (u = w + kBias), kHasC, kPer16
-// and Group(row, g, nblk, Unpacked*). kSigned8: Q8_0 keeps its signed bytes (bias 0; the AVX2
-// kernel uses vpsignb) instead of u = q + 128 (bias 128; VNNI).
+// Unpack<T, kSigned8> for the types of 32-blocks: kGroupBytes (packed bytes of 8 blocks), kBias
+// (u = w + kBias), kHasC and Group(row, g, nblk, Unpacked*). kSigned8: Q8_0 keeps its signed bytes
+// (bias 0; the AVX2 kernel uses vpsignb) instead of u = q + 128 (bias 128; VNNI).
 template <GgmlType T, bool kSigned8>
 struct Unpack;
 
@@ -371,11 +392,11 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kQ4_0, kSigned8> {  // {f16 d; u8 qs[16]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 18;
   static constexpr int kBias = 8;
-  static constexpr bool kHasC = false, kPer16 = false;
+  static constexpr bool kHasC = false;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = Halves8<18>(b, nblk);
+    u->scale = Halves8<18>(b, nblk);
     Blocks32<18>(row, g, nblk, u, [](const uint8_t* p) { return Nibbles(p + 2); });
   }
 };
@@ -384,11 +405,11 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kQ4_1, kSigned8> {  // {f16 d, m; u8 qs[16]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 20;
   static constexpr int kBias = 0;
-  static constexpr bool kHasC = true, kPer16 = false;
+  static constexpr bool kHasC = true;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = Halves8<20>(b, nblk);
+    u->scale = Halves8<20>(b, nblk);
     u->c = Halves8<20>(b + 2, nblk);
     Blocks32<20>(row, g, nblk, u, [](const uint8_t* p) { return Nibbles(p + 4); });
   }
@@ -398,11 +419,11 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kQ5_0, kSigned8> {  // {f16 d; u8 qh[4]; u8 qs[16]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 22;
   static constexpr int kBias = 16;
-  static constexpr bool kHasC = false, kPer16 = false;
+  static constexpr bool kHasC = false;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = Halves8<22>(b, nblk);
+    u->scale = Halves8<22>(b, nblk);
     Blocks32<22>(row, g, nblk, u, [](const uint8_t* p) {
       return _mm256_or_si256(Nibbles(p + 6), FifthBits(p + 2));
     });
@@ -413,11 +434,11 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kQ5_1, kSigned8> {  // {f16 d, m; u8 qh[4]; u8 qs[16]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 24;
   static constexpr int kBias = 0;
-  static constexpr bool kHasC = true, kPer16 = false;
+  static constexpr bool kHasC = true;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = Halves8<24>(b, nblk);
+    u->scale = Halves8<24>(b, nblk);
     u->c = Halves8<24>(b + 2, nblk);
     Blocks32<24>(row, g, nblk, u, [](const uint8_t* p) {
       return _mm256_or_si256(Nibbles(p + 8), FifthBits(p + 4));
@@ -429,11 +450,11 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kQ8_0, kSigned8> {  // {f16 d; i8 qs[32]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 34;
   static constexpr int kBias = kSigned8 ? 0 : 128;
-  static constexpr bool kHasC = false, kPer16 = false;
+  static constexpr bool kHasC = false;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = Halves8<34>(b, nblk);
+    u->scale = Halves8<34>(b, nblk);
     Blocks32<34>(row, g, nblk, u, [](const uint8_t* p) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
       // q + 128 as an unsigned byte is q with its top bit flipped.
@@ -446,105 +467,143 @@ template <bool kSigned8>
 struct Unpack<GgmlType::kMXFP4, kSigned8> {  // {u8 e; u8 qs[16]}
   static constexpr int64_t kGroupBytes = kGroupBlocks * 17;
   static constexpr int kBias = 12;
-  static constexpr bool kHasC = false, kPer16 = false;
+  static constexpr bool kHasC = false;
   __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int nblk,
                                                    Unpacked* u) {
     const uint8_t* b = row + g * kGroupBytes;
-    u->scale[0] = E8M0Half8<17>(b, nblk);
+    u->scale = E8M0Half8<17>(b, nblk);
     const __m256i table = Mxfp4Table();
     Blocks32<17>(row, g, nblk, u,
                  [table](const uint8_t* p) { return _mm256_shuffle_epi8(table, Nibbles(p + 1)); });
   }
 };
 
-// Q4_K / Q5_K: scale d·sc_j and c = -(dmin·m_j) per 32 (the products rounded as
-// dequantize_row_q4_K rounds them).
-inline void ScalesK4(const uint8_t* b, Unpacked* u) {
-  __m256i sc, mn;
-  ScalesMinsK4(b + 4, &sc, &mn);
-  const __m256 d = _mm256_set1_ps(_cvtsh_ss(LoadU16(b)));
-  const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(LoadU16(b + 2)));
-  u->scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-  u->c = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)), _mm256_set1_ps(-0.0f));
+// The K-quant types' weights as unsigned integers u (Q4_K, Q5_K: u = q; Q6_K: u = q + 32, the
+// stored 6 bits), one block of 32 per ymm, blocks in natural order.
+inline void WeightsQ4K(const uint8_t* b, __m256i* w) {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {  // 32 bytes: the low nibbles are block 2j, the high 2j + 1
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
+    w[2 * j] = _mm256_and_si256(q, low4);
+    w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+  }
 }
 
-template <bool kSigned8>
-struct Unpack<GgmlType::kQ4_K, kSigned8> {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
+template <int j>
+inline void PairQ5K(const uint8_t* b, __m256i qh, __m256i* w) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * j));
+  w[2 * j] = _mm256_or_si256(_mm256_and_si256(q, low4), BitTo4<2 * j>(qh));
+  w[2 * j + 1] =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), BitTo4<2 * j + 1>(qh));
+}
+
+// {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+inline void WeightsQ5K(const uint8_t* b, __m256i* w) {
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+  PairQ5K<0>(b, qh, w);
+  PairQ5K<1>(b, qh, w);
+  PairQ5K<2>(b, qh, w);
+  PairQ5K<3>(b, qh, w);
+}
+
+inline void WeightsQ6K(const uint8_t* b, __m256i* w) {  // {u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d}
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; ++h) {  // 128 elements: ql[64h, 64h + 64), qh[32h, 32h + 32)
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    w[4 * h] = _mm256_or_si256(_mm256_and_si256(a, low4),
+                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+    w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(c, low4),
+                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+    w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                                   _mm256_and_si256(qh, top2));
+    w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+  }
+}
+
+// A Q4_K / Q5_K super-block's scales as 8 int16 (block b at b) and its mins (*mins, likewise).
+inline __m128i ScalesK4(const uint8_t* b, __m128i* mins) {
+  const __m128i sm = ScalesMinsK4(b + 4);
+  *mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+  return _mm_cvtepu8_epi16(sm);
+}
+
+// A Q6_K super-block's scales as 16 int16 (the scale of elements [16t, 16t + 16) at t).
+inline __m256i ScalesQ6K(const uint8_t* b) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+}
+
+// K-quant super-block geometry and factors.
+template <GgmlType T>
+struct KQuant;
+// DMin: lane 0 d, lane 1 dmin (0 for Q6_K), as floats.
+template <>
+struct KQuant<GgmlType::kQ4_K> {
   static constexpr int64_t kGroupBytes = 144;
+  static constexpr bool kHasC = true;
   static constexpr int kBias = 0;
-  static constexpr bool kHasC = true, kPer16 = false;
-  __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int /*nblk*/,
-                                                   Unpacked* u) {
-    const uint8_t* b = row + g * kGroupBytes;
-    ScalesK4(b, u);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    for (int j = 0; j < 4; ++j) {  // 32 bytes: the low nibbles are block 2j, the high 2j + 1
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
-      u->w[2 * j] = _mm256_and_si256(q, low4);
-      u->w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    }
-  }
+  static __m128 DMin(const uint8_t* b) { return _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU32(b))); }
 };
-
-template <bool kSigned8>
-struct Unpack<GgmlType::kQ5_K, kSigned8> {  // {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+template <>
+struct KQuant<GgmlType::kQ5_K> {
   static constexpr int64_t kGroupBytes = 176;
+  static constexpr bool kHasC = true;
   static constexpr int kBias = 0;
-  static constexpr bool kHasC = true, kPer16 = false;
-  template <int j>
-  static void Pair(const uint8_t* b, __m256i qh, Unpacked* u) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * j));
-    u->w[2 * j] = _mm256_or_si256(_mm256_and_si256(q, low4), BitTo4<2 * j>(qh));
-    u->w[2 * j + 1] =
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), BitTo4<2 * j + 1>(qh));
-  }
-  __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int /*nblk*/,
-                                                   Unpacked* u) {
-    const uint8_t* b = row + g * kGroupBytes;
-    ScalesK4(b, u);
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    Pair<0>(b, qh, u);
-    Pair<1>(b, qh, u);
-    Pair<2>(b, qh, u);
-    Pair<3>(b, qh, u);
-  }
+  static __m128 DMin(const uint8_t* b) { return _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU32(b))); }
+};
+template <>
+struct KQuant<GgmlType::kQ6_K> {
+  static constexpr int64_t kGroupBytes = 210;
+  static constexpr bool kHasC = false;
+  static constexpr int kBias = 32;  // u = w + 32
+  static __m128 DMin(const uint8_t* b) { return _mm_cvtph_ps(_mm_cvtsi32_si128(LoadU16(b + 208))); }
 };
 
-template <bool kSigned8>
-struct Unpack<GgmlType::kQ6_K, kSigned8> {  // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
-  static constexpr int64_t kGroupBytes = 210;
-  static constexpr int kBias = 32;
-  static constexpr bool kHasC = false, kPer16 = true;
-  __attribute__((always_inline)) static void Group(const uint8_t* row, int64_t g, int /*nblk*/,
-                                                   Unpacked* u) {
-    const uint8_t* b = row + g * kGroupBytes;
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(LoadU16(b + 208)));
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
-    u->scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-    u->scale[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
-    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {  // 128 elements: ql[64h, 64h + 64), qh[32h, 32h + 32)
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-      u->w[4 * h] = _mm256_or_si256(_mm256_and_si256(a, low4),
-                                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
-      u->w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(c, low4),
-                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
-      u->w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
-                                        _mm256_and_si256(qh, top2));
-      u->w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
-    }
-  }
-};
+// (d · dx, dmin · dx) of a super-block's factors and a row's dx, each product rounded to float.
+inline __m128 TimesDx(__m128 dmin, float dx) { return _mm_mul_ps(dmin, _mm_set1_ps(dx)); }
 
 // TreeSum's last three levels on 8 lanes in registers: i + (i+4), then i + (i+2), i + (i+1).
 inline float TreeSum8(__m256 s8) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// The sum of the 4 lanes of v: i + (i+2), then i + (i+1) (the portable Tree of 4).
+inline float TreeSum4(__m128 s4) {
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// The K-quants' float partial sums (quant_linear.h, K-quants, steps 2-3) in both vector files.
+struct KAcc {
+  __m256 a;  // lanes 0-7
+  __m256 e;  // the mins in lanes 0-3
+};
+
+// Step 2 for one super-block: its integer lanes L, the weights' (d, dmin) and int16 mins, and the
+// row's dx and bsum.
+template <bool kHasC>
+__attribute__((always_inline)) inline void KStep(KAcc* acc, __m256i lanes, __m128 dmin,
+                                                 __m128i mins, const XRow& x) {
+  const __m128 f = TimesDx(dmin, x.dx);
+  acc->a = _mm256_fmadd_ps(_mm256_broadcastss_ps(f), _mm256_cvtepi32_ps(lanes), acc->a);
+  if constexpr (kHasC) {
+    const __m128i e =
+        _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsum)));
+    acc->e = _mm256_castps128_ps256(_mm_fmadd_ps(_mm_shuffle_ps(f, f, 0x55), _mm_cvtepi32_ps(e),
+                                                 _mm256_castps256_ps128(acc->e)));
+  }
+}
+
+template <bool kHasC>
+float KFinish(const KAcc& acc) {
+  const float a = TreeSum8(acc.a);
+  if constexpr (kHasC) return a - TreeSum4(_mm256_castps256_ps128(acc.e));
+  return a;
 }
 
 }  // namespace MOEBATCH_QUANT_ISA

@@ -1,7 +1,7 @@
-// QuantLinear's kernels in plain C++: the lane-exact model of quant_linear.h's steps 1-4 (16 + 8
-// scalar partial sums, std::fma, the same reduction tree) that the AVX2 and AVX-512 kernels equal
-// bit for bit, and the level for CPUs without AVX2. Weights are unpacked to their signed values w
-// (no bias), so the integer lanes are Σ w·q directly.
+// QuantLinear's kernels in plain C++: the lane-exact model of quant_linear.h's two schemes (types
+// of 32-blocks: 16 + 8 scalar partial sums; K-quants: 8 + 4; std::fma, the same reduction trees)
+// that the AVX2 and AVX-512 kernels equal bit for bit, and the level for CPUs without AVX2. Weights
+// are unpacked to their signed values w (no bias), so the integer lanes are Σ w·q directly.
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -147,17 +147,32 @@ struct Type<GgmlType::kMXFP4> {
   }
 };
 
+// A K-quant super-block unpacked: signed weights (natural block order), the integer scale of each
+// 16 elements, the mins (Q4_K / Q5_K) and the two f16 factors.
+struct DGK {
+  int8_t w[kGroupBlocks][kBlock];
+  int16_t sc[kGroupBlocks][2];
+  int16_t m[kGroupBlocks];
+  float d, dmin;
+};
+
+struct AccK {
+  float a[8];  // per lane of 4 elements
+  float e[4];  // the mins, per pair of blocks
+};
+
 template <>
 struct Type<GgmlType::kQ4_K> {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
   static constexpr int64_t kGroupBytes = 144;
   static constexpr bool kHasC = true;
-  static void Super(const uint8_t* b, DG* dg) {
-    const float d = Half(b), dmin = Half(b + 2);
+  static void Super(const uint8_t* b, DGK* dg) {
+    dg->d = Half(b);
+    dg->dmin = Half(b + 2);
     for (int j = 0; j < 8; ++j) {
       int sc, m;
       ScaleMinK4(j, b + 4, &sc, &m);
-      for (float& s : dg->scale[j]) s = d * static_cast<float>(sc);
-      dg->c[j] = -(dmin * static_cast<float>(m));
+      dg->sc[j][0] = dg->sc[j][1] = static_cast<int16_t>(sc);
+      dg->m[j] = static_cast<int16_t>(m);
       const uint8_t* qs = b + 16 + 32 * (j / 2);  // block 2i: low nibbles, 2i + 1: high
       for (int e = 0; e < 32; ++e)
         dg->w[j][e] = static_cast<int8_t>(j % 2 ? qs[e] >> 4 : qs[e] & 0xF);
@@ -169,14 +184,15 @@ template <>
 struct Type<GgmlType::kQ5_K> {  // {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
   static constexpr int64_t kGroupBytes = 176;
   static constexpr bool kHasC = true;
-  static void Super(const uint8_t* b, DG* dg) {
-    const float d = Half(b), dmin = Half(b + 2);
+  static void Super(const uint8_t* b, DGK* dg) {
+    dg->d = Half(b);
+    dg->dmin = Half(b + 2);
     const uint8_t* qh = b + 16;
     for (int j = 0; j < 8; ++j) {
       int sc, m;
       ScaleMinK4(j, b + 4, &sc, &m);
-      for (float& s : dg->scale[j]) s = d * static_cast<float>(sc);
-      dg->c[j] = -(dmin * static_cast<float>(m));
+      dg->sc[j][0] = dg->sc[j][1] = static_cast<int16_t>(sc);
+      dg->m[j] = static_cast<int16_t>(m);
       const uint8_t* qs = b + 48 + 32 * (j / 2);
       for (int e = 0; e < 32; ++e) {
         const int low = j % 2 ? qs[e] >> 4 : qs[e] & 0xF;
@@ -190,8 +206,9 @@ template <>
 struct Type<GgmlType::kQ6_K> {  // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
   static constexpr int64_t kGroupBytes = 210;
   static constexpr bool kHasC = false;
-  static void Super(const uint8_t* b, DG* dg) {
-    const float d = Half(b + 208);
+  static void Super(const uint8_t* b, DGK* dg) {
+    dg->d = Half(b + 208);
+    dg->dmin = 0.0f;
     const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
     for (int j = 0; j < 8; ++j) {
       // Block j = 4h + i of half h: ql[64h + 32(i % 2) + e] (low nibble for i < 2, high after),
@@ -203,8 +220,9 @@ struct Type<GgmlType::kQ6_K> {  // {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
         const int low = i < 2 ? ql[e] & 0xF : ql[e] >> 4;
         dg->w[j][e] = static_cast<int8_t>((low | (((qh[e] >> (2 * i)) & 3) << 4)) - 32);
       }
-      for (int l = 0; l < 8; ++l) dg->scale[j][l] = d * static_cast<float>(sc[2 * j + l / 4]);
-      dg->c[j] = 0.0f;
+      dg->sc[j][0] = sc[2 * j];
+      dg->sc[j][1] = sc[2 * j + 1];
+      dg->m[j] = 0;
     }
   }
 };
@@ -213,15 +231,6 @@ template <GgmlType T, class = void>
 struct IsSuper : std::false_type {};
 template <GgmlType T>
 struct IsSuper<T, std::void_t<decltype(Type<T>::kGroupBytes)>> : std::true_type {};
-
-template <GgmlType T>
-constexpr int64_t GroupBytes() {
-  if constexpr (IsSuper<T>::value) {
-    return Type<T>::kGroupBytes;
-  } else {
-    return kGroupBlocks * Type<T>::kBytes;
-  }
-}
 
 float Tree(float* lanes, int n) {
   for (int s = n / 2; s >= 1; s >>= 1) {
@@ -236,24 +245,20 @@ struct Policy {
   using Acc = quant_linear_internal::Acc;
   static constexpr int kMR = 4;
   static constexpr int kBias = 0;  // the weights are unpacked signed
-  static constexpr int64_t kGroupBytes = GroupBytes<T>();
+  static constexpr int64_t kGroupBytes = kGroupBlocks * Type<T>::kBytes;
   static constexpr bool kHasC = Type<T>::kHasC;
 
   static void Decode(const uint8_t* row, int64_t g, int nblk, DG* dg) {
-    if constexpr (IsSuper<T>::value) {
-      Type<T>::Super(row + g * Type<T>::kGroupBytes, dg);
-    } else {
-      const uint8_t* b = row + g * kGroupBlocks * Type<T>::kBytes;
-      for (int i = 0; i < kGroupBlocks; ++i) {
-        float scale = 0.0f, c = 0.0f;
-        if (i < nblk) {
-          Type<T>::Block(b + i * Type<T>::kBytes, dg->w[i], &scale, &c);
-        } else {
-          std::memset(dg->w[i], 0, kBlock);
-        }
-        for (float& s : dg->scale[i]) s = scale;
-        dg->c[i] = c;
+    const uint8_t* b = row + g * kGroupBlocks * Type<T>::kBytes;
+    for (int i = 0; i < kGroupBlocks; ++i) {
+      float scale = 0.0f, c = 0.0f;
+      if (i < nblk) {
+        Type<T>::Block(b + i * Type<T>::kBytes, dg->w[i], &scale, &c);
+      } else {
+        std::memset(dg->w[i], 0, kBlock);
       }
+      for (float& s : dg->scale[i]) s = scale;
+      dg->c[i] = c;
     }
   }
 
@@ -285,9 +290,61 @@ struct Policy {
   }
 };
 
+// The K-quant types (quant_linear.h, "K-quants"): activations per super-block, integer scales.
+template <GgmlType T>
+struct PolicyK {
+  using DG = DGK;
+  using Acc = AccK;
+  static constexpr int kMR = 4;
+  static constexpr int kBias = 0;
+  static constexpr int64_t kGroupBytes = Type<T>::kGroupBytes;
+  static constexpr bool kHasC = Type<T>::kHasC;
+
+  static void Decode(const uint8_t* row, int64_t g, int /*nblk*/, DG* dg) {
+    Type<T>::Super(row + g * kGroupBytes, dg);
+  }
+
+  static Acc Zero() { return Acc{}; }
+
+  template <bool kFull>
+  static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/, const XRow& x) {
+    int32_t lane[8] = {};  // step 1: exact integers
+    for (int b = 0; b < kGroupBlocks; ++b) {
+      const int8_t* q = x.q + KSlot(false, b) * kBlock;
+      for (int l = 0; l < 8; ++l) {
+        int32_t p = 0;
+        for (int e = 4 * l; e < 4 * l + 4; ++e) p += dg.w[b][e] * q[e];
+        lane[l] += dg.sc[b][l / 4] * p;
+      }
+    }
+    const float dd = dg.d * x.dx;  // rounded to float before the fma
+    for (int l = 0; l < 8; ++l) acc->a[l] = std::fma(dd, static_cast<float>(lane[l]), acc->a[l]);
+    if constexpr (kHasC) {
+      const float em = dg.dmin * x.dx;
+      for (int j = 0; j < 4; ++j) {
+        const int32_t mins = dg.m[2 * j] * x.bsum[2 * j] + dg.m[2 * j + 1] * x.bsum[2 * j + 1];
+        acc->e[j] = std::fma(em, static_cast<float>(mins), acc->e[j]);
+      }
+    }
+  }
+
+  static float Finish(const Acc& acc) {
+    Acc t = acc;
+    const float a = Tree(t.a, 8);
+    if constexpr (kHasC) return a - Tree(t.e, 4);
+    return a;
+  }
+};
+
 template <GgmlType T>
 Kernel KernelOf() {
-  return Kernel{Tile<Policy<T>>, 0, static_cast<int64_t>(sizeof(DG))};
+  if constexpr (IsSuper<T>::value) {
+    Kernel k{Tile<PolicyK<T>>, 0, static_cast<int64_t>(sizeof(DGK))};
+    k.superblock = true;
+    return k;
+  } else {
+    return Kernel{Tile<Policy<T>>, 0, static_cast<int64_t>(sizeof(DG))};
+  }
 }
 
 }  // namespace
