@@ -372,8 +372,11 @@ absl::StatusOr<int64_t> Engine::AddRequest(GenerationRequest request) {
 }
 
 int32_t Engine::max_choices() const {
-  return static_cast<int32_t>(std::min<int64_t>(
-      {kMaxChoices, plan_.schedule.max_num_seqs, plan_.schedule.max_tokens_per_pass}));
+  return static_cast<int32_t>(std::min<int64_t>(kMaxChoices, max_sequences_per_pass()));
+}
+
+int64_t Engine::max_sequences_per_pass() const {
+  return std::min(plan_.schedule.max_num_seqs, plan_.schedule.max_tokens_per_pass);
 }
 
 void Engine::Abort(int64_t request_id) {

@@ -113,6 +113,8 @@ class Engine {
   // The largest n a request may ask for: kMaxChoices, or fewer when the scheduler decodes fewer
   // sequences per pass (min(max_num_seqs, max_tokens_per_pass)).
   int32_t max_choices() const;
+  // The most sequences one pass decodes: min(max_num_seqs, max_tokens_per_pass) of the plan.
+  int64_t max_sequences_per_pass() const;
 
   // Runs one pass (or none when idle) and appends what it produced to `outputs`: every request that
   // generated tokens, finished or was aborted. Finished requests release their KV blocks at once.

@@ -70,7 +70,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address HOST:PORT");
 ABSL_FLAG(std::string, data_dir, "", "directory of the job store (moebatch.db)");
 ABSL_FLAG(std::string, config, "", "JSON file of flag values; the command line overrides it");
-ABSL_FLAG(int64_t, max_in_flight, 512, "requests handed to the engine at once");
+ABSL_FLAG(int64_t, max_in_flight, 0,
+          "requests handed to the engine at once (0: twice the sequences the engine decodes per "
+          "pass, so that its scheduler always has requests to admit)");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "max_tokens for requests that give none");
 ABSL_FLAG(int64_t, max_requests_per_job, 100000, "requests per job at most");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error|off");
@@ -249,13 +251,17 @@ int Run(const std::set<std::string>& given) {
   for (const auto& [name, value] :
        {std::pair<const char*, int64_t>{"max_request_bytes",
                                         absl::GetFlag(FLAGS_max_request_bytes)},
-        {"max_requests_per_job", absl::GetFlag(FLAGS_max_requests_per_job)},
-        {"max_in_flight", absl::GetFlag(FLAGS_max_in_flight)}}) {
+        {"max_requests_per_job", absl::GetFlag(FLAGS_max_requests_per_job)}}) {
     if (value < 1 || (std::string(name) == "max_request_bytes" && value > INT32_MAX)) {
       std::cerr << "moebatchd: --" << name << " must be in [1, " << INT32_MAX << "], got " << value
                 << "\n";
       return 2;
     }
+  }
+  if (absl::GetFlag(FLAGS_max_in_flight) < 0) {
+    std::cerr << "moebatchd: --max_in_flight must be >= 0 (0: automatic), got "
+              << absl::GetFlag(FLAGS_max_in_flight) << "\n";
+    return 2;
   }
   const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   const double retention_days = absl::GetFlag(FLAGS_retention_days);
@@ -490,8 +496,11 @@ int Run(const std::set<std::string>& given) {
   quota.max_pending_jobs = absl::GetFlag(FLAGS_max_pending_jobs_per_tenant);
   quota.max_queued_tokens = absl::GetFlag(FLAGS_max_queued_tokens_per_tenant);
 
-  EngineWorker worker(engine->get(), store->get(),
-                      WorkerOptions{absl::GetFlag(FLAGS_max_in_flight), metrics.get()});
+  int64_t max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  if (max_in_flight == 0) max_in_flight = 2 * (*engine)->max_sequences_per_pass();
+  spdlog::info("moebatchd: at most {} requests in the engine at once{}", max_in_flight,
+               absl::GetFlag(FLAGS_max_in_flight) == 0 ? " (--max_in_flight 0: automatic)" : "");
+  EngineWorker worker(engine->get(), store->get(), WorkerOptions{max_in_flight, metrics.get()});
   worker.Start();
   live_worker = &worker;
   service.Attach(&worker, &(*engine)->tokenizer(), limits, quota);

@@ -24,8 +24,8 @@ N_KILLS = 10
 # Output lengths 1..MAX_TOKENS (mean ~MAX_TOKENS/2; 48: 24k generated tokens). On 2 CPU cores an
 # uninterrupted run of the job takes ~10 s on an idle machine (~40 daemon CPU seconds, 60-80 s
 # wall, while other builds load the machine); every kill throws away the requests in flight (up
-# to 512, --max_in_flight), so the crash run costs ~2-3x the daemon CPU of the uninterrupted one,
-# plus 11 daemon starts. The whole test: well under a minute idle, 2-5 minutes on a busy machine.
+# to 122: --max_in_flight's automatic twice --max_num_seqs), so the crash run costs ~2-3x the
+# daemon CPU of the uninterrupted one, plus 11 daemon starts. The whole test: well under a minute idle, 2-5 minutes on a busy machine.
 MAX_TOKENS = int(os.environ.get("MOEBATCH_CRASH_MAX_TOKENS", "48"))
 REF_ARGS = []  # the default batching; see the module docstring
 CRASH_ARGS = ["--max_num_seqs", "61"]

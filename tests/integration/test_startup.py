@@ -171,3 +171,22 @@ def test_an_empty_store_file_starts_with_a_warning(tmp_path):
     d = Daemon(data).start()
     d.stop()
     assert "exists but is empty (0 bytes)" in d.log.read_text()
+
+
+def test_max_in_flight_defaults_to_twice_the_sequences_a_pass_decodes(tmp_path):
+    d = Daemon(tmp_path / "auto", ["--max_num_seqs", "61"]).start()
+    try:
+        assert ("at most 122 requests in the engine at once (--max_in_flight 0: automatic)"
+                in d.log.read_text())
+    finally:
+        d.stop()
+    d = Daemon(tmp_path / "fixed", ["--max_in_flight", "7"]).start()
+    try:
+        log = d.log.read_text()
+        assert "at most 7 requests in the engine at once" in log and "automatic" not in log
+    finally:
+        d.stop()
+    run = subprocess.run([str(BUILD / "server" / "moebatchd"), "--model", str(MODEL), "--data-dir",
+                          str(tmp_path / "neg"), "--max_in_flight", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--max_in_flight must be >= 0 (0: automatic), got -1" in run.stderr
