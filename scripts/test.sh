@@ -49,6 +49,11 @@ pinned_venv "$root/.deps/venv-litellm" "litellm==1.110.2"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
   MOEBATCH_LITELLM_PYTHON="$root/.deps/venv-litellm/bin/python" \
   "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
+phase "deploy and scale-out checks"
+# deploy/k8s against the Kubernetes and KubeRay schemas and moebatchd's flags (.deps/venv-k8s).
+scripts/validate_k8s.sh
+# The 100-host simulation (bench/scale_out_sim.py), run small, with the real moebatch-plan.
+MOEBATCH_BUILD_DIR="$build" "$root/.deps/venv-client/bin/python" -m pytest -q tests/bench
 # libFuzzer targets (tests/fuzz): clang build in build-fuzz, 60 s each, fails on any crash.
 phase "fuzz"
 scripts/fuzz.sh
