@@ -20,7 +20,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr char kModel[] = "tokenizer.ggml.model";
 constexpr char kPre[] = "tokenizer.ggml.pre";
 constexpr char kTokens[] = "tokenizer.ggml.tokens";
 constexpr char kTokenType[] = "tokenizer.ggml.token_type";
