@@ -41,9 +41,10 @@ if ! command -v promtool >/dev/null; then
 fi
 phase "integration tests"
 # The HTTP API's tests drive the daemon with the official OpenAI SDK (into the client's venv) and
-# with LiteLLM (a venv of its own: its pins would move the client's packages).
+# with LiteLLM (a venv of its own: its pins would move the client's packages). `moebatch shard`'s
+# tests (test_ray_shard.py) need the client's `ray` extra, pinned here to the tested release.
 "$root/.deps/venv-client/bin/python" -m pip install -q --disable-pip-version-check \
-  "openai==3.57.0"
+  "openai==3.57.0" "ray[default]==2.60.0"
 source scripts/pinned_venv.sh
 pinned_venv "$root/.deps/venv-litellm" "litellm==1.110.2"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \

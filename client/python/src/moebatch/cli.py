@@ -6,20 +6,23 @@
     moebatch list [--state completed]
     moebatch results JOB -o results.jsonl
     moebatch cancel JOB
+    moebatch shard prompts.jsonl --servers H1:P,H2:P -o results.jsonl   # many daemons, on Ray
 
-Every command takes --server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051).
+Every command takes --server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051), but
+`shard`, which takes --servers (moebatch.ray_driver; docs/scale-out.md).
 Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for (or watched) job ended
-failed or cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"); 2 bad
-usage or an unreadable input file; 130 interrupted.
+failed or cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"), or a
+shard run could not finish (a shard failed, no daemon reachable); 2 bad usage or an unreadable
+input file (and `shard` without Ray installed); 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import TextIO
 
@@ -29,10 +32,12 @@ from . import __version__
 from .client import DEFAULT_SERVER, DEFAULT_TIMEOUT, Client, default_server
 from .errors import ClientError
 from .jobs import STATE_NAMES, TERMINAL_STATES, job_to_dict, parse_state, state_name
+from .shard import atomic_file
 from .v1 import batch_pb2 as pb
 
 PROG = "moebatch"
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+SHARD_TIMEOUT = 30.0  # `shard`: the deadline of each call to a daemon, seconds
 
 
 class UsageError(Exception):
@@ -82,25 +87,33 @@ def _positive_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     # --server/--timeout are accepted before or after the command; SUPPRESS keeps a subcommand's
     # parser from overwriting a value given before the command with its default.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--server", metavar="HOST:PORT", default=argparse.SUPPRESS,
-        help=f"moebatchd's address (default: $MOEBATCH_SERVER or {DEFAULT_SERVER})")
-    common.add_argument(
-        "--token", metavar="TOKEN", default=argparse.SUPPRESS,
-        help="bearer token (default: $MOEBATCH_TOKEN); needed when the daemon has a tokens file")
-    common.add_argument(
-        "--tls-ca", metavar="PEM", default=argparse.SUPPRESS,
-        help="use TLS, trusting the CA certificates in this file")
-    common.add_argument(
-        "--tls-cert", metavar="PEM", default=argparse.SUPPRESS,
-        help="client certificate for mutual TLS (with --tls-key)")
-    common.add_argument(
-        "--tls-key", metavar="PEM", default=argparse.SUPPRESS, help="key of --tls-cert")
-    common.add_argument(
-        "--timeout", metavar="SECONDS", type=_positive_float, default=argparse.SUPPRESS,
-        help=f"deadline of each single call (default {DEFAULT_TIMEOUT:g}); "
-             "waiting for a job has none")
+    def connection(server: bool, timeout: float) -> argparse.ArgumentParser:
+        """The connection options: --server (when `server`), --token, TLS, and --timeout with
+        `timeout` seconds as the default its help names."""
+        parent = argparse.ArgumentParser(add_help=False)
+        if server:
+            parent.add_argument(
+                "--server", metavar="HOST:PORT", default=argparse.SUPPRESS,
+                help=f"moebatchd's address (default: $MOEBATCH_SERVER or {DEFAULT_SERVER})")
+        parent.add_argument(
+            "--token", metavar="TOKEN", default=argparse.SUPPRESS,
+            help="bearer token (default: $MOEBATCH_TOKEN); needed when the daemon has a tokens "
+                 "file")
+        parent.add_argument(
+            "--tls-ca", metavar="PEM", default=argparse.SUPPRESS,
+            help="use TLS, trusting the CA certificates in this file")
+        parent.add_argument(
+            "--tls-cert", metavar="PEM", default=argparse.SUPPRESS,
+            help="client certificate for mutual TLS (with --tls-key)")
+        parent.add_argument(
+            "--tls-key", metavar="PEM", default=argparse.SUPPRESS, help="key of --tls-cert")
+        parent.add_argument(
+            "--timeout", metavar="SECONDS", type=_positive_float, default=argparse.SUPPRESS,
+            help=f"deadline of each single call (default {timeout:g}); "
+                 "waiting for a job has none")
+        return parent
+
+    common = connection(server=True, timeout=DEFAULT_TIMEOUT)
 
     parser = argparse.ArgumentParser(
         prog=PROG, parents=[common],
@@ -175,6 +188,50 @@ def build_parser() -> argparse.ArgumentParser:
                                    "one first).")
     p.add_argument("job", metavar="JOB")
     p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser(
+        "shard", parents=[connection(server=False, timeout=SHARD_TIMEOUT)],
+        help="run one file across many daemons (Ray)",
+        description="Split an OpenAI batch input file into shards and run them across several "
+                    "moebatchd daemons under Ray (one actor per daemon, a few shards in flight "
+                    "on each); write every custom_id once, successful lines to OUT and the "
+                    "others to the errors file. A daemon that does not answer for --lost-after "
+                    "seconds is lost and its shards move to the others. Rerunning the same "
+                    "command resumes: finished shards are not run again, and jobs already on "
+                    "the daemons are adopted. Needs Ray: pip install 'moebatch[ray]'. "
+                    "See docs/scale-out.md.",
+        epilog="Ray: --ray-address or $RAY_ADDRESS, else a local Ray is started. Exit codes: "
+               "0 every request has its line, 1 a shard failed or the run could not finish "
+               "(rerun to resume), 2 usage error or no Ray, 130 interrupted.")
+    p.add_argument("file", metavar="FILE.jsonl")
+    p.add_argument("--servers", metavar="HOST:PORT,...", required=True,
+                   help="the daemons, comma-separated")
+    p.add_argument("-o", "--output", metavar="OUT.jsonl", required=True,
+                   help="the results file (written whole at the end)")
+    p.add_argument("--errors", metavar="ERR.jsonl",
+                   help="the errors file (default: OUT with .errors.jsonl for .jsonl)")
+    p.add_argument("--work-dir", metavar="DIR",
+                   help="the run's shards, results and state (default: OUT.shards)")
+    p.add_argument("--shard-requests", type=_positive_int, default=1000, metavar="N",
+                   help="most requests per shard (default 1000; a new split only)")
+    p.add_argument("--shard-tokens", type=_positive_int, default=1_000_000, metavar="N",
+                   help="most estimated prompt tokens per shard (default 1000000)")
+    p.add_argument("--in-flight", type=_positive_int, default=3, metavar="N",
+                   help="shards submitted to each daemon at once (default 3)")
+    p.add_argument("--lost-after", type=_positive_float, default=120.0, metavar="SECONDS",
+                   help="a daemon failing every call this long is lost and its shards move "
+                        "(default 120)")
+    p.add_argument("--poll-interval", type=_positive_float, default=1.0, metavar="SECONDS",
+                   help="seconds between status calls of a running job (default 1)")
+    p.add_argument("--max-attempts", type=_positive_int, default=3, metavar="N",
+                   help="jobs of a shard that may fail, be cancelled or expire before its "
+                        "requests go to the errors file (default 3)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument("--interval", type=_positive_float, default=10.0, metavar="SECONDS",
+                   help="stderr not a terminal: a progress line every SECONDS (default 10)")
+    p.set_defaults(func=cmd_shard, no_client=True)
     return parser
 
 
@@ -432,17 +489,8 @@ def cmd_results(client: Client, args: argparse.Namespace) -> int:
     if not os.path.isdir(directory):
         raise UsageError(f"cannot write {args.output}: no directory {directory}")
     # Written to a temporary file beside the target, renamed when complete.
-    fd, tmp = tempfile.mkstemp(prefix=".moebatch-results-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            count = _write_results(client, args.job, wait, out)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(target, "w") as out:
+        count = _write_results(client, args.job, wait, out)
     print(f"{PROG}: wrote {count} results to {args.output}", file=sys.stderr)
     return EXIT_OK
 
@@ -458,6 +506,54 @@ def cmd_delete(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_shard(args: argparse.Namespace) -> int:
+    if getattr(args, "server", None) is not None:
+        raise UsageError("shard takes --servers HOST:PORT,HOST:PORT,..., not --server")
+    from .ray_driver import RAY_HINT, ShardRunError, parse_servers, run  # run imports Ray
+
+    try:  # usage errors first, then a missing Ray
+        parse_servers(args.servers)
+        with open(args.file, "rb"):
+            pass
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror or e}") from None
+    try:
+        importlib.import_module("ray")  # fail early with a hint; run() uses it
+    except ImportError:
+        raise UsageError(f"`moebatch shard` runs on Ray, which is not installed: {RAY_HINT}"
+                         ) from None
+    try:
+        summary = run(args.file, args.servers, args.output, errors=args.errors,
+                      work_dir=args.work_dir, token=getattr(args, "token", None),
+                      tls_ca=getattr(args, "tls_ca", None),
+                      tls_cert=getattr(args, "tls_cert", None),
+                      tls_key=getattr(args, "tls_key", None),
+                      shard_requests=args.shard_requests, shard_tokens=args.shard_tokens,
+                      in_flight=args.in_flight, lost_after=args.lost_after,
+                      poll_interval=args.poll_interval,
+                      timeout=getattr(args, "timeout", SHARD_TIMEOUT),
+                      max_attempts=args.max_attempts, ray_address=args.ray_address,
+                      progress=None if args.no_progress else sys.stderr,
+                      interval=args.interval)
+    except ShardRunError as e:
+        raise JobEndedBadly(f"shard: {e}") from None
+    except KeyboardInterrupt:
+        print(f"{PROG}: shard: stopped; the jobs on the daemons go on, and the same command "
+              "resumes", file=sys.stderr)
+        raise
+    print(f"{PROG}: shard: {summary.describe()}", file=sys.stderr)
+    for shard, why in sorted(summary.failed_shards.items()):
+        print(f"{PROG}: shard: {shard} failed: {why}", file=sys.stderr)
+    if not summary.ok:
+        if summary.missing:
+            print(f"{PROG}: shard: {summary.missing} custom_ids have no line; rerun the same "
+                  f"command", file=sys.stderr)
+        return EXIT_SERVER
+    return EXIT_OK
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     server = getattr(args, "server", None) or default_server()
     timeout = getattr(args, "timeout", DEFAULT_TIMEOUT)
     try:
+        if getattr(args, "no_client", False):
+            return args.func(args)
         with Client(server, timeout=timeout, token=getattr(args, "token", None),
                     tls_ca=getattr(args, "tls_ca", None), tls_cert=getattr(args, "tls_cert", None),
                     tls_key=getattr(args, "tls_key", None)) as client:

@@ -12,7 +12,8 @@
 Authentication: `token` (default $MOEBATCH_TOKEN) is sent with every call as the metadata
 `authorization: Bearer <token>`; the daemon needs one when it has a tokens file. TLS: give
 `tls_ca` (the PEM file that signed the daemon's certificate; `tls=True` alone uses the system's
-roots), and `tls_cert` / `tls_key` for a client certificate (mutual TLS).
+roots), and `tls_cert` / `tls_key` for a client certificate (mutual TLS); each is a file's path or
+its PEM bytes.
 
 Unary calls (create_job, get_job, list_jobs' pages, cancel) run under the client's `timeout`
 (seconds; None = no deadline). Streams (watch, results) have no deadline: a job may run for hours.
@@ -55,9 +56,10 @@ def default_token() -> str | None:
     return os.environ.get("MOEBATCH_TOKEN") or None
 
 
-def _read_pem(what: str, path: str | os.PathLike | None) -> bytes | None:
-    if path is None:
-        return None
+def _read_pem(what: str, path: str | os.PathLike | bytes | None) -> bytes | None:
+    """The PEM bytes of a file, or `path` itself when it is bytes already."""
+    if path is None or isinstance(path, bytes):
+        return path
     try:
         return Path(path).read_bytes()
     except OSError as e:
@@ -78,9 +80,9 @@ class Client:
                  channel: grpc.Channel | None = None,
                  options: Iterable[tuple[str, Any]] | None = None,
                  token: str | None = None, tls: bool = False,
-                 tls_ca: str | os.PathLike | None = None,
-                 tls_cert: str | os.PathLike | None = None,
-                 tls_key: str | os.PathLike | None = None,
+                 tls_ca: str | os.PathLike | bytes | None = None,
+                 tls_cert: str | os.PathLike | bytes | None = None,
+                 tls_key: str | os.PathLike | bytes | None = None,
                  tls_server_name: str | None = None):
         self.addr = addr or default_server()
         self.timeout = timeout
