@@ -327,6 +327,17 @@ def test_daemon_accepts_the_config(tmp_path):
     assert run.returncode != 0 and "max_inflight" in run.stderr
 
 
+def test_cpu_threads_match_every_daemon_containers_cpu_request():
+    cfg = daemon_config()
+    pods = [find("StatefulSet", "moebatchd")["spec"]["template"]["spec"]]
+    cluster = find("RayCluster")["spec"]
+    pods += [g["template"]["spec"] for g in cluster.get("workerGroupSpecs", [])
+             if any(c.get("command", [""])[0] == "moebatchd" for c in g["template"]["spec"]["containers"])]
+    assert len(pods) >= 2
+    for pod in pods:
+        assert str(cfg["cpu_threads"]) == daemon_container(pod)["resources"]["requests"]["cpu"]
+
+
 def test_max_in_flight_covers_what_a_t4_decodes_at_once():
     cfg = daemon_config()
     assert cfg["gpu_memory_gb"] == 16  # a T4
