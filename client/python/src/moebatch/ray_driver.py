@@ -698,6 +698,7 @@ class _Driver:
             if not answer["ok"] or server not in self.planner.lost:
                 continue
             surplus = self.planner.revive(server, self._matching(answer["held"]))
+            self.state.lost.pop(server, None)
             for shard in surplus:
                 self.actors[server].cancel.remote(shard)
             self.figures[server].status = "ok"

@@ -118,7 +118,8 @@ class RunState:
     # shard name -> {"server": addr, "job": id or "", "state": "running" | "done" | "failed",
     # "message": why it failed (failed only)}
     shards: dict[str, dict[str, str]] = field(default_factory=dict)
-    lost: dict[str, float] = field(default_factory=dict)  # server -> Unix time declared lost
+    # server -> Unix time it was declared lost, while it is lost (it leaves when it answers again)
+    lost: dict[str, float] = field(default_factory=dict)
 
     def save(self, work_dir: str | os.PathLike) -> None:
         """Writes work_dir/state.json atomically (fsync, rename)."""
