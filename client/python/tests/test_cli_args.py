@@ -115,3 +115,25 @@ def test_python_dash_m_and_env_server():
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 1
     assert address in proc.stderr  # the address came from $MOEBATCH_SERVER
+
+
+def test_ray_daemons_arguments_after_the_double_dash_go_to_moebatchd():
+    args = cli.parse_args(["ray-daemons", "start", "--port", "0", "--gpus", "2", "--",
+                           "--model", "/models/m.gguf", "--port", "9", "--"])
+    assert args.func is cli.cmd_ray_daemons and args.action == "start"
+    assert (args.port, args.gpus) == (0, 2.0)
+    assert args.daemon_args == ["--model", "/models/m.gguf", "--port", "9", "--"]
+    assert cli.parse_args(["ray-daemons", "list"]).daemon_args == []
+    # `--` before the command is argparse's own.
+    assert cli.parse_args(["status", "--", "job_1"]).job == "job_1"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ray-daemons", "list", "--", "--model", "m"], "ray-daemons list takes no moebatchd"),
+    (["ray-daemons", "start", "--port", "70000"], "--port: must be in [0, 65535]"),
+    (["ray-daemons", "start", "--gpus", "0"], "must be a positive number"),
+    (["ray-daemons", "restart"], "invalid choice"),
+])
+def test_ray_daemons_usage_errors_exit_2(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err

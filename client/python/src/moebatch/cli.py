@@ -7,9 +7,11 @@
     moebatch results JOB -o results.jsonl
     moebatch cancel JOB
     moebatch shard prompts.jsonl --servers H1:P,H2:P -o results.jsonl   # many daemons, on Ray
+    moebatch ray-daemons start -- --model M       # one daemon per Ray GPU node (--servers ray)
 
 Every command takes --server HOST:PORT (default $MOEBATCH_SERVER, else 127.0.0.1:50051), but
-`shard`, which takes --servers (moebatch.ray_driver; docs/scale-out.md).
+`shard`, which takes --servers (moebatch.ray_driver; docs/scale-out.md), and `ray-daemons`
+(moebatch.ray_daemons).
 Exit codes: 0 ok; 1 the server refused or failed the call, or a waited-for (or watched) job ended
 failed or cancelled (message on stderr, e.g. "moebatch: NOT_FOUND: job job_x not found"), or a
 shard run could not finish (a shard failed, no daemon reachable); 2 bad usage or an unreadable
@@ -205,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                "(rerun to resume), 2 usage error or no Ray, 130 interrupted.")
     p.add_argument("file", metavar="FILE.jsonl")
     p.add_argument("--servers", metavar="HOST:PORT,...", required=True,
-                   help="the daemons, comma-separated")
+                   help="the daemons, comma-separated; `ray`: those `moebatch ray-daemons "
+                        "start` runs on the Ray cluster")
     p.add_argument("-o", "--output", metavar="OUT.jsonl", required=True,
                    help="the results file (written whole at the end)")
     p.add_argument("--errors", metavar="ERR.jsonl",
@@ -232,6 +235,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=_positive_float, default=10.0, metavar="SECONDS",
                    help="stderr not a terminal: a progress line every SECONDS (default 10)")
     p.set_defaults(func=cmd_shard, no_client=True)
+
+    p = sub.add_parser(
+        "ray-daemons", help="one moebatchd per GPU node of a Ray cluster",
+        usage=f"{PROG} ray-daemons {{start,list,stop}} [options] [-- MOEBATCHD_ARGS...]",
+        description="Start, list or stop one moebatchd per Ray node that has GPUs, each in a "
+                    "bundle of a placement group spread over the nodes; the daemons outlive "
+                    "this command (detached actors restart them when they exit) until `stop`. "
+                    "`moebatch shard --servers ray` uses them. start: moebatchd's own "
+                    "arguments follow `--` (its --model and options; not --listen or "
+                    "--data-dir). Needs Ray. See docs/scale-out.md.",
+        epilog="Ray: --ray-address or $RAY_ADDRESS, else a local Ray is started (start only "
+               "makes sense on a running cluster). Exit codes: 0 ok, 1 the cluster cannot host "
+               "the daemons, 2 usage error or no Ray.")
+    p.add_argument("action", choices=["start", "list", "stop"])
+    p.add_argument("--moebatchd", default="moebatchd", metavar="PATH",
+                   help="the moebatchd program on the nodes (default: moebatchd on PATH)")
+    p.add_argument("--gpus", type=_positive_float, default=1.0, metavar="N",
+                   help="GPUs per daemon; a node needs that many to get one (default 1)")
+    p.add_argument("--port", type=int, default=50051, metavar="PORT",
+                   help="each daemon's gRPC port on its node; 0: a free one (default 50051)")
+    p.add_argument("--data-dir", default="~/.moebatch/ray-daemons/{node}", metavar="DIR",
+                   help="the job store on each node; {node} is the Ray node id's first 12 hex "
+                        "digits (default ~/.moebatch/ray-daemons/{node})")
+    p.add_argument("--min-nodes", type=_positive_int, default=1, metavar="N",
+                   help="start: wait for at least N GPU nodes (default 1)")
+    p.add_argument("--wait", type=_positive_float, default=600.0, metavar="SECONDS",
+                   help="start: how long to wait for the nodes, and for each daemon to load its "
+                        "model and serve (default 600)")
+    p.add_argument("--grace", type=_positive_float, default=60.0, metavar="SECONDS",
+                   help="stop: seconds between SIGTERM and SIGKILL (default 60)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the Ray cluster (default: $RAY_ADDRESS, else a local Ray)")
+    p.set_defaults(func=cmd_ray_daemons, no_client=True, daemon_args=[])
     return parser
 
 
@@ -509,10 +545,11 @@ def cmd_delete(client: Client, args: argparse.Namespace) -> int:
 def cmd_shard(args: argparse.Namespace) -> int:
     if getattr(args, "server", None) is not None:
         raise UsageError("shard takes --servers HOST:PORT,HOST:PORT,..., not --server")
-    from .ray_driver import RAY_HINT, ShardRunError, parse_servers, run  # run imports Ray
+    from .ray_driver import RAY_HINT, RAY_SERVERS, ShardRunError, parse_servers, run
 
     try:  # usage errors first, then a missing Ray
-        parse_servers(args.servers)
+        if args.servers != RAY_SERVERS:
+            parse_servers(args.servers)
         with open(args.file, "rb"):
             pass
     except ValueError as e:
@@ -554,12 +591,69 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_ray_daemons(args: argparse.Namespace) -> int:
+    if getattr(args, "server", None) is not None:
+        raise UsageError("ray-daemons takes no --server")
+    if args.action != "start" and args.daemon_args:
+        raise UsageError(f"ray-daemons {args.action} takes no moebatchd arguments")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port: must be in [0, 65535], got {args.port}")
+    from .ray_driver import RAY_HINT, _ray_init, _ray_shutdown
+
+    try:
+        importlib.import_module("ray")
+    except ImportError:
+        raise UsageError(f"`moebatch ray-daemons` runs on Ray, which is not installed: "
+                         f"{RAY_HINT}") from None
+    from . import ray_daemons
+
+    started = _ray_init(args.ray_address)
+    try:
+        if args.action == "start":
+            try:
+                daemons = ray_daemons.start(
+                    args.daemon_args, moebatchd=args.moebatchd, gpus=args.gpus, port=args.port,
+                    data_dir=args.data_dir, min_nodes=args.min_nodes, wait=args.wait,
+                    ready_timeout=args.wait)
+            except ValueError as e:
+                raise UsageError(f"ray-daemons start: {e}") from None
+            except ray_daemons.DaemonGroupError as e:
+                raise JobEndedBadly(f"ray-daemons start: {e}") from None
+            print(",".join(d.address for d in daemons))
+            print(f"{PROG}: ray-daemons: {len(daemons)} daemons serve; run `moebatch shard FILE "
+                  "--servers ray -o OUT`", file=sys.stderr)
+        elif args.action == "list":
+            for d in ray_daemons.list_daemons():
+                state = f"pid {d.pid}" if d.pid else "down"
+                print(f"{d.address}\t{d.name}\tnode {d.node_id[:12]}\t{state}\t"
+                      f"{d.restarts} restarts")
+        else:
+            stopped = ray_daemons.stop(grace=args.grace)
+            print(f"{PROG}: ray-daemons: stopped {len(stopped)} daemons"
+                  + (f" ({', '.join(stopped)})" if stopped else ""), file=sys.stderr)
+    finally:
+        _ray_shutdown(started)
+    return EXIT_OK
+
+
 # -- entry point ------------------------------------------------------------------------------
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses the command line; `ray-daemons ... -- ARGS` keeps ARGS for moebatchd."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    daemon_args = None
+    if "ray-daemons" in argv and "--" in argv[argv.index("ray-daemons"):]:
+        cut = argv.index("--", argv.index("ray-daemons"))
+        argv, daemon_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    if daemon_args is not None:
+        args.daemon_args = daemon_args
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(argv)
     except SystemExit as e:  # argparse: 2 for bad usage, 0 for --help / --version
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     server = getattr(args, "server", None) or default_server()

@@ -48,6 +48,7 @@ from .shard_plan import Planner, RunProgress, RunState, ServerFigures, format_du
 from .shard_worker import DaemonWorker
 
 PROG = "moebatch shard"
+RAY_SERVERS = "ray"  # run(servers=RAY_SERVERS): the daemons of moebatch.ray_daemons' group
 RAY_HINT = "pip install 'moebatch[ray]' (or: pip install 'ray[default]>=2.40')"
 
 class ShardRunError(Exception):
@@ -272,6 +273,25 @@ def _write_failed(work: _WorkDir, manifest: Manifest, shard: str, why: str) -> N
                                ensure_ascii=False) + "\n")
 
 
+def _group_servers() -> list[str]:
+    """The addresses of the daemons `moebatch ray-daemons start` runs on the Ray cluster (Ray
+    initialized). ShardRunError when there are none."""
+    from . import ray_daemons
+
+    found = ray_daemons.addresses()
+    if not found:
+        raise ShardRunError("servers 'ray': no daemon group runs on this Ray cluster; start one "
+                            "with `moebatch ray-daemons start -- --model ...`")
+    return found
+
+
+def _ray_shutdown(started: bool) -> None:
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
 def _ray_init(ray_address: str | None) -> bool:
     """Connects to the Ray cluster at ray_address (or $RAY_ADDRESS), or starts a local Ray.
     Returns True when this call started or connected Ray (and the run shuts it down). Raises
@@ -330,7 +350,7 @@ def run(source: str | os.PathLike, servers: str | Sequence[str], output: str | o
         max_attempts: int = 3, ray_address: str | None = None,
         progress: TextIO | bool | None = True, interval: float = 10.0) -> RunSummary:
     """Runs the OpenAI batch file `source` across the daemons `servers` ("host:port" list, or
-    one comma-separated string) and writes every custom_id once: successful lines to `output`,
+    one comma-separated string, or "ray": the daemons moebatch.ray_daemons runs) and writes every custom_id once: successful lines to `output`,
     failed ones (and lines the split left out) to `errors` (default: OUT with ".errors.jsonl"
     for ".jsonl"), both whole or not at all. Blocks until done; call it from one thread. Ray:
     connects to `ray_address` or $RAY_ADDRESS, else starts a local Ray (and stops it at the end).
@@ -353,7 +373,16 @@ def run(source: str | os.PathLike, servers: str | Sequence[str], output: str | o
     OSError from the file system.
     """
     started = time.monotonic()
-    server_list = parse_servers(servers)
+    ray_started = False
+    if servers == RAY_SERVERS:
+        ray_started = _ray_init(ray_address)
+        try:
+            server_list = _group_servers()
+        except BaseException:
+            _ray_shutdown(ray_started)
+            raise
+    else:
+        server_list = parse_servers(servers)
     for name, value in (("shard_requests", shard_requests), ("shard_tokens", shard_tokens),
                         ("in_flight", in_flight), ("max_attempts", max_attempts)):
         if not isinstance(value, int) or value < 1:
@@ -446,6 +475,7 @@ def run(source: str | os.PathLike, servers: str | Sequence[str], output: str | o
     finally:
         display.close()
         work.close()
+        _ray_shutdown(ray_started)
 
 
 class _Driver:
@@ -750,7 +780,4 @@ class _Driver:
         finally:
             self.state.save(self.work.path)
             self.summary.excluded.update(self.planner.excluded)
-            if _ray_started:
-                import ray
-
-                ray.shutdown()
+            _ray_shutdown(_ray_started)
