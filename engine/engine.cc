@@ -259,7 +259,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       "tokens ({} MiB, {}), max context {} tokens; {} tokens per pass{}, up to {} sequences",
       engine->model_->device().name(), c.num_hidden_layers, c.num_local_experts,
       c.num_experts_per_tok, DTypeName(p.device.compute_dtype),
-      p.backend == "cpu" ? (options.cpu.batch_invariant ? " (batch-invariant)" : " (oneDNN)") : "",
+      p.backend == "cpu"
+          ? (options.cpu.batch_invariant ? " (batch-invariant)" : " (not batch-invariant)")
+          : "",
       p.kv.num_blocks, p.kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(p.kv.dtype),
       p.max_context_tokens, p.schedule.max_tokens_per_pass,
       p.n_real

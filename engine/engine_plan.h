@@ -58,11 +58,12 @@ struct EngineOptions {
     DType compute_dtype = DType::kF32;  // f32 (reference) or bf16
     // Matmuls in a fixed order per row (cpu_attention/gemm/invariant_linear.h), so a greedy
     // request's tokens do not depend on what else shares its passes (a restart after a crash,
-    // another max_num_seqs). CPU attention is batch-invariant always. false: oneDNN matmuls.
+    // another max_num_seqs). CPU attention is batch-invariant always. false: each matmul's
+    // faster path for its size (oneDNN for prefill-sized ones, cpu_attention/gemm/matmul.h).
     bool batch_invariant = true;
-    // f32 compute with bf16/f16 weights: host bytes for f32 weight copies kept between passes
-    // (cpu_attention/gemm/matmul.h); beyond it weights are widened on every use.
-    int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+    // Not batch-invariant, f32 compute with bf16/f16 weights: host bytes for f32 weight copies the
+    // oneDNN path keeps between passes (cpu_attention/gemm/matmul.h); 0: widened on every use.
+    int64_t widened_weight_budget_bytes = 0;
     // The pool of the thread that calls Step (cpu_attention/runtime/cpu_threads.h): threads (0:
     // one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
     int threads = 0;

@@ -12,6 +12,7 @@
 #include "cpu_attention/runtime/cpu_threads.h"
 #include "engine/backend.h"
 #include "engine/engine_plan.h"
+#include "spdlog/spdlog.h"
 
 namespace moebatch {
 namespace {
@@ -68,6 +69,7 @@ class CpuBackend final : public Backend {
         CpuDeviceOptions{plan.compute_dtype, options.cpu.widened_weight_budget_bytes,
                          options.cpu.batch_invariant});
     if (!device.ok()) return device.status();
+    spdlog::info("cpu backend: GEMMs on {}", (*device)->matmul().Describe());
     return std::unique_ptr<Device>(*std::move(device));
   }
 };

@@ -44,11 +44,12 @@ struct CpuDeviceOptions {
   // f32 (reference) or bf16; f16 is the reference for the cuda backend's T4 path
   // (cpu_attention/gemm/matmul.h)
   DType compute_dtype = DType::kF32;
-  // f32 mode: bytes of f32 weight copies kept between passes (see cpu_attention/gemm/matmul.h). 0 =
-  // convert on every use.
-  int64_t widened_weight_budget_bytes = int64_t{2} << 30;
+  // f32 mode, oneDNN path: bytes of f32 weight copies kept between passes (see
+  // cpu_attention/gemm/matmul.h). 0 = convert on every use.
+  int64_t widened_weight_budget_bytes = 0;
   // Fixed-order matmuls whose per-row results do not depend on the batch
-  // (cpu_attention/gemm/matmul.h, cpu_attention/gemm/invariant_linear.h); false: oneDNN.
+  // (cpu_attention/gemm/matmul.h, cpu_attention/gemm/invariant_linear.h); false: each matmul's
+  // faster path for its size.
   bool batch_invariant = true;
 };
 
@@ -69,6 +70,9 @@ class CpuDevice final : public Device {
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+
+  // The GEMMs of bf16/f16/f32 weights (quantized ones take cpu_attention/gemm/quant_linear.h).
+  const Matmul& matmul() const { return *matmul_; }
 
  private:
   struct MicroBatch {

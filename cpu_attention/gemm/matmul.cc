@@ -73,22 +73,45 @@ absl::StatusOr<std::unique_ptr<Matmul>> Matmul::Create(DType compute_dtype,
   std::unique_ptr<Matmul> mm(new Matmul(compute_dtype));
   mm->impl_->widened_budget = widened_weight_budget_bytes;
   mm->batch_invariant_ = batch_invariant;
-  if (batch_invariant) return mm;  // no oneDNN primitive is used
-  try {
-    if (compute_dtype == DType::kBF16) mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
-  } catch (const dnnl::error& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("bf16 compute is not available on this CPU (oneDNN: ", e.what(),
-                     "); use compute dtype f32"));
+  if (batch_invariant || compute_dtype != DType::kBF16) return mm;
+  try {  // oneDNN refuses a bf16 matmul where the CPU has no AVX-512 (its 2.x releases)
+    mm->impl_->Get(64, 64, Tag::bf16, Tag::bf16);
+    mm->onednn_bf16_ = true;
+  } catch (const dnnl::error&) {
+    mm->onednn_bf16_ = false;
   }
   return mm;
+}
+
+Matmul::Path Matmul::PathFor(int64_t m, DType w_dtype) const {
+  if (batch_invariant_) return Path::kInvariant;
+  if (compute_dtype_ == DType::kBF16 && w_dtype == DType::kBF16) {
+    return onednn_bf16_ && m >= kOneDnnBf16MinRows ? Path::kOneDnnBf16 : Path::kInvariant;
+  }
+  return m >= kOneDnnF32MinRows ? Path::kOneDnnF32 : Path::kInvariant;
+}
+
+std::string Matmul::Describe() const {
+  if (batch_invariant_) return "batch-invariant kernels";
+  const std::string f32 = absl::StrCat("batch-invariant kernels below ", kOneDnnF32MinRows,
+                                       " rows, oneDNN f32 from ", kOneDnnF32MinRows);
+  if (compute_dtype_ != DType::kBF16) return f32;
+  if (!onednn_bf16_) {
+    return absl::StrCat(
+        "bf16 weights: batch-invariant kernels (oneDNN has no bf16 matmul on this "
+        "CPU); other weights: ",
+        f32);
+  }
+  return absl::StrCat("bf16 weights: batch-invariant kernels below ", kOneDnnBf16MinRows,
+                      " rows, oneDNN bf16 (AVX512-BF16 / AMX) from ", kOneDnnBf16MinRows,
+                      "; other weights: ", f32);
 }
 
 absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
                             int64_t n, float* y) {
   if (m == 0) return absl::OkStatus();
   Impl& im = *impl_;
-  if (batch_invariant_) {
+  if (PathFor(m, w_dtype) == Path::kInvariant) {
     const float* src = x;
     if (compute_dtype_ == DType::kBF16 && w_dtype == DType::kBF16) {  // as the bf16 GEMM rounds
       im.src_rounded.resize(static_cast<size_t>(m * k));

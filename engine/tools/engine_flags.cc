@@ -45,8 +45,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 (reference) or bf16 (oneDNN bf16 GEMMs)");
 ABSL_FLAG(bool, batch_invariant, true,
           "cpu backend: matmuls in a fixed order per row, so a greedy request's output does not "
-          "depend on what else shares its passes (identical after a crash restart); false: oneDNN "
-          "matmuls (faster prefill, outputs may differ in the last bits with the batch)");
+          "depend on what else shares its passes (identical after a crash restart); false: each "
+          "matmul's faster path for its size (oneDNN for prefill-sized ones: faster prefill, "
+          "outputs may differ in the last bits with the batch)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "

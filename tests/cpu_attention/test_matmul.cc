@@ -1,6 +1,6 @@
-// cpu_attention/gemm/matmul.h: y = x Wᵀ through oneDNN against a float64 loop, for every weight
-// dtype and every compute mode, M from 1 to 300 (the run-time dimension), with the widened-weight
-// cache on and off.
+// cpu_attention/gemm/matmul.h: y = x Wᵀ, batch-invariant or each call's faster path (oneDNN from
+// its row thresholds), against a float64 loop, for every weight dtype and every compute mode, M
+// from 1 to 300 (the run-time dimension), with the widened-weight cache on and off.
 #include <omp.h>
 
 #include <catch2/catch.hpp>
@@ -36,12 +36,7 @@ TEST_CASE("Matmul::Linear matches a float64 reference") {
       for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
         // A fresh Matmul per weight: its widened copies are keyed by the weight's address.
         auto mm = Matmul::Create(compute, std::max<int64_t>(budget, 0), invariant);
-        if (compute == DType::kBF16 &&
-            mm.status().code() == absl::StatusCode::kFailedPrecondition) {
-          WARN("bf16 matmul unavailable on this CPU: " << mm.status());
-          continue;
-        }
-        REQUIRE(mm.ok());
+        REQUIRE(mm.ok());  // every host: bf16 without oneDNN bf16 stays on our kernels
         std::vector<float> w32(n * k);
         for (float& v : w32) v = normal(rng);
         std::vector<uint16_t> w16(n * k);
@@ -51,7 +46,7 @@ TEST_CASE("Matmul::Linear matches a float64 reference") {
           ConvertToF32(wtype, w16.data(), w32.data(), w32.size());  // the exact stored values
           w = w16.data();
         }
-        for (int64_t m : {1, 7, 64, 300}) {
+        for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{64}, Matmul::kOneDnnF32MinRows + 44}) {
           std::vector<float> x(m * k), y(m * n, std::nanf(""));
           for (float& v : x) v = normal(rng);
           for (int rep = 0; rep < 2; ++rep) {  // the second call may use the cached copy
@@ -185,6 +180,47 @@ TEST_CASE("batch-invariant Matmul: a row's bits do not depend on M, the other ro
                           << " n " << s.n << " m " << m << " row " << at);
           CHECK(std::memcmp(y.data() + at * s.n, alone.data(), s.n * sizeof(float)) == 0);
         }
+      }
+    }
+  }
+}
+
+// Not batch-invariant: a call takes the batch-invariant kernels below the oneDNN thresholds (the
+// same bits as a batch-invariant Matmul), oneDNN from them; bf16 compute without a oneDNN bf16
+// matmul (AVX2-only hosts) runs, on our kernels, rather than being refused.
+TEST_CASE("Matmul without batch invariance: each call's path by its size, on every host") {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  const int64_t k = 80, n = 48;
+  std::vector<float> w32(n * k);
+  for (float& v : w32) v = normal(rng);
+  std::vector<uint16_t> w16(n * k);
+  ConvertFromF32(DType::kBF16, w32.data(), w16.data(), w16.size());
+  for (DType compute : {DType::kF32, DType::kBF16}) {
+    auto fast = Matmul::Create(compute, 0, /*batch_invariant=*/false);
+    auto fixed = Matmul::Create(compute, 0, /*batch_invariant=*/true);
+    REQUIRE(fast.ok());
+    REQUIRE(fixed.ok());
+    INFO("compute " << DTypeName(compute) << ": " << (*fast)->Describe());
+    CHECK((*fixed)->PathFor(100000, DType::kBF16) == Matmul::Path::kInvariant);
+    CHECK((*fixed)->Describe() == "batch-invariant kernels");
+    for (DType wtype : {DType::kF32, DType::kBF16}) {
+      const bool bf16 = compute == DType::kBF16 && wtype == DType::kBF16;
+      const int64_t threshold = bf16 ? Matmul::kOneDnnBf16MinRows : Matmul::kOneDnnF32MinRows;
+      const Matmul::Path onednn = !bf16                    ? Matmul::Path::kOneDnnF32
+                                  : (*fast)->onednn_bf16() ? Matmul::Path::kOneDnnBf16
+                                                           : Matmul::Path::kInvariant;
+      CHECK((*fast)->PathFor(1, wtype) == Matmul::Path::kInvariant);
+      CHECK((*fast)->PathFor(threshold - 1, wtype) == Matmul::Path::kInvariant);
+      CHECK((*fast)->PathFor(threshold, wtype) == onednn);
+      const void* w = wtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data();
+      for (int64_t m : {int64_t{1}, threshold - 1}) {
+        std::vector<float> x(m * k), a(m * n), b(m * n);
+        for (float& v : x) v = normal(rng);
+        REQUIRE((*fast)->Linear(x.data(), m, k, w, wtype, n, a.data()).ok());
+        REQUIRE((*fixed)->Linear(x.data(), m, k, w, wtype, n, b.data()).ok());
+        INFO("weights " << DTypeName(wtype) << " m " << m);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
       }
     }
   }
