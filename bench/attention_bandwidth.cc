@@ -51,6 +51,7 @@
 #include "absl/strings/str_split.h"
 #include "cpu_attention/attention/decode_attention.h"
 #include "cpu_attention/attention/paged_attention.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/dtype.h"
 #include "engine/tools/program_flags.h"
@@ -124,26 +125,9 @@ struct HugeArray {
   T* data;
 };
 
-Triad MeasureTriad(int64_t mib, int64_t repeats) {
-  const int64_t n = mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float));
-  HugeArray<float> a(n), b(n), c(n);
-  float* pa = a.data;
-  float* pb = b.data;
-  float* pc = c.data;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    pa[i] = 0.0f;
-    pb[i] = 1.0f;
-    pc[i] = 2.0f;
-  }
-  const float s = 3.0f;
-  const Timing t = TimeCalls(repeats, [&] {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
-  });
-  if (pa[n / 2] != 7.0f) std::fprintf(stderr, "triad: wrong result %f\n", pa[n / 2]);
-  const double bytes = 3.0 * n * sizeof(float);
-  return Triad{bytes / t.best / 1e9, bytes / t.median / 1e9, bytes * 4.0 / 3.0 / t.best / 1e9};
+Triad MeasureTriadGbs(int64_t mib, int64_t repeats) {
+  const TriadBandwidth t = MeasureTriad(mib, static_cast<int>(repeats));  // host_roof.h
+  return Triad{t.best / 1e9, t.median / 1e9, t.best * 4.0 / 3.0 / 1e9};
 }
 
 // XOR of the n 64-bit words at w into acc[8] (8 independent lanes). Compiled for AVX-512, AVX2 and
@@ -444,7 +428,7 @@ int main(int argc, char** argv) {
   std::vector<Triad> triad(thread_counts.size());
   for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
     omp_set_num_threads(thread_counts[ti]);
-    triad[ti] = MeasureTriad(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
+    triad[ti] = MeasureTriadGbs(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
     triad[ti].read = MeasureRead(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
     std::printf(
         "triad %d thread(s), 3 x %lld MiB f32: %.2f GB/s best (median %.2f; %.2f GB/s "
@@ -471,7 +455,7 @@ int main(int argc, char** argv) {
       omp_set_num_threads(thread_counts[ti]);
       // The VM's bandwidth drifts: measure the triad again next to the kernels and keep the higher
       // figure (the conservative denominator for "% of triad").
-      const Triad again = MeasureTriad(absl::GetFlag(FLAGS_triad_mib), repeats);
+      const Triad again = MeasureTriadGbs(absl::GetFlag(FLAGS_triad_mib), repeats);
       std::printf("  triad %d thread(s) next to the kernels: %.2f GB/s (start of run: %.2f)\n",
                   thread_counts[ti], again.gbs3, triad[ti].gbs3);
       triad[ti].gbs3 = std::max(triad[ti].gbs3, again.gbs3);

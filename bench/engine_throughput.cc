@@ -15,10 +15,9 @@
 // and for the engine (scheduler + sampling + detokenization around the same forward): a greedy
 // job of --batch requests -> generated tokens/s over the whole job.
 // Next to each figure: achieved GFLOP/s (2 x active parameters per token, plus attention) against
-// the host's peak f32 FMA rate estimated from a register-resident FMA loop (same thread count);
+// the host's peak f32 FMA rate measured by cpu_attention/runtime/host_roof.h (same thread count);
 // for prefill and decode also the weight bytes a pass reads (the experts its tokens touch, counted
 // from the routing) and the process's peak RSS (getrusage).
-#include <immintrin.h>
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -29,8 +28,10 @@
 
 #include "absl/flags/flag.h"
 #include "cpu_attention/backend/cpu_device.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/plan/cpu_roofline.h"
 #include "engine/tools/program_flags.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
@@ -63,56 +64,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Peak f32 FMA throughput of this host, all threads: 16 independent FMA chains per thread, with
-// the widest vector ISA the CPU has (runtime dispatch; the build targets baseline x86-64).
-constexpr int64_t kPeakIters = 100'000'000;
-__attribute__((target("avx512f"))) float FmaLoopAvx512() {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kPeakIters / 16; ++it) {
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  float out[16], sum = 0;
-  for (int i = 0; i < 16; ++i) {
-    _mm512_storeu_ps(out, acc[i]);
-    for (float x : out) sum += x;
-  }
-  return sum;
-}
-__attribute__((target("avx2,fma"))) float FmaLoopAvx2() {
-  __m256 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kPeakIters / 16; ++it) {
-    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  float out[8], sum = 0;
-  for (int i = 0; i < 16; ++i) {
-    _mm256_storeu_ps(out, acc[i]);
-    for (float x : out) sum += x;
-  }
-  return sum;
-}
-
-double PeakGflops(const char** isa) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!avx512 && !avx2) {
-    *isa = "none (no AVX2+FMA: peak not measured)";
-    return 0.0;
-  }
-  *isa = avx512 ? "AVX-512" : "AVX2+FMA";
-  const int lanes = avx512 ? 16 : 8;
-  float total = 0;
-  const double t0 = Now();
-#pragma omp parallel reduction(+ : total)
-  total += avx512 ? FmaLoopAvx512() : FmaLoopAvx2();
-  const double dt = Now() - t0;
-  if (total == 42.0f) std::printf(" ");  // keep the loops
-  return 2.0 * kPeakIters * lanes * omp_get_max_threads() / dt / 1e9;
-}
-
 // FLOPs of one token through the model at context length `ctx`: 2 x (attention projections,
 // router, top-k experts, lm_head when `logits`) + attention 4 x ctx x q_size.
 double TokenFlops(const ModelConfig& c, double ctx, bool logits) {
@@ -123,38 +74,16 @@ double TokenFlops(const ModelConfig& c, double ctx, bool logits) {
   return per_layer * c.num_hidden_layers + (logits ? 2 * h * c.vocab_size : 0);
 }
 
-// Stored bytes of a weight tensor (ggml blocks for a quantized one): the least a pass that uses it
-// reads. (The f32 reference mode reads widened f32 copies of bf16 weights; its bound still counts
-// the stored bytes.)
-double TensorBytes(const TensorInfo* t) { return t ? static_cast<double>(t->nbytes) : 0.0; }
-
-// Bytes one pass reads from memory: every layer's attention, norms and router weights, the
-// experts its tokens touched (stats.experts_touched, summed over layers, each counted at the mean
-// size of an expert over all layers: formats may differ between layers, as Q4_K_M's do), the
-// lm_head when logits are asked for, and the K/V of every sequence's context in every layer
-// (stats.kv_tokens_read counts one layer). The bound of a phase is these bytes over the host's
-// bandwidth: a pass cannot be faster than reading what it uses once.
+// Bytes one pass reads from memory (engine/plan/cpu_roofline.h PassWorkOf: the layers' tensors
+// once, the experts its tokens touched at the mean size of an expert over all layers (formats may
+// differ between layers, as Q4_K_M's do), the embedding rows, the lm_head when logits are asked
+// for, and the K/V of every sequence's context in every layer, in the cache's dtype). The bound of
+// a phase is these bytes over the host's bandwidth. Stored bytes: the f32 reference mode reads
+// widened f32 copies of bf16 weights, its bound still counts the stored bytes.
 double PassBytes(const ModelConfig& c, const ModelWeights& weights, const ForwardStats& stats,
                  DType kv_dtype, bool logits) {
-  double fixed = 0, experts = 0, expert_count = 0;
-  for (const LayerWeights& l : weights.layers) {
-    for (const TensorInfo* t :
-         {l.input_layernorm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.post_attention_layernorm,
-          l.router, l.shared_expert.w1, l.shared_expert.w2, l.shared_expert.w3}) {
-      fixed += TensorBytes(t);
-    }
-    for (const ExpertWeights& e : l.experts) {
-      experts += TensorBytes(e.w1) + TensorBytes(e.w2) + TensorBytes(e.w3);
-      expert_count += 1;
-    }
-  }
-  double bytes = fixed;
-  if (expert_count > 0)
-    bytes += static_cast<double>(stats.experts_touched) * experts / expert_count;
-  if (logits) bytes += TensorBytes(weights.lm_head);
-  bytes += static_cast<double>(stats.kv_tokens_read) * c.num_hidden_layers * 2 * c.kv_size() *
-           DTypeSize(kv_dtype);
-  return bytes;
+  const double kv_per_token_layer = 2.0 * static_cast<double>(c.kv_size() * DTypeSize(kv_dtype));
+  return PassWorkOf(c, weights, stats, kv_per_token_layer, logits ? stats.tokens : 0).bytes();
 }
 
 double PeakRssGiB() {
@@ -216,8 +145,9 @@ int Run() {
   }
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(3, static_cast<int32_t>(c.vocab_size) - 1);
-  const char* isa = "";
-  const double peak = PeakGflops(&isa);
+  const FmaPeak fma = MeasureFmaPeak(6'250'000, 1);
+  const char* isa = fma.isa.c_str();
+  const double peak = fma.flops_per_s / 1e9;
   std::printf("model %s: %lld layers, hidden %lld, %lld experts top-%lld; compute %s; %d threads\n",
               dir.c_str(), (long long)c.num_hidden_layers, (long long)c.hidden_size,
               (long long)c.num_local_experts, (long long)c.num_experts_per_tok,

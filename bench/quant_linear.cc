@@ -41,6 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cpu_attention/gemm/invariant_linear.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/model/dtype.h"
 #include "engine/tools/program_flags.h"
 
@@ -96,27 +97,10 @@ struct HugeBytes {
   std::byte* data;
 };
 
-// STREAM triad a[i] = b[i] + s·c[i] over three f32 arrays of `mib` MiB, first-touched by the
-// threads that run it; GB/s as STREAM counts them (3 arrays), best of `reps`.
-double MeasureTriad(int64_t mib, int64_t reps) {
-  const int64_t n = mib * (int64_t{1} << 20) / 4;
-  HugeBytes a(n * 4), b(n * 4), c(n * 4);
-  float* pa = reinterpret_cast<float*>(a.data);
-  float* pb = reinterpret_cast<float*>(b.data);
-  float* pc = reinterpret_cast<float*>(c.data);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    pa[i] = 0.0f;
-    pb[i] = 1.0f;
-    pc[i] = 2.0f;
-  }
-  const float s = 3.0f;
-  const Timing t = TimeCalls(reps, [&](int64_t) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + s * pc[i];
-  });
-  if (pa[n / 2] != 7.0f) std::fprintf(stderr, "triad: wrong result %f\n", pa[n / 2]);
-  return 3.0 * n * 4 / t.best / 1e9;
+// STREAM triad over three f32 arrays of `mib` MiB (cpu_attention/runtime/host_roof.h); GB/s as
+// STREAM counts them (3 arrays), best of `reps`.
+double MeasureTriadGbs(int64_t mib, int64_t reps) {
+  return MeasureTriad(mib, static_cast<int>(reps)).best / 1e9;
 }
 
 std::string CpuModel() {
@@ -240,7 +224,7 @@ int Main() {
           : "");
   std::printf("weights cycled through copies filling %.0f MiB (each call reads from memory)\n",
               footprint / 1048576.0);
-  double triad = MeasureTriad(absl::GetFlag(FLAGS_triad_mib), 10);
+  double triad = MeasureTriadGbs(absl::GetFlag(FLAGS_triad_mib), 10);
   std::printf("triad (3 x %lld MiB f32): %.2f GB/s\n",
               static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)), triad);
   std::fflush(stdout);
@@ -253,7 +237,7 @@ int Main() {
     std::vector<float> x(static_cast<size_t>(max_m * k)), y(static_cast<size_t>(max_m * n));
     std::normal_distribution<float> normal;
     for (float& v : x) v = normal(rng);
-    const double again = MeasureTriad(absl::GetFlag(FLAGS_triad_mib), 5);
+    const double again = MeasureTriadGbs(absl::GetFlag(FLAGS_triad_mib), 5);
     triad = std::max(triad, again);
     std::printf("\nshape %s: triad next to the runs %.2f GB/s (kept: %.2f)\n", shape.c_str(), again,
                 triad);

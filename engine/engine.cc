@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cpu_attention/runtime/cpu_threads.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/kv/block_allocator.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/model/checkpoint.h"
@@ -253,6 +254,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!options.metrics.trace_file.empty()) {
     engine->trace_ = std::make_unique<PipelineTrace>();
     engine->model_->SetTrace(engine->trace_.get());
+    // The ceilings of each pass's roofline in the trace: the given peaks, else measured here on
+    // the engine's own thread pool.
+    HostCeilings& roof = engine->roof_;
+    roof.bytes_per_s = options.metrics.peak_memory_bytes_per_second;
+    roof.flops_per_s = options.metrics.peak_flops;
+    if (roof.bytes_per_s <= 0 || roof.flops_per_s <= 0) {
+      const MeasuredHost host = MeasureHost();
+      if (roof.bytes_per_s <= 0) roof.bytes_per_s = host.triad_bytes_per_s;
+      if (roof.flops_per_s <= 0) roof.flops_per_s = host.fma_flops_per_s;
+      spdlog::info(
+          "trace: each pass's roofline against {:.1f} GB/s and {:.1f} GFLOP/s (measured on {} "
+          "threads: triad {:.1f} GB/s, {} FMA peak {:.1f} GFLOP/s; --peak_memory_gbs and "
+          "--peak_tflops set them)",
+          roof.bytes_per_s / 1e9, roof.flops_per_s / 1e9, host.threads,
+          host.triad_bytes_per_s / 1e9, host.fma_isa, host.fma_flops_per_s / 1e9);
+    }
   }
   spdlog::info(
       "engine: {} backend, {} layers, {} experts (top-{}), compute {}{}, KV cache {} blocks x {} "
@@ -441,6 +458,27 @@ void Engine::AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out) {
   if (reason != FinishReason::kNone) Finish(seq, reason, out);
 }
 
+void Engine::AnnotatePass(const ForwardStats& pass, int64_t logits_rows) {
+  const ModelWeights& weights =
+      weight_store_ != nullptr ? weight_store_->weights() : checkpoint_->weights();
+  const KvCacheConfig& kv = cache_->config();
+  const double kv_per_token_layer = static_cast<double>(kv.bytes_per_block()) /
+                                    static_cast<double>(kv.num_layers * kv.block_size);
+  const PassWork work = PassWorkOf(config(), weights, pass, kv_per_token_layer, logits_rows);
+  const Roofline roof = RooflineOf(work, roof_);
+  std::vector<PipelineTrace::Arg> args = {
+      {"weight_MB", work.weight_bytes / 1e6, ""},
+      {"kv_MB", work.kv_bytes / 1e6, ""},
+      {"GFLOP", work.flops / 1e9, ""},
+      {"bound", 0, roof.bound_name()},
+      {"bound_ms", roof.seconds() * 1e3, ""},
+      {"memory_bound_ms", roof.memory_seconds * 1e3, ""},
+      {"compute_bound_ms", roof.compute_seconds * 1e3, ""},
+  };
+  if (pass.pass_seconds > 0) args.push_back({"of_bound", roof.seconds() / pass.pass_seconds, ""});
+  trace_->AnnotateLast(PipelineTrace::kPassRow, std::move(args));
+}
+
 absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   if (cpu_pool_owner_ != std::this_thread::get_id()) {
     absl::Status pool = ConfigureCpuThreads(options_.cpu.threads, options_.cpu.pin_threads);
@@ -510,6 +548,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
   stats_.expert_token_pairs += pass.expert_token_pairs;
   stats_.experts_touched += pass.experts_touched;
   stats_.last_pass = pass;
+  if (trace_ != nullptr) AnnotatePass(pass, static_cast<int64_t>(need_logits.size()));
   const double weight_elem = plan_.weight_bytes_per_param;
   stats_.last_utilization = ComputeSparseUtilization(
       config(), weight_elem, static_cast<double>(DTypeSize(cache_->config().dtype)), pass,

@@ -22,6 +22,7 @@
 #include "engine/device.h"
 #include "engine/engine_plan.h"
 #include "engine/model/model_config.h"
+#include "engine/plan/cpu_roofline.h"
 #include "engine/sampler.h"
 #include "engine/sparse_utilization.h"
 #include "engine/text/tokenizer.h"
@@ -166,6 +167,8 @@ class Engine {
   }
   // Appends a sampled token, applies the stop rules, fills `out`.
   void AcceptToken(Sequence* seq, int32_t token, GenerationOutput* out);
+  // Puts the roofline of the pass just run (engine/plan/cpu_roofline.h) on its trace event.
+  void AnnotatePass(const ForwardStats& pass, int64_t logits_rows);
 
   EngineOptions options_;
   EnginePlan plan_;
@@ -176,6 +179,9 @@ class Engine {
   std::vector<int32_t>
       eos_token_ids_;  // ModelConfig::eos_token_ids: a sampled one ends the sequence
   std::unique_ptr<PipelineTrace> trace_;
+  // With a trace: the host's ceilings each pass's roofline is put against (--peak_memory_gbs /
+  // --peak_tflops where given, else measured at start).
+  HostCeilings roof_;
   std::unique_ptr<ModelRunner> model_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<BlockAllocator> allocator_;

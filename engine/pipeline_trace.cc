@@ -19,13 +19,23 @@ void PipelineTrace::Add(Row row, std::string name, Clock::time_point start, Cloc
           duration_cast<microseconds>(end - start).count(),
           layer,
           tokens,
-          micro_batch};
+          micro_batch,
+          {}};
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() >= max_events_) {
     ++dropped_;
     return;
   }
   events_.push_back(std::move(e));
+}
+
+void PipelineTrace::AnnotateLast(Row row, std::vector<Arg> args) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
+    if (it->row != row) continue;
+    for (Arg& a : args) it->args.push_back(std::move(a));
+    return;
+  }
 }
 
 size_t PipelineTrace::size() const {
@@ -54,6 +64,13 @@ absl::Status PipelineTrace::WriteChromeTrace(const std::string& path) const {
       if (e.layer >= 0) args["layer"] = e.layer;
       if (e.micro_batch >= 0) args["micro_batch"] = e.micro_batch == 0 ? "alpha" : "beta";
       if (e.tokens >= 0) args["tokens"] = e.tokens;
+      for (const Arg& a : e.args) {
+        if (a.text.empty()) {
+          args[a.key] = a.number;
+        } else {
+          args[a.key] = a.text;
+        }
+      }
       events.push_back({{"name", e.name},
                         {"ph", "X"},
                         {"pid", 1},

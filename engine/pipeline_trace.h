@@ -28,6 +28,16 @@ class PipelineTrace {
   void Add(Row row, std::string name, Clock::time_point start, Clock::time_point end,
            int64_t layer = -1, int micro_batch = -1, int64_t tokens = -1);
 
+  // An argument of an event: a number, or text when `text` is not empty.
+  struct Arg {
+    std::string key;
+    double number = 0;
+    std::string text;
+  };
+  // Adds `args` to the last event added on `row` (none yet: nothing). The engine puts each pass's
+  // roofline on it (engine/plan/cpu_roofline.h).
+  void AnnotateLast(Row row, std::vector<Arg> args);
+
   // Writes {"traceEvents": [...]} to `path` (times in microseconds since the trace began).
   // Internal with the path when it cannot be written.
   absl::Status WriteChromeTrace(const std::string& path) const;
@@ -40,6 +50,7 @@ class PipelineTrace {
     std::string name;
     int64_t start_us, duration_us, layer, tokens;
     int micro_batch;
+    std::vector<Arg> args;
   };
   const Clock::time_point origin_;
   const size_t max_events_;

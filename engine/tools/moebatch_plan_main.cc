@@ -7,6 +7,12 @@
 //       [--prompt_tokens 98 --gen_tokens 128 --batch 20000 --kv_block_size 16]
 //   moebatch-plan --model DIR --pcie_gbs 12.3 --gpu_tflops 50 --cpu_mem_gbs 80 --kv_cache_gb 100
 //   moebatch-plan --preset mixtral-8x7b --gpu t4 --weight_format q4_k
+//   moebatch-plan --model FILE.gguf --backend cpu [--cpu_mem_gbs 25 --cpu_gflops 130]
+//
+// --backend cpu prints the cpu backend's roofline instead: for decode passes of a few batch sizes
+// and for prefill passes, the bytes and FLOPs a pass needs, the memory and compute times they
+// take at the host's bandwidth and FMA peak (measured here unless given), and which one bounds it
+// (engine/plan/cpu_roofline.h).
 //
 // --weight_format sets the bytes of a weight (the model's dtype by default; a GGUF --model's own
 // bytes per weight): a float dtype or a ggml block format (type_size / block_size bytes, Q4_K
@@ -36,16 +42,19 @@
 #include "absl/flags/usage_config.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/engine.h"
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_tensors.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weight_store.h"
 #include "engine/offload/gpu_memory_plan.h"
+#include "engine/plan/cpu_roofline.h"
 #include "engine/plan/perf_model.h"
 #include "engine/tools/program_flags.h"
 
@@ -60,9 +69,10 @@ ABSL_FLAG(double, pcie_gbs, 0,
           "B_IO, CPU->GPU bandwidth, GB/s, GB = 1e9 bytes (0: the --gpu preset's)");
 ABSL_FLAG(double, gpu_tflops, 0,
           "C_GPU, dense GEMM rate in the weights' dtype, TFLOP/s (0: the --gpu preset's)");
-ABSL_FLAG(double, cpu_mem_gbs, 150,
+ABSL_FLAG(double, cpu_mem_gbs, 0,
           "CPU memory bandwidth available to CPU attention and the weight transfer, GB/s, "
-          "GB = 1e9 bytes (150: the paper's Xeon 8380 socket, §7)");
+          "GB = 1e9 bytes (0: for --backend cuda 150, the paper's Xeon 8380 socket, §7; for "
+          "--backend cpu measured here)");
 ABSL_FLAG(double, kv_cache_gb, 70,
           "host memory for the KV cache, GiB, as the engine's --kv_cache_gb (70: the paper's "
           "smallest, §7)");
@@ -75,6 +85,14 @@ ABSL_FLAG(
     "how the weights are stored: bf16 | f16 | f32 | q4_0 | q4_1 | q5_0 | q5_1 | q8_0 | q4_k | "
     "q5_k | q6_k | mxfp4 | int8 | int4 (--weight_dtype's Q8_0 / Q4_1); empty: the model's "
     "dtype, or a GGUF --model's own types");
+ABSL_FLAG(std::string, backend, "cuda",
+          "cuda: the MoE-Lens model of weights streamed to a GPU (needs --gpu or --pcie_gbs and "
+          "--gpu_tflops); cpu: the cpu backend's roofline per pass (decode and prefill passes "
+          "against --cpu_mem_gbs and --cpu_gflops, measured on this host when not given)");
+ABSL_FLAG(double, cpu_gflops, 0,
+          "--backend cpu: the host's f32 FMA peak, GFLOP/s, all threads (0: measured here)");
+ABSL_FLAG(std::string, cpu_decode_batches, "1,64,256",
+          "--backend cpu: the sequences per decode pass to show, comma-separated");
 ABSL_FLAG(int64_t, resident_layers, -1,
           "-1: delta moves Model Size, every parameter, as §5.2 has it; N >= 0: what moebatch "
           "moves, the decoder layers but N (the embedding stays on the host, lm_head and N layers "
@@ -210,6 +228,42 @@ void PrintTransitions(const absl::StatusOr<std::vector<BoundTransition>>& transi
   }
 }
 
+// --backend cpu: the roofline of decode passes of each --cpu_decode_batches size (every sequence at
+// context p + g / 2, the middle of its generation) and of prefill passes (one prompt; as many
+// prompts of p tokens as the cpu backend's 2048 tokens per pass hold), engine/plan/cpu_roofline.h.
+void PrintCpuRoofline(const ModelShape& m, const Workload& w, const std::vector<int64_t>& batches,
+                      double mem_bytes_per_s, double flops_per_s, const std::string& host_note) {
+  const HostCeilings host{mem_bytes_per_s, flops_per_s};
+  std::printf(
+      "CPU roofline per pass (cpu backend, engine/plan/cpu_roofline.h): memory %.1f GB/s, "
+      "f32 FMA peak %.1f GFLOP/s%s\n",
+      mem_bytes_per_s / kGB, flops_per_s / 1e9, host_note.c_str());
+  std::printf("  %-30s %10s %10s %10s %10s %10s %8s %12s\n", "pass", "weights", "KV", "GFLOP",
+              "memory ms", "compute ms", "bound", "tokens/s");
+  auto row = [&](const std::string& name, const PassWork& work, double tokens) {
+    const Roofline r = RooflineOf(work, host);
+    std::printf("  %-30s %10s %10s %10.2f %10.3f %10.3f %8s %12.1f\n", name.c_str(),
+                Bytes(work.weight_bytes).c_str(), Bytes(work.kv_bytes).c_str(), work.flops / 1e9,
+                r.memory_seconds * 1e3, r.compute_seconds * 1e3, r.bound_name(),
+                r.seconds() > 0 ? tokens / r.seconds() : 0.0);
+  };
+  const int64_t context = w.prompt_tokens + w.gen_tokens / 2;
+  for (int64_t b : batches) {
+    row(absl::StrCat("decode ", b, " x 1, context ", context), DecodePassWork(m, b, context),
+        static_cast<double>(b));
+  }
+  constexpr int64_t kCpuTokensPerPass = 2048;  // the cpu backend's default pass
+  const int64_t prompts =
+      std::max<int64_t>(1, kCpuTokensPerPass / std::max<int64_t>(1, w.prompt_tokens));
+  for (int64_t n : {int64_t{1}, prompts}) {
+    row(absl::StrCat("prefill ", n, " x ", w.prompt_tokens), PrefillPassWork(m, n, w.prompt_tokens),
+        static_cast<double>(n * w.prompt_tokens));
+  }
+  std::printf(
+      "  (tokens/s: the pass's tokens over its bound, the most it can do; a pass that takes "
+      "longer names here what it waits on)\n");
+}
+
 int Run(int argc, char** argv) {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string preset = absl::GetFlag(FLAGS_preset);
@@ -280,6 +334,55 @@ int Run(int argc, char** argv) {
     return usage(absl::StrCat("--resident_layers: must be >= -1, got ", r));
   }
 
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cuda" && backend != "cpu") {
+    return usage(absl::StrCat("--backend: cuda or cpu, got \"", backend, "\""));
+  }
+  if (backend == "cpu") {
+    Workload w;
+    w.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+    w.gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
+    if (w.prompt_tokens < 1 || w.gen_tokens < 1) {
+      return usage("--prompt_tokens and --gen_tokens must be positive");
+    }
+    std::vector<int64_t> batches;
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_cpu_decode_batches), ',')) {
+      int64_t b = 0;
+      if (!absl::SimpleAtoi(part, &b) || b < 1) {
+        return usage(
+            absl::StrCat("--cpu_decode_batches: \"", part, "\" is not a positive integer"));
+      }
+      batches.push_back(b);
+    }
+    double mem = absl::GetFlag(FLAGS_cpu_mem_gbs) * kGB;
+    double flops = absl::GetFlag(FLAGS_cpu_gflops) * 1e9;
+    if (!(mem >= 0) || !(flops >= 0) || !std::isfinite(mem) || !std::isfinite(flops)) {
+      return usage("--cpu_mem_gbs and --cpu_gflops must be positive");
+    }
+    std::string note = " (given)";
+    if (mem == 0 || flops == 0) {
+      const MeasuredHost measured = MeasureHost();
+      if (mem == 0) mem = measured.triad_bytes_per_s;
+      if (flops == 0) flops = measured.fma_flops_per_s;
+      note = absl::StrFormat(
+          " (measured here, %d threads: STREAM triad %.1f GB/s, %s FMA loop "
+          "%.1f GFLOP/s; given flags take precedence)",
+          measured.threads, measured.triad_bytes_per_s / kGB, measured.fma_isa,
+          measured.fma_flops_per_s / 1e9);
+    }
+    const ModelShape& m = *shape;
+    std::printf(
+        "model     %s: %lld layers, h %lld, h_i %lld, %lld experts top-%lld; weights %s "
+        "(%s, %.4g bytes/weight), KV %.0f bytes/token\n",
+        model_name.c_str(), static_cast<long long>(m.num_layers),
+        static_cast<long long>(m.hidden_size), static_cast<long long>(m.ffn_size),
+        static_cast<long long>(m.num_experts), static_cast<long long>(m.top_k),
+        Bytes(ModelWeightBytes(m)).c_str(), format.name.c_str(), m.weight_bytes_per_element,
+        KvBytesPerToken(m));
+    PrintCpuRoofline(m, w, batches, mem, flops, note);
+    return 0;
+  }
+
   // The host.
   const std::string gpu = absl::GetFlag(FLAGS_gpu);
   const GpuPreset* gpu_preset = nullptr;
@@ -293,7 +396,8 @@ int Run(int argc, char** argv) {
   }
   double pcie_gbs = absl::GetFlag(FLAGS_pcie_gbs);
   double gpu_tflops = absl::GetFlag(FLAGS_gpu_tflops);
-  const double cpu_mem_gbs = absl::GetFlag(FLAGS_cpu_mem_gbs);
+  const double cpu_mem_gbs =
+      absl::GetFlag(FLAGS_cpu_mem_gbs) == 0 ? 150 : absl::GetFlag(FLAGS_cpu_mem_gbs);
   const double kv_cache_gb = absl::GetFlag(FLAGS_kv_cache_gb);  // GiB
   for (const auto& [flag, value] :
        {std::pair<const char*, double>{"pcie_gbs", pcie_gbs}, {"gpu_tflops", gpu_tflops}}) {

@@ -235,6 +235,7 @@ TEST_CASE("VSLPipe: golden greedy tokens with the pipeline off and on", "[vslpip
   REQUIRE(on == off);
 }
 
+// The trace's pass events also carry each pass's roofline.
 TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[vslpipe]") {
   const std::string path = "/tmp/moebatch_test_trace_" + std::to_string(getpid()) + ".json";
   EngineOptions options;
@@ -285,7 +286,21 @@ TEST_CASE("VSLPipe: the Chrome trace shows device and CPU work overlapping", "[v
     const int row = e.at("tid").get<int>();
     if (row == PipelineTrace::kDeviceRow) device.push_back(s);
     if (row == PipelineTrace::kCpuRow) cpu.push_back(s);
-    if (row == PipelineTrace::kPassRow) ++passes;
+    if (row == PipelineTrace::kPassRow) {
+      ++passes;
+      // Its roofline (engine/plan/cpu_roofline.h), against the host's measured ceilings.
+      const auto& args = e.at("args");
+      INFO(args.dump());
+      CHECK(args.at("weight_MB").get<double>() > 0);
+      CHECK(args.at("kv_MB").get<double>() > 0);
+      CHECK(args.at("GFLOP").get<double>() > 0);
+      const double memory = args.at("memory_bound_ms"), compute = args.at("compute_bound_ms");
+      CHECK(memory > 0);
+      CHECK(compute > 0);
+      CHECK(args.at("bound_ms").get<double>() == std::max(memory, compute));
+      CHECK(args.at("bound") == (memory >= compute ? "memory" : "compute"));
+      CHECK(args.at("of_bound").get<double>() > 0);
+    }
   }
   REQUIRE(passes == stats.passes);
   REQUIRE(!device.empty());

@@ -1,0 +1,125 @@
+#include "cpu_attention/runtime/host_roof.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+namespace moebatch {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iterations) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  float out[16], sum = 0;
+  for (int i = 0; i < 16; ++i) {
+    _mm512_storeu_ps(out, acc[i]);
+    for (float x : out) sum += x;
+  }
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
+  __m256 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  float out[8], sum = 0;
+  for (int i = 0; i < 16; ++i) {
+    _mm256_storeu_ps(out, acc[i]);
+    for (float x : out) sum += x;
+  }
+  return sum;
+}
+
+// An array of n floats in its own anonymous mapping, transparent huge pages asked for; its pages
+// are first touched by the threads that use them. null when the mapping fails.
+float* MapFloats(int64_t n) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);
+  return static_cast<float*>(p);
+}
+
+}  // namespace
+
+TriadBandwidth MeasureTriad(int64_t mib, int repeats) {
+  const int64_t n = std::max<int64_t>(mib, 1) * (int64_t{1} << 20) / int64_t{sizeof(float)};
+  float* a = MapFloats(n);
+  float* b = MapFloats(n);
+  float* c = MapFloats(n);
+  TriadBandwidth out;
+  if (a != nullptr && b != nullptr && c != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 0.0f;
+      b[i] = 1.0f;
+      c[i] = 2.0f;
+    }
+    const float s = 3.0f;
+    std::vector<double> seconds;
+    for (int r = 0; r < std::max(repeats, 1); ++r) {
+      const double t0 = Now();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+      seconds.push_back(Now() - t0);
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double bytes = 3.0 * static_cast<double>(n) * sizeof(float);
+    if (seconds.front() > 0) out.best = bytes / seconds.front();
+    if (seconds[seconds.size() / 2] > 0) out.median = bytes / seconds[seconds.size() / 2];
+  }
+  for (float* p : {a, b, c}) {
+    if (p != nullptr) ::munmap(p, static_cast<size_t>(n) * sizeof(float));
+  }
+  return out;
+}
+
+FmaPeak MeasureFmaPeak(int64_t iterations, int repeats) {
+  FmaPeak peak;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  peak.isa = avx512 ? "avx512" : avx2 ? "avx2" : "none";
+  if (!avx512 && !avx2) return peak;
+  const int lanes = avx512 ? 16 : 8;
+  const int threads = omp_get_max_threads();
+  for (int r = 0; r < std::max(repeats, 1); ++r) {  // the best: a busy host's slices fall out
+    float total = 0;
+    const double t0 = Now();
+#pragma omp parallel reduction(+ : total)
+    total += avx512 ? FmaLoopAvx512(iterations) : FmaLoopAvx2(iterations);
+    const double dt = Now() - t0;
+    if (total == 42.0f) peak.flops_per_s += 0;  // the loops' result is used
+    if (dt > 0) {
+      peak.flops_per_s = std::max(
+          peak.flops_per_s, 2.0 * static_cast<double>(iterations) * 16 * lanes * threads / dt);
+    }
+  }
+  return peak;
+}
+
+MeasuredHost MeasureHost(int64_t triad_mib, int repeats) {
+  MeasuredHost host;
+  host.threads = omp_get_max_threads();
+  host.triad_bytes_per_s = MeasureTriad(triad_mib, repeats).best;
+  const FmaPeak peak = MeasureFmaPeak();
+  host.fma_flops_per_s = peak.flops_per_s;
+  host.fma_isa = peak.isa;
+  return host;
+}
+
+}  // namespace moebatch

@@ -1,0 +1,43 @@
+// The host's two ceilings for the CPU roofline (engine/plan/cpu_roofline.h), measured with the
+// calling thread's OpenMP pool (cpu_threads.h): memory bandwidth as a STREAM triad
+// a[i] = b[i] + s * c[i] over three f32 arrays (bytes as STREAM counts them: 3 per element;
+// transparent huge pages asked for, like the KV cache), and the f32 FMA peak of a
+// register-resident loop of 16 independent FMA chains per thread at the widest vector ISA the CPU
+// has (AVX-512 or AVX2+FMA, from CPUID; MOEBATCH_CPU_ISA does not lower it: this is the hardware's
+// ceiling, not a kernel's).
+//
+// Threading: call from the thread whose pool will run the work; not inside a parallel region.
+// It takes about 0.1-0.5 s (more on a busy host) and the host's other work lowers both figures.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moebatch {
+
+struct MeasuredHost {
+  double triad_bytes_per_s = 0;  // best of the repetitions, bytes/s
+  double fma_flops_per_s = 0;    // FLOP/s (an FMA is 2); 0 without AVX2+FMA or AVX-512
+  std::string fma_isa;           // "avx512", "avx2", or "none"
+  int threads = 0;               // the pool's threads that ran both
+};
+
+// The STREAM triad over three arrays of `mib` MiB each (well beyond the caches: 64 at least),
+// `repeats` passes (>= 1): the best and the median pass, bytes/s (3 x 4 bytes per element). 0 when
+// the arrays cannot be mapped.
+struct TriadBandwidth {
+  double best = 0, median = 0;
+};
+TriadBandwidth MeasureTriad(int64_t mib, int repeats);
+
+// The f32 FMA peak: `iterations` steps of the 16 chains per thread, the best of `repeats` runs.
+struct FmaPeak {
+  double flops_per_s = 0;  // 0 without AVX2+FMA or AVX-512
+  std::string isa;         // "avx512", "avx2", or "none"
+};
+FmaPeak MeasureFmaPeak(int64_t iterations = 1'000'000, int repeats = 3);
+
+// Both, with the defaults above and a triad of `triad_mib` MiB arrays, best of `repeats`.
+MeasuredHost MeasureHost(int64_t triad_mib = 128, int repeats = 5);
+
+}  // namespace moebatch
