@@ -23,10 +23,13 @@ class CpuBackend final : public Backend {
   bool automatic() const override { return true; }
 
   absl::StatusOr<std::string> Probe(const EngineOptions& options) const override {
-    const int threads =
-        options.cpu.threads > 0 ? options.cpu.threads : static_cast<int>(AllowedCpus().size());
+    const int threads = options.cpu.threads > 0 ? options.cpu.threads : DefaultCpuThreads();
+    const int allowed = static_cast<int>(AllowedCpus().size());
     return absl::StrCat("x86-64 ", CpuIsaName(SelectedCpuIsa()), ", ", threads, " threads",
-                        options.cpu.pin_threads ? " (pinned)" : "");
+                        options.cpu.pin_threads ? " (pinned)" : "",
+                        options.cpu.threads == 0 && threads < allowed
+                            ? absl::StrCat(" (the cgroup's CPU quota; ", allowed, " CPUs allowed)")
+                            : "");
   }
 
   absl::StatusOr<BackendPlan> Plan(const EngineOptions& options,

@@ -60,7 +60,8 @@ ABSL_FLAG(int64_t, max_tokens_per_pass, 0,
           "prefill + decode tokens per forward pass, the ceiling (0: the cuda backend's GPU budget "
           "holds the activations of, lowered to the profiled n_real; the cpu backend's 2048)");
 ABSL_FLAG(int32_t, cpu_threads, 0,
-          "CPU threads for attention and the cpu backend (0: one per CPU this process may use)");
+          "CPU threads for attention and the cpu backend (0: one per CPU this process may use, "
+          "at most its cgroup's CPU quota)");
 ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
 ABSL_FLAG(std::string, weights, "mapped",
           "where the weights live: mapped (the safetensors files, read in place), host (copied "

@@ -1,10 +1,15 @@
-// The CPU thread pool (cpu_attention/runtime/cpu_threads.h): sizing, pinning, unpinning, bad values. Run
-// on the test's own thread, which owns its OpenMP pool; the pool is restored at the end.
+// The CPU thread pool (cpu_attention/runtime/cpu_threads.h): sizing, pinning, unpinning, bad
+// values. Run on the test's own thread, which owns its OpenMP pool; the pool is restored at the
+// end.
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cpu_attention/runtime/cpu_threads.h"
@@ -65,4 +70,52 @@ TEST_CASE("CPU threads: bad values are refused with the reason", "[cpu_threads]"
   CHECK(ConfigureCpuThreads(n + 1, false).ok());
   CHECK(omp_get_max_threads() == n + 1);
   REQUIRE(ConfigureCpuThreads(0, false).ok());
+}
+
+namespace {
+
+// Writes `text` to `path`, creating its directories.
+void Put(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+}  // namespace
+
+// CgroupCpuQuota on cgroup trees written here as container runtimes lay them out.
+TEST_CASE("CPU threads: the cgroup CPU quota, v1 and v2, nested, absent", "[cpu_threads]") {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("moebatch_cgroup_" + std::to_string(getpid()));
+  std::filesystem::remove_all(root);
+
+  // cgroup v2: docker run --cpus 2.5 gives "250000 100000" in the container's own cgroup.
+  Put(root / "v2/system.slice/docker-1.scope/cpu.max", "250000 100000\n");
+  CHECK(CgroupCpuQuota((root / "v2").string(), "0::/system.slice/docker-1.scope\n") == 3);
+  // A parent's smaller quota wins; "max" is none.
+  Put(root / "v2/kubepods/cpu.max", "200000 100000\n");
+  Put(root / "v2/kubepods/pod1/c1/cpu.max", "max 100000\n");
+  CHECK(CgroupCpuQuota((root / "v2").string(), "0::/kubepods/pod1/c1\n") == 2);
+  Put(root / "v2/free/cpu.max", "max 100000\n");
+  CHECK(!CgroupCpuQuota((root / "v2").string(), "0::/free\n").has_value());
+  // A container with its own cgroup namespace sees "/" and the files at the mount's top.
+  Put(root / "ns/cpu.max", "50000 100000\n");
+  CHECK(CgroupCpuQuota((root / "ns").string(), "0::/\n") == 1);
+
+  // cgroup v1: the cpu controller mounted as "cpu,cpuacct"; -1 is no quota.
+  Put(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "400000\n");
+  Put(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
+  const std::string v1 = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
+  CHECK(CgroupCpuQuota((root / "v1").string(), v1) == 4);
+  Put(root / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
+  CHECK(!CgroupCpuQuota((root / "v1").string(), v1).has_value());
+  // Nothing mounted, or a malformed file: no quota.
+  CHECK(!CgroupCpuQuota((root / "none").string(), v1).has_value());
+  Put(root / "bad/cpu.max", "lots\n");
+  CHECK(!CgroupCpuQuota((root / "bad").string(), "0::/\n").has_value());
+  std::filesystem::remove_all(root);
+
+  // This process: the default is within both the CPUs and any quota.
+  const int threads = DefaultCpuThreads();
+  CHECK(threads >= 1);
+  CHECK(threads <= static_cast<int>(AllowedCpus().size()));
 }
