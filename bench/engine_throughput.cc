@@ -125,8 +125,10 @@ int Run() {
   }
   const ModelConfig& c = store ? store->config() : checkpoint->config();
   const ModelWeights& weights = store ? store->weights() : checkpoint->weights();
-  auto device = CpuDevice::Create(
-      c, weights, CpuDeviceOptions{dtype, int64_t{2} << 30, absl::GetFlag(FLAGS_batch_invariant)});
+  CpuDeviceOptions device_options;  // the engine's defaults (widened-weight cache off)
+  device_options.compute_dtype = dtype;
+  device_options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  auto device = CpuDevice::Create(c, weights, device_options);
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
