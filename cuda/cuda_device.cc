@@ -54,6 +54,17 @@ GpuDType ToGpu(DType t) {
   return GpuDType::kF32;
 }
 
+// out [rows, hidden] (dtype) = the config's norm of the hidden states in [rows, hidden] f32 with
+// weight [hidden] (dtype): RMSNorm, or DBRX's LayerNorm without bias.
+absl::Status HiddenNorm(const ModelConfig& c, const float* in, const void* weight, GpuDType dtype,
+                        int64_t rows, void* out, cudaStream_t stream) {
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (c.norm == NormType::kLayerNorm) {
+    return gpu::LayerNorm(in, weight, dtype, rows, c.hidden_size, eps, out, dtype, stream);
+  }
+  return gpu::RmsNorm(in, weight, dtype, rows, c.hidden_size, eps, out, dtype, stream);
+}
+
 cudaDataType_t CudaType(GpuDType t) {
   switch (t) {
     case GpuDType::kF16:
@@ -633,8 +644,8 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   const int64_t hidden = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const LayerWeights& lw = store_.weights().layers[layer];
-  MB_RETURN_IF_ERROR(gpu::RmsNorm(h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
-                                  tokens, hidden, eps, x_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(HiddenNorm(c, h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
+                                tokens, x_, compute_));
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_proj, tokens, c.q_size(), hidden, q_));
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.k_proj, tokens, c.kv_size(), hidden, k_));
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.v_proj, tokens, c.kv_size(), hidden, v_));
@@ -715,7 +726,6 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
   if (!slot.ok()) return slot.status();
   const std::byte* s = *slot;
   const int64_t hidden = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   float* h = h_[micro_batch];
   if (tokens > 0) {
     // The attention output of the rows the CPU attended (all but the prefill segments', which
@@ -737,8 +747,8 @@ absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* a
     MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, 0, first));
     MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, last, tokens));
     const LayerWeights& lw = store_.weights().layers[layer];
-    MB_RETURN_IF_ERROR(gpu::RmsNorm(h, Tensor(s, layer, lw.post_attention_layernorm), dtype_,
-                                    tokens, hidden, eps, x_, dtype_, compute_));
+    MB_RETURN_IF_ERROR(HiddenNorm(c, h, Tensor(s, layer, lw.post_attention_layernorm), dtype_,
+                                  tokens, x_, compute_));
     if (lw.router == nullptr) {
       // A dense layer: its FFN over every token, added to the residual (CpuDevice's one expert
       // with weight 1 gives the same f32 sums: 0 + out * 1, then h + that).
@@ -772,8 +782,14 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.router, tokens, E, hidden, router_));
-  MB_RETURN_IF_ERROR(
-      gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_, c.norm_topk_prob, compute_));
+  // DBRX's p-norm (p != 1) divides the top-k weights after the selection, as CpuDevice::TaskB.
+  const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
+  MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_,
+                                     c.norm_topk_prob && !p_norm, compute_));
+  if (p_norm) {
+    MB_RETURN_IF_ERROR(gpu::NormalizeTopKWeights(route_w_, tokens, top_k,
+                                                 static_cast<float>(c.topk_norm_p), compute_));
+  }
   MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
                                                  slot_of_, compute_));
   MB_RETURN_IF_ERROR(
@@ -844,8 +860,7 @@ absl::Status CudaDevice::LmHead(int micro_batch, const int64_t* rows, int64_t n)
   // The rows' hidden states (f32) into proj_, normed into x_ (compute dtype), then lm_head.
   MB_RETURN_IF_ERROR(gpu::GatherRows(h_[micro_batch], GpuDType::kF32, tokens, c.hidden_size, rows_,
                                      n, proj_, compute_));
-  MB_RETURN_IF_ERROR(gpu::RmsNorm(proj_, final_norm_, dtype_, n, c.hidden_size,
-                                  static_cast<float>(c.rms_norm_eps), x_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(HiddenNorm(c, proj_, final_norm_, dtype_, n, x_, compute_));
   return Gemm(x_, lm_head_, n, c.vocab_size, c.hidden_size, logits_);
 }
 

@@ -92,6 +92,12 @@ absl::Status DequantizeRows(const void* src, GgmlType type, int64_t rows, int64_
 absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
                      int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream);
 
+// nn.LayerNorm(n, bias=False).forward (DBRX): out = weight * ((x - mean) * 1/sqrt(var + eps)) per
+// row, mean and biased variance in f32 by block reductions (two passes, as the CPU's LayerNorm,
+// whose in-order sums differ by rounding only). Shapes, dtypes, aliasing and eps as RmsNorm's.
+absl::Status LayerNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                       int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream);
+
 // apply_rotary_pos_emb with rotate_half (cos/sin of MixtralRotaryEmbedding, default rope type), in
 // place on x [tokens, heads, d] f32; call once for q (heads = num_attention_heads) and once for k
 // (heads = num_key_value_heads). positions [tokens] int64 (absolute positions); inv_freq [d/2] f32
@@ -135,6 +141,13 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
 // min(experts, 64). One thread per token.
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                         int32_t* ids, float* weights, bool renormalize, cudaStream_t stream);
+
+// DbrxRouter's p-norm renormalisation (p != 1) of RouterTopK's weights taken without
+// renormalize, as cpu_ops::NormalizeTopKWeights: s = sum of |w|^p in choice order (w * w for
+// p = 2), each w / (sqrtf(s) for p = 2, else powf(s, 1 / p)). weights [tokens, top_k] f32 in
+// place; p > 0. One thread per token.
+absl::Status NormalizeTopKWeights(float* weights, int64_t tokens, int64_t top_k, float p,
+                                  cudaStream_t stream);
 
 // Sorts the (token, choice) pairs by expert, replacing MixtralSparseMoeBlock's one_hot expert_mask
 // and `torch.where(expert_mask[expert_idx])`: expert e owns rows [expert_offsets[e],

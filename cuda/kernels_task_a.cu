@@ -46,32 +46,42 @@ absl::Status EmbeddingGather(const void* table, GpuDType table_dtype, int64_t vo
   return CheckLaunch(kFn);
 }
 
-// --- RMSNorm -------------------------------------------------------------------------------------
+// --- RMSNorm and LayerNorm (no bias) -------------------------------------------------------------
 
 namespace {
 
-// No __restrict__: out may alias in (f32). Every read of a row precedes BlockSum's barrier, and the
-// second pass reads x[i] before writing y[i] in the same thread.
-template <typename W, typename O>
+// RMSNorm, or with kCentered LayerNorm without bias (its mean first, then the centered sum of
+// squares: two block reductions). No __restrict__: out may alias in (f32). Every read of a row
+// precedes BlockSum's barrier, and the last pass reads x[i] before writing y[i] in the same thread.
+template <typename W, typename O, bool kCentered>
 __global__ void __launch_bounds__(kRowThreads)
-    RmsNormKernel(const float* in, const W* weight, int64_t n, float eps, O* out) {
+    NormKernel(const float* in, const W* weight, int64_t n, float eps, O* out) {
   const int64_t r = blockIdx.x;
   const float* x = in + r * n;
+  float mean = 0.0f;
+  if constexpr (kCentered) {
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+    mean = BlockSum(sum) / static_cast<float>(n);
+  }
   float sum_sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum_sq += x[i] * x[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float c = kCentered ? __fsub_rn(x[i], mean) : x[i];
+    sum_sq += c * c;
+  }
   sum_sq = BlockSum(sum_sq);
   const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(n) + eps);
   O* y = out + r * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    y[i] = FromF32<O>(__fmul_rn(ToF32(weight[i]), __fmul_rn(x[i], inv)));
+    const float c = kCentered ? __fsub_rn(x[i], mean) : x[i];
+    y[i] = FromF32<O>(__fmul_rn(ToF32(weight[i]), __fmul_rn(c, inv)));
   }
 }
 
-}  // namespace
-
-absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
-                     int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream) {
-  constexpr const char* kFn = "RmsNorm";
+template <bool kCentered>
+absl::Status Norm(const char* kFn, const float* in, const void* weight, GpuDType weight_dtype,
+                  int64_t rows, int64_t n, float eps, void* out, GpuDType out_dtype,
+                  cudaStream_t stream) {
   if (auto st = CheckDType(kFn, "weight_dtype", weight_dtype); !st.ok()) return st;
   if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
   if (rows < 0 || rows > kMaxGridX || n < 1) {
@@ -87,11 +97,23 @@ absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype,
     using W = typename decltype(wtag)::type;
     Dispatch(out_dtype, [&](auto otag) {
       using O = typename decltype(otag)::type;
-      RmsNormKernel<W, O><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+      NormKernel<W, O, kCentered><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
           in, static_cast<const W*>(weight), n, eps, static_cast<O*>(out));
     });
   });
   return CheckLaunch(kFn);
+}
+
+}  // namespace
+
+absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                     int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  return Norm<false>("RmsNorm", in, weight, weight_dtype, rows, n, eps, out, out_dtype, stream);
+}
+
+absl::Status LayerNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
+                       int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  return Norm<true>("LayerNorm", in, weight, weight_dtype, rows, n, eps, out, out_dtype, stream);
 }
 
 // --- RoPE ----------------------------------------------------------------------------------------

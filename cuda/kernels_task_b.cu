@@ -76,6 +76,39 @@ absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, in
   return CheckLaunch(kFn);
 }
 
+namespace {
+
+__global__ void __launch_bounds__(kRouterThreads)
+    NormalizeTopKKernel(float* __restrict__ weights, int64_t tokens, int top_k, float p) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  float* w = weights + t * top_k;
+  float s = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    s = __fadd_rn(s, p == 2.0f ? __fmul_rn(w[j], w[j]) : powf(fabsf(w[j]), p));
+  }
+  const float norm = p == 2.0f ? sqrtf(s) : powf(s, 1.0f / p);
+  for (int j = 0; j < top_k; ++j) w[j] = __fdiv_rn(w[j], norm);
+}
+
+}  // namespace
+
+absl::Status NormalizeTopKWeights(float* weights, int64_t tokens, int64_t top_k, float p,
+                                  cudaStream_t stream) {
+  constexpr const char* kFn = "NormalizeTopKWeights";
+  if (tokens < 0 || top_k < 1 || top_k > kMaxCombineTopK) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k);
+  }
+  if (!(p > 0.0f) || !std::isfinite(p)) return Invalid(kFn, "bad p ", p);
+  const int64_t blocks = (tokens + kRouterThreads - 1) / kRouterThreads;
+  if (blocks > kMaxGridX) return Invalid(kFn, "too many tokens: ", tokens);
+  if (tokens == 0) return absl::OkStatus();
+  if (weights == nullptr) return Invalid(kFn, "null pointer");
+  NormalizeTopKKernel<<<static_cast<unsigned>(blocks), kRouterThreads, 0, stream>>>(
+      weights, tokens, static_cast<int>(top_k), p);
+  return CheckLaunch(kFn);
+}
+
 // --- Expert permutation --------------------------------------------------------------------------
 
 namespace {

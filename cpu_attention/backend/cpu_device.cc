@@ -127,11 +127,7 @@ absl::Status CpuDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k
 
   const SmallTensors& small = small_[layer];
   x_.resize(static_cast<size_t>(tokens * hidden));
-  if (auto st = cpu_ops::RmsNorm(mb.h.data(), small.input_norm.data(), DType::kF32, tokens, hidden,
-                                 eps, x_.data(), DType::kF32);
-      !st.ok()) {
-    return st;
-  }
+  if (auto st = Norm(mb.h.data(), small.input_norm, tokens, x_.data()); !st.ok()) return st;
   if (auto st = Linear(x_.data(), tokens, *lw.q_proj, q); !st.ok()) return st;
   if (auto st = Linear(x_.data(), tokens, *lw.k_proj, k); !st.ok()) return st;
   if (auto st = Linear(x_.data(), tokens, *lw.v_proj, v); !st.ok()) return st;
@@ -197,8 +193,6 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   const int64_t num_experts = moe ? c.num_local_experts : 1;
   const int64_t top_k = moe ? c.num_experts_per_tok : 1;
 
-  const float eps = static_cast<float>(c.rms_norm_eps);
-
   proj_.resize(static_cast<size_t>(tokens * hidden));
   if (auto st = Linear(attn, tokens, *lw.o_proj, proj_.data()); !st.ok()) return st;
   if (!small.o_bias.empty()) {
@@ -211,11 +205,7 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   }
 
   x_.resize(static_cast<size_t>(tokens * hidden));
-  if (auto st = cpu_ops::RmsNorm(mb.h.data(), small.post_norm.data(), DType::kF32, tokens, hidden,
-                                 eps, x_.data(), DType::kF32);
-      !st.ok()) {
-    return st;
-  }
+  if (auto st = Norm(mb.h.data(), small.post_norm, tokens, x_.data()); !st.ok()) return st;
 
   // Router: softmax over experts in fp32, top-k (ties to the lower expert id), renormalise; then
   // the (token, choice) pairs sorted by expert, each expert's tokens in increasing order.
@@ -227,10 +217,20 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   slot_of_.resize(static_cast<size_t>(pairs));
   if (moe) {
     if (auto st = Linear(x_, tokens, *lw.router, &router_); !st.ok()) return st;
-    if (auto st = cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k,
-                                      expert_ids_.data(), expert_weights_.data(), c.norm_topk_prob);
+    // DBRX's p-norm (p != 1) divides the top-k weights after the selection.
+    const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
+    if (auto st =
+            cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k, expert_ids_.data(),
+                                expert_weights_.data(), c.norm_topk_prob && !p_norm);
         !st.ok()) {
       return st;
+    }
+    if (p_norm) {
+      if (auto st = cpu_ops::NormalizeTopKWeights(expert_weights_.data(), tokens, top_k,
+                                                  static_cast<float>(c.topk_norm_p));
+          !st.ok()) {
+        return st;
+      }
     }
   } else {
     std::fill(expert_ids_.begin(), expert_ids_.end(), 0);
@@ -294,6 +294,17 @@ absl::Status CpuDevice::Ffn(const ExpertWeights& ew, int64_t n, float* out) {
   return Linear(gate_.data(), n, *ew.w2, out);
 }
 
+absl::Status CpuDevice::Norm(const float* in, const std::vector<float>& weight, int64_t rows,
+                             float* out) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (config_.norm == NormType::kLayerNorm) {
+    return cpu_ops::LayerNorm(in, weight.data(), DType::kF32, rows, config_.hidden_size, eps, out,
+                              DType::kF32);
+  }
+  return cpu_ops::RmsNorm(in, weight.data(), DType::kF32, rows, config_.hidden_size, eps, out,
+                          DType::kF32);
+}
+
 absl::Status CpuDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
   auto got = Get(micro_batch, 0);
   if (!got.ok()) return got.status();
@@ -305,9 +316,7 @@ absl::Status CpuDevice::Logits(int micro_batch, const int64_t* rows, int64_t n, 
       return absl::InvalidArgumentError(absl::StrCat(
           "logits row ", rows[i], " outside the micro-batch's ", mb.tokens, " tokens"));
     }
-    if (auto st = cpu_ops::RmsNorm(mb.h.data() + rows[i] * hidden, final_norm_.data(), DType::kF32,
-                                   1, hidden, static_cast<float>(config_.rms_norm_eps),
-                                   x_.data() + i * hidden, DType::kF32);
+    if (auto st = Norm(mb.h.data() + rows[i] * hidden, final_norm_, 1, x_.data() + i * hidden);
         !st.ok()) {
       return st;
     }

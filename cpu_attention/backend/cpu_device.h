@@ -18,11 +18,13 @@
 // (llama3, yarn: ComputeRope's inv_freq and attention factor); routing weights not renormalised
 // without norm_topk_prob; a dense layer's FFN as one expert of weight 1 without a router;
 // Qwen2-MoE's shared expert (its FFN over every token, ScaleBySigmoid by its gate) added to the
-// routed sum in CombineExperts. The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs,
-// ApplyRope (q, then k); task B: GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK,
-// BuildExpertPermutation, then per expert with tokens (in id order) GatherRows, w1 and w3 GEMMs,
-// SiluMul, w2 GEMM into the expert's rows, and CombineExperts (the experts' weighted sum in expert
-// id order, then the residual add); logits: RmsNorm per row, lm_head GEMM.
+// routed sum in CombineExperts; DBRX's LayerNorm without bias in place of each RmsNorm of h
+// (config.norm), and its top-k weights divided by their p-norm (NormalizeTopKWeights, p != 1). The
+// ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B: GEMM,
+// AddResidual, RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert with
+// tokens (in id order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows, and
+// CombineExperts (the experts' weighted sum in expert id order, then the residual add); logits:
+// RmsNorm per row, lm_head GEMM.
 //
 // Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
 // oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
@@ -102,6 +104,9 @@ class CpuDevice final : public Device {
   RopeTable rope_;  // inv_freq [head_dim / 2] and the attention factor
   // A layer's FFN: `n` rows of expert_in_ through `ew` into `out` [n, hidden].
   absl::Status Ffn(const ExpertWeights& ew, int64_t n, float* out);
+  // out [rows, hidden] f32 = the config's norm (RMSNorm or LayerNorm) of in [rows, hidden] f32
+  // with `weight` [hidden] f32.
+  absl::Status Norm(const float* in, const std::vector<float>& weight, int64_t rows, float* out);
   // Scratch, shared by the micro-batches and reused across passes.
   std::vector<float> x_, proj_, router_;
   std::vector<int32_t> expert_ids_, expert_offsets_, sorted_token_, slot_of_;  // routing

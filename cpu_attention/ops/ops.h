@@ -54,6 +54,14 @@ absl::Status EmbeddingGather(const void* table, DType table_dtype, int64_t vocab
 absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, int64_t rows,
                      int64_t n, float eps, void* out, DType out_dtype);
 
+// nn.LayerNorm(n, bias=False).forward (DBRX's norm_1, norm_2, norm_f): out = weight * (x - mean) /
+// sqrt(var + eps) per row, var the biased variance. In f32: mean = (sum of x in index order) / n,
+// var = (sum of (x - mean)^2 in index order) / n, inv = 1 / sqrt(var + eps); each
+// y = w * ((x - mean) * inv), rounded once to out_dtype. Shapes, dtypes, aliasing, eps and
+// threading as RmsNorm's.
+absl::Status LayerNorm(const float* in, const void* weight, DType weight_dtype, int64_t rows,
+                       int64_t n, float eps, void* out, DType out_dtype);
+
 // apply_rotary_pos_emb with rotate_half (MixtralRotaryEmbedding, default rope type), in place on
 // x [tokens, heads, d] f32; call once for q and once for k. positions [tokens] int64; inv_freq
 // [d/2] f32. For i < d/2, f = float(pos) * inv_freq[i], c = cosf(f), s = sinf(f) (glibc):
@@ -91,6 +99,12 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
 // without norm_topk_prob).
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                         int32_t* ids, float* weights, bool renormalize = true);
+
+// DbrxRouter's renormalisation for p != 1, on RouterTopK's weights taken without renormalize: each
+// token's top-k weights divided by their p-norm, torch.norm(w, p): in f32, s = sum of |w|^p in
+// choice order (w * w for p = 2), norm = sqrt(s) for p = 2, else powf(s, 1 / p).
+// weights [tokens, top_k] f32 in place; p > 0.
+absl::Status NormalizeTopKWeights(float* weights, int64_t tokens, int64_t top_k, float p);
 
 // Sorts the (token, choice) pairs by expert (replacing MixtralSparseMoeBlock's one_hot expert_mask
 // and torch.where): a counting sort in pair order, so expert e owns rows [expert_offsets[e],

@@ -37,31 +37,47 @@ absl::Status EmbeddingGather(const void* table, DType table_dtype, int64_t vocab
   return absl::OkStatus();
 }
 
-// --- RMSNorm -------------------------------------------------------------------------------------
+// --- RMSNorm and LayerNorm (no bias) -------------------------------------------------------------
 
 namespace {
 
-// out may alias in (O = F32): each row's sum is taken before any of its outputs is written, and
-// y[i] reads x[i] only.
-template <typename W, typename O>
-void RmsNormRows(const float* in, const typename W::Storage* weight, int64_t rows, int64_t n,
-                 float eps, typename O::Storage* out) {
+// RMSNorm, or with kCentered LayerNorm without bias. out may alias in (O = F32): a row's sums are
+// taken before any of its outputs is written, and y[i] reads x[i] only.
+template <typename W, typename O, bool kCentered>
+void NormRows(const float* in, const typename W::Storage* weight, int64_t rows, int64_t n,
+              float eps, typename O::Storage* out) {
 #pragma omp parallel for schedule(static) if (rows > 8)
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + r * n;
+    float mean = 0.0f;
+    if constexpr (kCentered) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; ++i) sum += x[i];
+      mean = sum / static_cast<float>(n);
+    }
     float sum_sq = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum_sq += x[i] * x[i];
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (kCentered) {
+        sum_sq += (x[i] - mean) * (x[i] - mean);
+      } else {
+        sum_sq += x[i] * x[i];
+      }
+    }
     const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
     typename O::Storage* y = out + r * n;
-    for (int64_t i = 0; i < n; ++i) y[i] = O::Store(W::Load(weight[i]) * (x[i] * inv));
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (kCentered) {
+        y[i] = O::Store(W::Load(weight[i]) * ((x[i] - mean) * inv));
+      } else {
+        y[i] = O::Store(W::Load(weight[i]) * (x[i] * inv));
+      }
+    }
   }
 }
 
-}  // namespace
-
-absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, int64_t rows,
-                     int64_t n, float eps, void* out, DType out_dtype) {
-  constexpr const char* kFn = "RmsNorm";
+template <bool kCentered>
+absl::Status Norm(const char* kFn, const float* in, const void* weight, DType weight_dtype,
+                  int64_t rows, int64_t n, float eps, void* out, DType out_dtype) {
   if (auto st = CheckDType(kFn, "weight_dtype", weight_dtype); !st.ok()) return st;
   if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
   if (rows < 0 || n < 1) return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
@@ -75,11 +91,23 @@ absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, in
     using W = decltype(w);
     Dispatch(out_dtype, [&](auto o) {
       using O = decltype(o);
-      RmsNormRows<W, O>(in, static_cast<const typename W::Storage*>(weight), rows, n, eps,
-                        static_cast<typename O::Storage*>(out));
+      NormRows<W, O, kCentered>(in, static_cast<const typename W::Storage*>(weight), rows, n, eps,
+                                static_cast<typename O::Storage*>(out));
     });
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RmsNorm(const float* in, const void* weight, DType weight_dtype, int64_t rows,
+                     int64_t n, float eps, void* out, DType out_dtype) {
+  return Norm<false>("RmsNorm", in, weight, weight_dtype, rows, n, eps, out, out_dtype);
+}
+
+absl::Status LayerNorm(const float* in, const void* weight, DType weight_dtype, int64_t rows,
+                       int64_t n, float eps, void* out, DType out_dtype) {
+  return Norm<true>("LayerNorm", in, weight, weight_dtype, rows, n, eps, out, out_dtype);
 }
 
 // --- RoPE ----------------------------------------------------------------------------------------

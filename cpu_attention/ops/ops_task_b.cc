@@ -47,6 +47,22 @@ absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, in
   return absl::OkStatus();
 }
 
+absl::Status NormalizeTopKWeights(float* weights, int64_t tokens, int64_t top_k, float p) {
+  constexpr const char* kFn = "NormalizeTopKWeights";
+  if (tokens < 0 || top_k < 1) return Invalid(kFn, "bad sizes tokens=", tokens, " top_k=", top_k);
+  if (!(p > 0.0f) || !std::isfinite(p)) return Invalid(kFn, "bad p ", p);
+  if (tokens == 0) return absl::OkStatus();
+  if (weights == nullptr) return Invalid(kFn, "null pointer");
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* w = weights + t * top_k;
+    float s = 0.0f;
+    for (int64_t j = 0; j < top_k; ++j) s += p == 2.0f ? w[j] * w[j] : std::pow(std::fabs(w[j]), p);
+    const float norm = p == 2.0f ? std::sqrt(s) : std::pow(s, 1.0f / p);
+    for (int64_t j = 0; j < top_k; ++j) w[j] /= norm;
+  }
+  return absl::OkStatus();
+}
+
 // --- Expert permutation --------------------------------------------------------------------------
 
 absl::Status BuildExpertPermutation(const int32_t* ids, int64_t tokens, int64_t top_k,

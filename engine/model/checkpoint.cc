@@ -3,6 +3,7 @@
 // per-expert w1/w2/w3 layout).
 #include "engine/model/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -68,11 +69,70 @@ class TensorChecker {
   std::set<std::string> used_;
 };
 
+// dst [cols, rows] = src [rows, cols] transposed, elements of type T; in tiles, parallel.
+template <typename T>
+void Transpose(const std::byte* src, int64_t rows, int64_t cols, std::byte* dst) {
+  const T* in = reinterpret_cast<const T*>(src);
+  T* out = reinterpret_cast<T*>(dst);
+  constexpr int64_t kTile = 64;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols > (1 << 20))
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+          out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
+}
+
+// The part of a fused checkpoint tensor that `t` names (TensorSpec::source), into *parts: a view
+// of its rows, or for a transposed part a copy into *copies.
+absl::Status GetPart(const TensorSpec& t, TensorChecker& check, std::deque<TensorInfo>* parts,
+                     std::vector<std::unique_ptr<std::byte[]>>* copies) {
+  const TensorInfo* fused = nullptr;
+  if (absl::Status s = check.Get(t.source, t.source_shape, &fused); !s.ok()) return s;
+  const int64_t rows = t.transposed ? t.shape[1] : t.shape[0];
+  const int64_t cols = t.transposed ? t.shape[0] : (t.shape.size() > 1 ? t.shape[1] : 1);
+  if (t.source_shape.size() != 2 || t.source_shape[1] != cols || t.source_row < 0 ||
+      t.source_row + rows > t.source_shape[0]) {
+    return absl::InternalError(absl::StrCat("tensor \"", t.name, "\": rows [", t.source_row, ", ",
+                                            t.source_row + rows, ") of \"", t.source, "\" ",
+                                            ShapeString(t.source_shape), " do not fit"));
+  }
+  const size_t elem = DTypeSize(*fused->dtype);
+  TensorInfo& part = parts->emplace_back(*fused);
+  part.name = t.name;
+  part.shape = t.shape;
+  part.nbytes = static_cast<size_t>(rows * cols) * elem;
+  part.data = fused->data + static_cast<size_t>(t.source_row * cols) * elem;
+  if (t.transposed) {
+    auto copy = std::make_unique<std::byte[]>(part.nbytes);
+    if (elem == 2) {
+      Transpose<uint16_t>(part.data, rows, cols, copy.get());
+    } else {
+      Transpose<uint32_t>(part.data, rows, cols, copy.get());
+    }
+    part.data = copy.get();
+    copies->push_back(std::move(copy));
+  }
+  *t.target = &part;
+  return absl::OkStatus();
+}
+
 absl::Status LoadWeights(const ModelConfig& c, TensorChecker& check, ModelWeights* w,
-                         std::map<std::string, const TensorInfo*>* by_name) {
+                         std::map<std::string, const TensorInfo*>* by_name,
+                         std::deque<TensorInfo>* parts,
+                         std::vector<std::unique_ptr<std::byte[]>>* copies) {
   for (const std::vector<TensorSpec>& region : ModelTensors(c, c.num_hidden_layers, w)) {
     for (const TensorSpec& t : region) {
-      if (absl::Status s = check.Get(t.name, t.shape, t.target); !s.ok()) return s;
+      if (!t.source_shape.empty()) {
+        if (absl::Status s = GetPart(t, check, parts, copies); !s.ok()) return s;
+      } else if (absl::Status s =
+                     check.Get(t.source.empty() ? t.name : t.source, t.shape, t.target);
+                 !s.ok()) {
+        return s;
+      }
       (*by_name)[t.name] = *t.target;
     }
   }
@@ -106,6 +166,13 @@ int64_t Checkpoint::tensor_bytes() const {
     if (name != "lm_head.weight" || !config_.tie_word_embeddings) total += t->nbytes;
   }
   return total;
+}
+
+bool Checkpoint::OwnsData(const TensorInfo& t) const {
+  for (const auto& copy : reordered_) {
+    if (t.data == copy.get()) return true;
+  }
+  return false;
 }
 
 absl::Status Checkpoint::LoadGguf(Checkpoint* ckpt) {
@@ -207,7 +274,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Load(const std::string& 
   ckpt->store_ = *std::move(store);
 
   TensorChecker check(model_dir, *ckpt->store_, ckpt->config_.torch_dtype);
-  if (absl::Status s = LoadWeights(ckpt->config_, check, &ckpt->weights_, &ckpt->tensors_); !s.ok())
+  if (absl::Status s = LoadWeights(ckpt->config_, check, &ckpt->weights_, &ckpt->tensors_,
+                                   &ckpt->parts_, &ckpt->reordered_);
+      !s.ok())
     return s;
   // What is cheap to read whole (norms, routers, the first rows of the embedding and lm_head) must
   // be finite: a NaN there makes every answer garbage (engine/model/weight_check.h).

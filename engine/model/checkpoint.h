@@ -25,6 +25,11 @@
 // (F32/F16/BF16 as TensorInfo::dtype; Q4_0 ... Q6_K, MXFP4 as TensorInfo::quant, kept quantized).
 // Only llama-architecture q/k projections are copied: their rows are put back in the Hugging Face
 // order (convert_hf_to_gguf.py permuted them for ggml's interleaved RoPE).
+//
+// A family whose checkpoint fuses tensors (DBRX: Wqkv, the experts' w1 / v1 / w2) names its parts
+// by TensorSpec::source (engine/model/family.h): each part is a view of rows of the fused tensor in
+// the mapping, found under its shared-layout name (Find("model.layers.0.self_attn.q_proj.weight"));
+// a transposed part (DBRX's down projections) is copied into its shape at load.
 #pragma once
 
 #include <deque>
@@ -107,15 +112,19 @@ class Checkpoint {
   const GgufFile* gguf() const { return gguf_.get(); }
   // Bytes of the model's tensors as loaded (quantized ones in their blocks).
   int64_t tensor_bytes() const;
+  // Whether `t`'s bytes are a copy the checkpoint holds in memory (GGUF llama q/k put back in the
+  // Hugging Face order, DBRX's transposed down projections) rather than the file's mapping.
+  bool OwnsData(const TensorInfo& t) const;
 
  private:
   static absl::Status LoadGguf(Checkpoint* ckpt);
   std::string dir_;
   ModelConfig config_;
-  std::unique_ptr<TensorStore> store_;                   // safetensors
-  std::unique_ptr<GgufFile> gguf_;                       // GGUF
-  std::deque<TensorInfo> gguf_infos_;                    // GGUF: the TensorInfos weights_ points at
-  std::vector<std::unique_ptr<std::byte[]>> reordered_;  // GGUF: llama q/k in Hugging Face order
+  std::unique_ptr<TensorStore> store_;  // safetensors
+  std::unique_ptr<GgufFile> gguf_;      // GGUF
+  std::deque<TensorInfo> gguf_infos_;   // GGUF: the TensorInfos weights_ points at
+  std::deque<TensorInfo> parts_;  // safetensors: TensorSpec::source parts (DBRX's fused tensors)
+  std::vector<std::unique_ptr<std::byte[]>> reordered_;  // copies: GGUF llama q/k, DBRX's w2
   std::map<std::string, const TensorInfo*> tensors_;     // every model tensor by name
   ModelWeights weights_;
 };

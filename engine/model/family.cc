@@ -7,8 +7,9 @@ namespace moebatch {
 namespace {
 
 const ModelFamily* const kFamilies[] = {
-    &families::kLlama, &families::kMistral,  &families::kMixtral, &families::kOlmoe,
-    &families::kQwen2, &families::kQwen2Moe, &families::kQwen3,   &families::kQwen3Moe,
+    &families::kDbrx,     &families::kLlama, &families::kMistral,
+    &families::kMixtral,  &families::kOlmoe, &families::kQwen2,
+    &families::kQwen2Moe, &families::kQwen3, &families::kQwen3Moe,
 };
 
 }  // namespace
@@ -94,6 +95,7 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& c, int64_t 
       r.push_back({m + "shared_expert_gate.weight", {1, hidden}, &lw.shared_expert_gate});
     }
   }
+  if (family->map_tensors != nullptr) family->map_tensors(c, &regions);
   return regions;
 }
 

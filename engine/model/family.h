@@ -12,6 +12,7 @@
 //   qwen2_moe    Qwen2MoeForCausalLM           models/qwen2_moe/modeling_qwen2_moe.py
 //   qwen3_moe    Qwen3MoeForCausalLM           models/qwen3_moe/modeling_qwen3_moe.py
 //   olmoe        OlmoeForCausalLM              models/olmoe/modeling_olmoe.py
+//   dbrx         DbrxForCausalLM               models/dbrx/modeling_dbrx.py
 //
 // Threading: the registry is constant; every function here is reentrant.
 #pragma once
@@ -27,6 +28,8 @@
 
 namespace moebatch {
 
+struct TensorSpec;
+
 struct ModelFamily {
   const char* model_type;    // config.json "model_type"
   const char* architecture;  // its transformers class
@@ -40,13 +43,22 @@ struct ModelFamily {
   const char* expert_gate;
   const char* expert_up;
   const char* expert_down;
+  // Optional (null for the families whose config.json and tensors use the shared names):
+  // Rewrites `j` so that the shared keys are there (DBRX's d_model, n_heads and nested
+  // attn_config / ffn_config as hidden_size, num_attention_heads, ...), before they are read.
+  // InvalidArgument naming the family's own key for a missing or bad value.
+  absl::Status (*normalize_config)(nlohmann::json* j) = nullptr;
+  // Points the tensors of ModelTensors (named as the shared layout names them) at where the
+  // family's checkpoint holds them (TensorSpec::source, DBRX's fused tensors).
+  void (*map_tensors)(const ModelConfig& config,
+                      std::vector<std::vector<TensorSpec>>* regions) = nullptr;
 };
 
 // The family of `model_type`; null when moebatch has none.
 const ModelFamily* FindModelFamily(std::string_view model_type);
 // The family whose transformers class is `architecture` ("Qwen3MoeForCausalLM"); null when none.
 const ModelFamily* FindModelFamilyByArchitecture(std::string_view architecture);
-// "llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe".
+// "dbrx, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe".
 std::string SupportedModelTypes();
 
 // One tensor of a checkpoint: its name, shape, and the ModelWeights field that points at it.
@@ -54,6 +66,15 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   const TensorInfo** target;
+  // Where a safetensors checkpoint holds it when not as tensor `name` whole (DBRX, whose fused
+  // Wqkv and expert tensors hold several of these): the rows [source_row, source_row + rows) of
+  // tensor `source` of shape `source_shape`, rows = shape[0], a view without a copy; or, when
+  // `transposed`, rows = shape[1] holding the tensor transposed ([shape[1], shape[0]]), copied
+  // into `shape` at load. Empty `source`: the tensor is `name`.
+  std::string source{};
+  std::vector<int64_t> source_shape{};
+  int64_t source_row = 0;
+  bool transposed = false;
 };
 
 // Every tensor of `config`'s model with `num_layers` layers, in the order WeightStore lays them
@@ -66,6 +87,7 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& config, int
 namespace families {
 // Defined in engine/model/families/<family>.cc.
 extern const ModelFamily kMixtral, kLlama, kMistral, kQwen2, kQwen3, kQwen2Moe, kQwen3Moe, kOlmoe;
+extern const ModelFamily kDbrx;
 }  // namespace families
 
 }  // namespace moebatch

@@ -177,10 +177,17 @@ absl::Status ReadRope(const Json& j, ModelConfig* config) {
   return ReadPositiveDouble(j, "rope_theta", 1e6, &config->rope_theta);
 }
 
-absl::Status Parse(const Json& j, ModelConfig* c) {
-  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
-  auto family = FindFamily(j);
+absl::Status Parse(const Json& j_in, ModelConfig* c) {
+  if (!j_in.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  auto family = FindFamily(j_in);
   if (!family.ok()) return family.status();
+  // A family with keys of its own names (DBRX) gets a copy with the shared ones added.
+  Json normalized;
+  if ((*family)->normalize_config != nullptr) {
+    normalized = j_in;
+    if (absl::Status s = (*family)->normalize_config(&normalized); !s.ok()) return s;
+  }
+  const Json& j = (*family)->normalize_config != nullptr ? normalized : j_in;
   c->model_type = (*family)->model_type;
   c->architecture = (*family)->architecture;
 
@@ -565,12 +572,35 @@ std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
     c.eos_token_ids = {128009};
     return c;
   }
+  if (name == "dbrx") {  // databricks/dbrx-instruct config.json (MoE-Lens §7's second model)
+    c.model_type = "dbrx";
+    c.architecture = "DbrxForCausalLM";
+    c.vocab_size = 100352;
+    c.hidden_size = 6144;
+    c.intermediate_size = c.dense_intermediate_size = 10752;  // ffn_config.ffn_hidden_size
+    c.num_hidden_layers = 40;
+    c.num_attention_heads = 48;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.num_local_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.norm_topk_prob = true;  // moe_normalize_expert_weights 1
+    c.topk_norm_p = 1.0;
+    c.clip_qkv = 8.0;
+    c.norm = NormType::kLayerNorm;
+    c.max_position_embeddings = 32768;
+    c.rope_theta = 500000;
+    c.bos_token_id = 100257;  // none in the file; the tokenizer's <|endoftext|>
+    c.eos_token_id = 100257;
+    c.eos_token_ids = {100257};
+    return c;
+  }
   return std::nullopt;
 }
 
 std::vector<std::string> KnownModelConfigNames() {
-  return {"mixtral-8x7b",   "mixtral-8x22b", "qwen3-30b-a3b",
-          "qwen2-57b-a14b", "olmoe-1b-7b",   "llama-3.1-8b"};
+  return {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen2-57b-a14b",
+          "olmoe-1b-7b",  "llama-3.1-8b",  "dbrx"};
 }
 
 }  // namespace moebatch

@@ -1,13 +1,14 @@
 // Model hyper-parameters read from a Hugging Face `config.json`: the keys every supported family
 // shares (transformers' LlamaConfig / MixtralConfig names and defaults, 4.x and 5.x spellings) and
 // each family's own, which engine/model/families/<family>.cc reads (engine/model/family.h lists
-// the families: mixtral, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe).
+// the families: mixtral, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe, dbrx).
 //
 // One ModelConfig describes every decoder layer: attention (GQA, optional q/k/v and o biases,
-// optional q/k RMSNorm, optional q/k/v clipping, RoPE with its scaling), then an FFN that is either
-// a routed MoE (num_local_experts experts of width intermediate_size, top-k, optionally a shared
-// expert with a sigmoid gate) or, for dense models and a MoE model's dense layers, one FFN of width
-// dense_intermediate_size. The forward reads the widths from the tensors' shapes.
+// optional q/k RMSNorm, optional q/k/v clipping (OLMoE; DBRX's fused Wqkv), RoPE with its scaling),
+// then an FFN that is either a routed MoE (num_local_experts experts of width intermediate_size,
+// top-k, optionally a shared expert with a sigmoid gate) or, for dense models and a MoE model's
+// dense layers, one FFN of width dense_intermediate_size. The forward reads the widths from the
+// tensors' shapes.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,12 @@ enum class QkNorm {
   kPerProjection,  // RMSNorm over the whole q (k) projection (OLMoE): weight [q_size] ([kv_size])
 };
 
+// The normalisation of the decoder layers' inputs and of the final hidden state.
+enum class NormType {
+  kRmsNorm,    // weight * x / sqrt(mean(x^2) + eps) (LlamaRMSNorm, MixtralRMSNorm)
+  kLayerNorm,  // weight * (x - mean) / sqrt(var + eps), no bias (DBRX: nn.LayerNorm(bias=False))
+};
+
 struct ModelConfig {
   std::string model_type;    // config.json model_type: "mixtral", "qwen3_moe", ...
   std::string architecture;  // the transformers class: "MixtralForCausalLM", ...
@@ -72,6 +79,9 @@ struct ModelConfig {
   // Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen-MoE and OLMoE by
   // `norm_topk_prob`).
   bool norm_topk_prob = true;
+  // The p of that renormalisation: the top-k weights divided by their p-norm (sum w^p)^(1/p)
+  // (DBRX's moe_normalize_expert_weights, torch.norm(p=...)); 1 divides by their sum.
+  double topk_norm_p = 1.0;
   // Attention.
   bool qkv_bias = false;  // q_proj, k_proj, v_proj carry a bias (Qwen2, Qwen2-MoE; Llama's
                           // attention_bias)
@@ -81,7 +91,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rope_theta = 1e6;
   RopeScaling rope_scaling;
-  double rms_norm_eps = 1e-5;
+  NormType norm = NormType::kRmsNorm;  // input, post-attention and final norms
+  double rms_norm_eps = 1e-5;          // the eps of `norm` (DBRX's LayerNorm: nn.LayerNorm's 1e-5)
   std::optional<int64_t> sliding_window;  // null/absent/unused: full causal attention
   bool tie_word_embeddings = false;       // lm_head shares model.embed_tokens.weight
   int32_t bos_token_id = 1;
@@ -107,7 +118,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
 // "mixtral-8x7b" (mistralai Mixtral-8x7B-v0.1 and -Instruct-v0.1, the same shapes as
 // bench/models/mixtral-8x7b/config.json), "mixtral-8x22b" (Mixtral-8x22B-Instruct-v0.1: vocab
 // 32768; the base v0.1 has 32000), "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b",
-// "llama-3.1-8b". nullopt for any other name.
+// "llama-3.1-8b", "dbrx" (databricks/dbrx-base and dbrx-instruct: 132B parameters, 16 experts
+// top-4). nullopt for any other name.
 std::optional<ModelConfig> KnownModelConfig(std::string_view name);
 // The names KnownModelConfig knows.
 std::vector<std::string> KnownModelConfigNames();

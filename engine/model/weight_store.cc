@@ -409,7 +409,7 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Load(const Checkpoint&
         } else {
           CopyConverted(src->data, *src->dtype, dst, wt.dtype, Numel(wt.shape));
         }
-        DropMappedPages(src->data, src->nbytes);
+        if (!checkpoint.OwnsData(*src)) DropMappedPages(src->data, src->nbytes);
       });
   if (store.ok()) {
     spdlog::info("weights: {} copied into {} {} regions ({}{}, max layer {})", checkpoint.dir(),

@@ -10,9 +10,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cpu_attention/attention/paged_attention.h"
@@ -123,30 +125,38 @@ TEST_CASE("cpu_ops::EmbeddingGather widens the rows of the ids, zero rows for ba
   }
 }
 
-TEST_CASE("cpu_ops::RmsNorm matches MixtralRMSNorm in float64", "[ops]") {
-  std::mt19937 rng(2);
+using NormFn = absl::Status (*)(const float*, const void*, DType, int64_t, int64_t, float, void*,
+                                DType);
+
+// `op` against its float64 definition, every weight x output dtype and in place:
+// out = weight * (x - mean) / sqrt(mean((x - mean)^2) + eps), mean = 0 unless `centered`
+// (RmsNorm: MixtralRMSNorm; LayerNorm: nn.LayerNorm(bias=False)). A centered op gets rows whose
+// mean is far from 0.
+void CheckNorm(NormFn op, bool centered, uint32_t seed,
+               std::initializer_list<std::pair<int64_t, int64_t>> shapes) {
+  std::mt19937 rng(seed);
   const float eps = 1e-5f;
-  struct Shape {
-    int64_t rows, n;
-  };
-  for (Shape s : {Shape{1, 4096}, Shape{37, 100}, Shape{3, 1}, Shape{9, 6144}}) {
-    const std::vector<float> x = Normal(rng, s.rows * s.n, 3.0f);
+  for (auto [rows, n] : shapes) {
+    std::vector<float> x = Normal(rng, rows * n, 3.0f);
+    for (int64_t r = 0; centered && r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) x[r * n + i] += 4.0f * static_cast<float>(r % 3) - 2.5f;
+    }
     for (DType wtype : kAllDTypes) {
-      const Typed w = Store(wtype, Normal(rng, s.n));
-      // out = weight * (x / sqrt(mean(x^2) + eps)), in float64.
-      std::vector<double> want(s.rows * s.n);
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double sum_sq = 0;
-        for (int64_t i = 0; i < s.n; ++i) sum_sq += double(x[r * s.n + i]) * x[r * s.n + i];
-        const double inv = 1.0 / std::sqrt(sum_sq / s.n + eps);
-        for (int64_t i = 0; i < s.n; ++i) want[r * s.n + i] = w.values[i] * (x[r * s.n + i] * inv);
+      const Typed w = Store(wtype, Normal(rng, n));
+      std::vector<double> want(rows * n);
+      for (int64_t r = 0; r < rows; ++r) {
+        double mean = 0, var = 0;
+        for (int64_t i = 0; centered && i < n; ++i) mean += x[r * n + i];
+        mean /= n;
+        for (int64_t i = 0; i < n; ++i) var += (x[r * n + i] - mean) * (x[r * n + i] - mean);
+        const double inv = 1.0 / std::sqrt(var / n + eps);
+        for (int64_t i = 0; i < n; ++i)
+          want[r * n + i] = w.values[i] * ((x[r * n + i] - mean) * inv);
       }
       for (DType otype : kAllDTypes) {
-        CAPTURE(s.rows, s.n, DTypeName(wtype), DTypeName(otype));
-        std::vector<unsigned char> out(s.rows * s.n * DTypeSize(otype));
-        REQUIRE(
-            cpu_ops::RmsNorm(x.data(), w.bytes.data(), wtype, s.rows, s.n, eps, out.data(), otype)
-                .ok());
+        CAPTURE(rows, n, DTypeName(wtype), DTypeName(otype));
+        std::vector<unsigned char> out(rows * n * DTypeSize(otype));
+        REQUIRE(op(x.data(), w.bytes.data(), wtype, rows, n, eps, out.data(), otype).ok());
         const std::vector<float> got = Load(otype, out);
         if (otype == DType::kF32) {
           const double err = MaxRelError(got, want);
@@ -157,12 +167,50 @@ TEST_CASE("cpu_ops::RmsNorm matches MixtralRMSNorm in float64", "[ops]") {
         }
       }
       std::vector<float> inplace = x;  // in place, f32 out
-      REQUIRE(cpu_ops::RmsNorm(inplace.data(), w.bytes.data(), wtype, s.rows, s.n, eps,
-                               inplace.data(), DType::kF32)
+      REQUIRE(op(inplace.data(), w.bytes.data(), wtype, rows, n, eps, inplace.data(), DType::kF32)
                   .ok());
       CHECK(MaxRelError(inplace, want) <= 1e-5);
     }
   }
+}
+
+TEST_CASE("cpu_ops::RmsNorm matches MixtralRMSNorm in float64", "[ops]") {
+  CheckNorm(cpu_ops::RmsNorm, false, 2, {{1, 4096}, {37, 100}, {3, 1}, {9, 6144}});
+}
+
+TEST_CASE("cpu_ops::LayerNorm matches nn.LayerNorm(bias=False) in float64", "[ops]") {
+  CheckNorm(cpu_ops::LayerNorm, true, 12, {{1, 6144}, {37, 72}, {3, 1}, {9, 100}});
+  std::vector<float> f(8, 1.0f);
+  CHECK(!cpu_ops::LayerNorm(f.data(), f.data(), DType::kF32, 1, 0, 1e-5f, f.data(), DType::kF32)
+             .ok());
+  CHECK(!cpu_ops::LayerNorm(f.data(), f.data(), DType::kF32, 1, 4, -1.0f, f.data(), DType::kF32)
+             .ok());
+}
+
+TEST_CASE("cpu_ops::NormalizeTopKWeights divides by torch.norm(p) in float64", "[ops]") {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(0.01f, 1.0f);
+  const int64_t tokens = 23;
+  for (int64_t top_k : {1, 3, 8}) {
+    for (float p : {2.0f, 3.0f, 0.5f, 1.5f}) {
+      CAPTURE(top_k, p);
+      std::vector<float> w(tokens * top_k);
+      for (float& v : w) v = u(rng);
+      std::vector<double> want(w.size());
+      for (int64_t t = 0; t < tokens; ++t) {
+        double s = 0;
+        for (int64_t j = 0; j < top_k; ++j) s += std::pow(double(w[t * top_k + j]), double(p));
+        const double norm = std::pow(s, 1.0 / p);
+        for (int64_t j = 0; j < top_k; ++j) want[t * top_k + j] = w[t * top_k + j] / norm;
+      }
+      REQUIRE(cpu_ops::NormalizeTopKWeights(w.data(), tokens, top_k, p).ok());
+      CHECK(MaxRelError(w, want) <= 1e-5);
+    }
+  }
+  std::vector<float> w(4, 0.5f);
+  CHECK(!cpu_ops::NormalizeTopKWeights(w.data(), 2, 2, 0.0f).ok());
+  CHECK(!cpu_ops::NormalizeTopKWeights(w.data(), 2, 0, 2.0f).ok());
+  CHECK(!cpu_ops::NormalizeTopKWeights(nullptr, 2, 2, 2.0f).ok());
 }
 
 TEST_CASE("cpu_ops::ApplyRope matches rotate_half in float64 with f32 angles", "[ops]") {

@@ -33,12 +33,14 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <iomanip>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_attention/gemm/matmul.h"
@@ -197,48 +199,95 @@ TEST_CASE("backend ops: EmbeddingGather (ids out of range give zero rows)", "[ba
 
 // --- Task A --------------------------------------------------------------------------------------
 
-TEST_CASE("backend ops: RmsNorm (every weight x output dtype, in place, a NaN row)",
-          "[backend_ops]") {
-  struct Row {
-    int64_t rows, n;
-    GpuDType weight, out;
-    Tolerance tol;
-  };
-  static const std::vector<Row> table = [] {
-    std::vector<Row> r;
-    const std::pair<int64_t, int64_t> shapes[] = {{1, 4096}, {37, 100}, {5, 4096},
-                                                  {3, 1},    {2, 6144}, {4, 7}};
-    for (auto [rows, n] : shapes) {
-      for (GpuDType w : kAllDTypes) {
-        for (GpuDType out : kAllDTypes)
-          r.push_back({rows, n, w, out, Rounded(out, Relative(1e-5))});
+struct NormRow {
+  int64_t rows, n;
+  GpuDType weight, out;
+  Tolerance tol;
+};
+
+// Every weight x output dtype for each shape. RmsNorm: 1 ulp of a rounded output. LayerNorm
+// (`centered`): x - mean cancels for the elements near the mean, whose relative error is then the
+// mean's (two f32 summation orders) over |x - mean|, so outputs are compared relative to the
+// largest: 1e-5 in f32, one unit of the output dtype at that value in f16 / bf16.
+std::vector<NormRow> NormRows(std::initializer_list<std::pair<int64_t, int64_t>> shapes,
+                              bool centered) {
+  std::vector<NormRow> r;
+  for (auto [rows, n] : shapes) {
+    for (GpuDType w : kAllDTypes) {
+      for (GpuDType out : kAllDTypes) {
+        const Tolerance rounded = out == GpuDType::kF16    ? Relative(1e-3)
+                                  : out == GpuDType::kBF16 ? Relative(8e-3)
+                                                           : Relative(1e-5);
+        r.push_back({rows, n, w, out, centered ? rounded : Rounded(out, Relative(1e-5))});
       }
     }
-    return r;
-  }();
-  const Row row = GENERATE(from_range(table));
+  }
+  return r;
+}
+
+// The GPU's RmsNorm or LayerNorm (`gpu_op`) against the CPU's (`cpu_op`) on one row of the table,
+// out of place and in place; x shifted by `offset` (a mean far from 0 for LayerNorm). With 3 rows
+// or more, row 1 holds a NaN: it becomes NaN, the others must not.
+template <typename GpuOp, typename CpuOp>
+void CheckNorm(const char* what, GpuOp gpu_op, CpuOp cpu_op, const NormRow& row, uint32_t seed,
+               float offset) {
   CAPTURE(row.rows, row.n, Name(row.weight), Name(row.out), Describe(row.tol));
-  std::mt19937 rng(2);
+  std::mt19937 rng(seed);
   const float eps = 1e-5f;
   std::vector<float> x = Normal(rng, row.rows * row.n, 3.0f);
-  if (row.rows >= 3) x[row.n + row.n / 2] = NAN;  // row 1 becomes NaN, the others must not
+  for (float& v : x) v += offset;
+  if (row.rows >= 3) x[row.n + row.n / 2] = NAN;
   const HostTensor w = Store(row.weight, Normal(rng, row.n));
   const size_t out_bytes = row.rows * row.n * GpuDTypeSize(row.out);
   Stream stream;
   DeviceBuffer<float> x_d(x);
   DeviceBuffer<unsigned char> w_d(w.bytes), out_d(out_bytes);
-  STATUS_REQUIRE(RmsNorm(x_d.get(), w_d.get(), row.weight, row.rows, row.n, eps, out_d.get(),
-                         row.out, stream.get()));
+  STATUS_REQUIRE(gpu_op(x_d.get(), w_d.get(), row.weight, row.rows, row.n, eps, out_d.get(),
+                        row.out, stream.get()));
   std::vector<unsigned char> want(out_bytes);
-  STATUS_REQUIRE(cpu_ops::RmsNorm(x.data(), w.bytes.data(), CpuDType(row.weight), row.rows, row.n,
-                                  eps, want.data(), CpuDType(row.out)));
+  STATUS_REQUIRE(cpu_op(x.data(), w.bytes.data(), CpuDType(row.weight), row.rows, row.n, eps,
+                        want.data(), CpuDType(row.out)));
   stream.Sync();
-  CheckOutput("RmsNorm", row.out, out_d.Download(), want, row.tol);
+  CheckOutput(what, row.out, out_d.Download(), want, row.tol);
   if (row.out == GpuDType::kF32) {  // in place
-    STATUS_REQUIRE(RmsNorm(x_d.get(), w_d.get(), row.weight, row.rows, row.n, eps, x_d.get(),
-                           GpuDType::kF32, stream.get()));
+    STATUS_REQUIRE(gpu_op(x_d.get(), w_d.get(), row.weight, row.rows, row.n, eps, x_d.get(),
+                          GpuDType::kF32, stream.get()));
     stream.Sync();
-    CheckOutput("RmsNorm in place", GpuDType::kF32, Bytes(x_d.Download()), want, row.tol);
+    CheckOutput(what, GpuDType::kF32, Bytes(x_d.Download()), want, row.tol);
+  }
+}
+
+TEST_CASE("backend ops: RmsNorm (every weight x output dtype, in place, a NaN row)",
+          "[backend_ops]") {
+  static const std::vector<NormRow> table =
+      NormRows({{1, 4096}, {37, 100}, {5, 4096}, {3, 1}, {2, 6144}, {4, 7}}, false);
+  const NormRow row = GENERATE(from_range(table));
+  CheckNorm("RmsNorm", RmsNorm, cpu_ops::RmsNorm, row, 2, 0.0f);
+}
+
+TEST_CASE("backend ops: LayerNorm without bias (every weight x output dtype, in place, a NaN row)",
+          "[backend_ops]") {
+  static const std::vector<NormRow> table = NormRows({{1, 6144}, {37, 72}, {3, 1}, {4, 7}}, true);
+  const NormRow row = GENERATE(from_range(table));
+  CheckNorm("LayerNorm", LayerNorm, cpu_ops::LayerNorm, row, 12, 2.5f);
+}
+
+TEST_CASE("backend ops: NormalizeTopKWeights (p = 2 and others)", "[backend_ops]") {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(0.01f, 1.0f);
+  const int64_t tokens = 300;
+  for (int64_t top_k : {1, 3, 8}) {
+    for (float p : {2.0f, 3.0f, 0.5f}) {
+      CAPTURE(top_k, p);
+      std::vector<float> w(tokens * top_k);
+      for (float& v : w) v = u(rng);
+      Stream stream;
+      DeviceBuffer<float> w_d(w);
+      STATUS_REQUIRE(NormalizeTopKWeights(w_d.get(), tokens, top_k, p, stream.get()));
+      STATUS_REQUIRE(cpu_ops::NormalizeTopKWeights(w.data(), tokens, top_k, p));
+      stream.Sync();
+      CheckOutput("NormalizeTopKWeights", w_d.Download(), w, Relative(1e-6));
+    }
   }
 }
 

@@ -76,12 +76,13 @@ TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights",
 }
 
 // The families beyond Mixtral (tests/fixtures/make_tiny_families.py): biases, q/k norms, clip_qkv,
-// dense layers, a shared expert, unnormalised top-k, llama3 and yarn RoPE, f16 shards.
+// dense layers, a shared expert, unnormalised top-k, llama3 and yarn RoPE, f16 shards; DBRX's
+// LayerNorm, fused tensors and p-norm routing.
 TEST_CASE("cuda backend: greedy tokens of the families' golden fixtures, f32 weights",
           "[cuda_backend][families]") {
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
   CheckGreedy(fixture);
 }
 
@@ -236,7 +237,7 @@ TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformer
 TEST_CASE("cuda backend: the families' last logits with f32 weights within 1e-4 of transformers'",
           "[cuda_backend][families]") {
   for (const char* fixture : {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                              "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe"}) {
+                              "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx"}) {
     CheckLastLogitsF32(fixture, 0);
   }
 }

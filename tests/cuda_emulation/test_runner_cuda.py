@@ -5,9 +5,11 @@ The user's command on a GPU host, with the cuda backend's defaults left as they 
 layers sized automatically, the pipeline profiler, VSLPipe; the tokens-per-pass ceiling is set to
 512 only so that the profiler's sweep is short on the emulator): every golden prompt
 of the tiny Mixtral, f32 weights, greedy, must give transformers' tokens; sampled chat lines
-beside them must complete. Checks the engine's start-up line names the cuda backend.
+beside them must complete. Checks the engine's start-up line names the cuda backend. The other
+fixtures named (tiny-dbrx: LayerNorm, fused tensors, p-norm routing) run their golden prompts the
+same way.
 
-Usage: test_runner_cuda.py MOEBATCH_RUN FIXTURES_DIR
+Usage: test_runner_cuda.py MOEBATCH_RUN FIXTURES_DIR [FIXTURE ...]
 """
 import json
 import subprocess
@@ -16,9 +18,8 @@ import tempfile
 from pathlib import Path
 
 
-def main() -> int:
-    runner, fixtures = sys.argv[1], Path(sys.argv[2])
-    model = fixtures / "tiny-mixtral"
+def check(runner, fixtures, name, chat):
+    model = fixtures / name
     golden = [json.loads(line) for line in open(model / "golden.jsonl")]
     lines = []
     for i, g in enumerate(golden):
@@ -26,7 +27,7 @@ def main() -> int:
                       "body": {"prompt": g["prompt_token_ids"],
                                "max_tokens": len(g["greedy_token_ids"]),
                                "temperature": 0, "ignore_eos": True}})
-    for i in range(2):
+    for i in range(2 if chat else 0):
         lines.append({"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
                       "body": {"messages": [{"role": "user", "content": f"Hello number {i}"}],
                                "max_tokens": 6, "temperature": 0.7, "seed": 5 + i}})
@@ -47,12 +48,19 @@ def main() -> int:
         o = outputs[i]
         assert o["error"] is None and o["response"]["status_code"] == 200, o
         choice = o["response"]["body"]["choices"][0]
-        assert choice["token_ids"] == g["greedy_token_ids"], f"golden-{i} tokens differ"
+        assert choice["token_ids"] == g["greedy_token_ids"], f"{name} golden-{i} tokens differ"
     for o in outputs[len(golden):]:
         assert o["error"] is None and o["response"]["status_code"] == 200, o
         assert o["response"]["body"]["usage"]["completion_tokens"] >= 1, o
-    print(f"moebatch-run --backend=cuda (emulated): {len(golden)} golden prompts match, "
+    print(f"moebatch-run --backend=cuda (emulated), {name}: {len(golden)} golden prompts match, "
           f"{len(outputs) - len(golden)} sampled lines done")
+
+
+def main() -> int:
+    runner, fixtures = sys.argv[1], Path(sys.argv[2])
+    check(runner, fixtures, "tiny-mixtral", chat=True)
+    for name in sys.argv[3:]:
+        check(runner, fixtures, name, chat=False)
     return 0
 
 

@@ -198,14 +198,14 @@ void CheckLogits(const std::string& fixture) {
 TEST_CASE("golden families: last-position logits within 1e-4 of transformers'", "[families]") {
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
   INFO(fixture);
   CheckLogits(fixture);
 }
 TEST_CASE("golden families: greedy tokens and text as transformers'", "[families]") {
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe");
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
   INFO(fixture);
   CheckGreedy(fixture);
 }

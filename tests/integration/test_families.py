@@ -1,7 +1,7 @@
 """moebatchd on the model families beyond Mixtral: the real daemon on loopback, the real Python client.
 
 For each tiny golden fixture of tests/fixtures/make_tiny_families.py (llama, mistral, qwen2, qwen3,
-qwen2_moe, qwen3_moe, olmoe), a daemon started with --model on it runs one job of the 8 golden
+qwen2_moe, qwen3_moe, olmoe, dbrx), a daemon started with --model on it runs one job of the 8 golden
 prompts as token-id completion lines (greedy, ignore_eos, 32 tokens) and a chat line; the results
 must be transformers' greedy tokens and text. Then bad model directories: a daemon on an unknown
 model_type or a corrupt tokenizer.json exits 1 saying why last, naming the file and the field; a
@@ -27,8 +27,8 @@ from moebatch import Client, ClientError, state_name
 
 FIXTURES = ROOT / "tests" / "fixtures"
 FAMILIES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
-            "tiny-qwen3-moe", "tiny-olmoe"]
-SUPPORTED = "llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"
+            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx"]
+SUPPORTED = "dbrx, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"
 LLAMA2_BPE = ROOT / ".deps" / "tokenizers" / "bpe" / "llama2"
 # A Jinja chat template no layout of moebatch's matches.
 UNKNOWN_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] | upper }}"

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -21,6 +22,7 @@
 #include "engine/model/dtype.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
+#include "engine/model/weight_store.h"
 #include "tests/support/checkpoint_test_util.h"
 #include "tests/support/safetensors_writer.h"
 
@@ -744,6 +746,103 @@ TEST_CASE("fixtures: tiny-mixtral-hd128 loads with an explicit head_dim wider th
   REQUIRE(o != nullptr);
   CHECK(q->shape == std::vector<int64_t>{1024, 128});
   CHECK(o->shape == std::vector<int64_t>{128, 1024});
+}
+
+// DBRX's fused tensors (tests/fixtures/tiny-dbrx, DbrxForCausalLM) as the shared layout's: q, k and
+// v are row views of Wqkv, each expert's w1 / w3 row views of ffn.experts.mlp.w1 / v1 (no copy),
+// its w2 the transpose of its rows of ffn.experts.mlp.w2 (a copy); a WeightStore copies them all.
+TEST_CASE("fixtures: tiny-dbrx's fused Wqkv and experts load as views of the shared layout",
+          "[checkpoint][fixtures][dbrx]") {
+  const std::string dir = std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-dbrx";
+  RequireFixture(dir);
+  auto ckpt = Checkpoint::Load(dir);
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  const Checkpoint& k = **ckpt;
+  const ModelConfig& c = k.config();
+  CHECK(c.model_type == "dbrx");
+  CHECK(c.norm == NormType::kLayerNorm);
+  const int64_t hidden = 72, q = 72, kv = 24, ffn = 28, experts = 5;
+  const TensorStore& store = k.store();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    INFO("layer " << l);
+    const std::string p = "transformer.blocks." + std::to_string(l) + ".";
+    const TensorInfo* wqkv = store.Find(p + "norm_attn_norm.attn.Wqkv.weight");
+    REQUIRE(wqkv != nullptr);
+    REQUIRE(wqkv->shape == std::vector<int64_t>{q + 2 * kv, hidden});
+    const LayerWeights& lw = k.weights().layers[l];
+    const size_t row = hidden * 2;  // bf16
+    CHECK(lw.q_proj->data == wqkv->data);
+    CHECK(lw.k_proj->data == wqkv->data + q * row);
+    CHECK(lw.v_proj->data == wqkv->data + (q + kv) * row);
+    CHECK(lw.k_proj->shape == std::vector<int64_t>{kv, hidden});
+    CHECK(k.Find("model.layers." + std::to_string(l) + ".self_attn.v_proj.weight") == lw.v_proj);
+    CHECK(lw.input_layernorm == store.Find(p + "norm_attn_norm.norm_1.weight"));
+    CHECK(lw.post_attention_layernorm == store.Find(p + "norm_attn_norm.norm_2.weight"));
+    CHECK(lw.router == store.Find(p + "ffn.router.layer.weight"));
+    const TensorInfo* w1 = store.Find(p + "ffn.experts.mlp.w1");
+    const TensorInfo* v1 = store.Find(p + "ffn.experts.mlp.v1");
+    const TensorInfo* w2 = store.Find(p + "ffn.experts.mlp.w2");
+    REQUIRE(w1 != nullptr);
+    REQUIRE(v1 != nullptr);
+    REQUIRE(w2 != nullptr);
+    REQUIRE(lw.experts.size() == static_cast<size_t>(experts));
+    for (int64_t e = 0; e < experts; ++e) {
+      INFO("expert " << e);
+      const ExpertWeights& ew = lw.experts[e];
+      CHECK(ew.w1->data == w1->data + e * ffn * row);
+      CHECK(ew.w3->data == v1->data + e * ffn * row);
+      CHECK(!k.OwnsData(*ew.w1));
+      CHECK(k.OwnsData(*ew.w2));
+      REQUIRE(ew.w2->shape == std::vector<int64_t>{hidden, ffn});
+      // w2[i][j] of the expert (down: [hidden, ffn]) is the fused tensor's row e * ffn + j, col i.
+      const auto* down = reinterpret_cast<const uint16_t*>(ew.w2->data);
+      const auto* fused = reinterpret_cast<const uint16_t*>(w2->data);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < hidden; ++i) {
+        for (int64_t j = 0; j < ffn; ++j) {
+          differ += down[i * ffn + j] != fused[(e * ffn + j) * hidden + i];
+        }
+      }
+      CHECK(differ == 0);
+    }
+  }
+  CHECK(k.weights().embed_tokens == store.Find("transformer.wte.weight"));
+  CHECK(k.weights().norm == store.Find("transformer.norm_f.weight"));
+
+  // A host copy holds the same bytes, and the checkpoint's own copies (w2) are left intact.
+  WeightStoreOptions options;
+  auto copy = WeightStore::Load(k, options);
+  INFO(copy.status().ToString());
+  REQUIRE(copy.ok());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t e = 0; e < experts; ++e) {
+      for (auto field : {&ExpertWeights::w1, &ExpertWeights::w2, &ExpertWeights::w3}) {
+        const TensorInfo* a = k.weights().layers[l].experts[e].*field;
+        const TensorInfo* b = (*copy)->weights().layers[l].experts[e].*field;
+        REQUIRE(a->nbytes == b->nbytes);
+        CHECK(std::memcmp(a->data, b->data, a->nbytes) == 0);
+      }
+    }
+    const TensorInfo* a = k.weights().layers[l].q_proj;
+    CHECK(std::memcmp(a->data, (*copy)->weights().layers[l].q_proj->data, a->nbytes) == 0);
+  }
+}
+
+TEST_CASE("checkpoint error: DBRX's fused tensor of the wrong shape is named",
+          "[checkpoint][errors][dbrx]") {
+  const std::string fixture = std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-dbrx";
+  RequireFixture(fixture);
+  TempDir dir;
+  fs::copy(fixture + "/model.safetensors", dir / "model.safetensors");
+  std::ifstream in(fixture + "/config.json");
+  Json config = Json::parse(in);
+  config["ffn_config"]["ffn_hidden_size"] = 27;  // the files hold 5 x 28 rows
+  WriteFile(dir / "config.json", config.dump());
+  CHECK_ERROR(
+      LoadStatus(dir.path()), absl::StatusCode::kInvalidArgument,
+      "tensor \"transformer.blocks.0.ffn.experts.mlp.w1\": wrong shape: expected [135, 72], "
+      "found [140, 72]");
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
   }
   SECTION("a model type moebatch does not run") {
     j["model_type"] = "gpt_neox";
-    check(j, "key \"model_type\" is \"gpt_neox\", which moebatch does not run; it runs llama, ");
+    check(j, "key \"model_type\" is \"gpt_neox\", which moebatch does not run; it runs dbrx, ");
   }
   SECTION("no model_type and an unknown architecture") {
     j.erase("model_type");
@@ -156,6 +156,123 @@ TEST_CASE("fuzz regression: head_dim times num_attention_heads must fit int64",
   INFO(c.status().ToString());
   REQUIRE(c.ok());
   CHECK(c->q_size() == int64_t{1} << 62);
+}
+
+// DBRX's config.json (DbrxConfig.to_dict, as tests/fixtures/tiny-dbrx): its own top-level names and
+// the nested attn_config / ffn_config.
+Json DbrxConfigJson() {
+  return Json::parse(R"({
+    "architectures": ["DbrxForCausalLM"], "model_type": "dbrx", "d_model": 72, "n_heads": 9,
+    "n_layers": 3, "max_seq_len": 4096, "vocab_size": 32000, "bos_token_id": 1,
+    "eos_token_id": 2, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "attn_config": {"clip_qkv": 1.2, "kv_n_heads": 3, "rope_theta": 500000.0, "attn_pdrop": 0.0},
+    "ffn_config": {"ffn_act_fn": {"name": "silu"}, "ffn_hidden_size": 28, "moe_num_experts": 5,
+                   "moe_top_k": 3, "moe_normalize_expert_weights": 2.0, "moe_jitter_eps": null}
+  })");
+}
+
+TEST_CASE("config.json: DBRX's names and nested attn_config / ffn_config", "[config][dbrx]") {
+  Json j = DbrxConfigJson();
+  auto c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->model_type == "dbrx");
+  CHECK(c->architecture == "DbrxForCausalLM");
+  CHECK(c->hidden_size == 72);
+  CHECK(c->num_attention_heads == 9);
+  CHECK(c->num_key_value_heads == 3);
+  CHECK(c->head_dim == 8);
+  CHECK(c->num_hidden_layers == 3);
+  CHECK(c->max_position_embeddings == 4096);
+  CHECK(c->intermediate_size == 28);
+  CHECK(c->num_local_experts == 5);
+  CHECK(c->num_experts_per_tok == 3);
+  CHECK(c->norm_topk_prob);
+  CHECK(c->topk_norm_p == 2.0);
+  REQUIRE(c->clip_qkv.has_value());
+  CHECK(*c->clip_qkv == 1.2);
+  CHECK(c->rope_theta == 500000.0);
+  CHECK(c->norm == NormType::kLayerNorm);
+  CHECK(c->rms_norm_eps == 1e-5);
+  CHECK(!c->qkv_bias);
+  CHECK(!c->o_bias);
+  CHECK(!c->sliding_window.has_value());
+
+  // DbrxConfig's defaults: 1 KV head, rope_theta 1e4, no clipping, 4 experts top-1 divided by
+  // their sum (p = 1), max_seq_len 2048; moe_normalize_expert_weights null: no renormalisation.
+  j["attn_config"] = Json::object();
+  j["ffn_config"] = {{"ffn_hidden_size", 28}};
+  j.erase("max_seq_len");
+  c = ParseModelConfig(j.dump());
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  CHECK(c->num_key_value_heads == 1);
+  CHECK(c->rope_theta == 10000.0);
+  CHECK(!c->clip_qkv.has_value());
+  CHECK(c->num_local_experts == 4);
+  CHECK(c->num_experts_per_tok == 1);
+  CHECK(c->norm_topk_prob);
+  CHECK(c->topk_norm_p == 1.0);
+  CHECK(c->max_position_embeddings == 2048);
+  j["ffn_config"]["moe_normalize_expert_weights"] = nullptr;
+  c = ParseModelConfig(j.dump());
+  REQUIRE(c.ok());
+  CHECK(!c->norm_topk_prob);
+
+  const std::optional<ModelConfig> known = KnownModelConfig("dbrx");
+  REQUIRE(known.has_value());
+  CHECK(known->q_size() == known->hidden_size);
+  CHECK(known->norm == NormType::kLayerNorm);
+}
+
+TEST_CASE("config.json: DBRX's invalid values are rejected by key", "[config][dbrx][errors]") {
+  const auto check = [](Json j, const std::string& expected) {
+    CHECK_ERROR(ParseModelConfig(j.dump()).status(), absl::StatusCode::kInvalidArgument,
+                "config.json: ", expected);
+  };
+  Json j = DbrxConfigJson();
+  SECTION("no d_model") {
+    j.erase("d_model");
+    check(j, "key \"d_model\" is required but missing");
+  }
+  SECTION("d_model not divisible by n_heads") {
+    j["d_model"] = 70;
+    check(j, "key \"d_model\" (70) is not divisible by n_heads (9)");
+  }
+  SECTION("attn_config not an object") {
+    j["attn_config"] = 3;
+    check(j, "key \"attn_config\" must be an object, got 3");
+  }
+  SECTION("kv_n_heads not dividing n_heads") {
+    j["attn_config"]["kv_n_heads"] = 2;
+    check(j, "key \"num_key_value_heads\" must divide num_attention_heads (9 heads, 2 KV heads)");
+  }
+  SECTION("no ffn_hidden_size") {
+    j["ffn_config"].erase("ffn_hidden_size");
+    check(j, "ffn_config: key \"ffn_hidden_size\" is required but missing");
+  }
+  SECTION("top-k beyond the experts") {
+    j["ffn_config"]["moe_top_k"] = 6;
+    check(j, "key \"num_experts_per_tok\" (6) exceeds the number of experts (5)");
+  }
+  SECTION("a negative p") {
+    j["ffn_config"]["moe_normalize_expert_weights"] = -1.0;
+    check(j, "ffn_config: key \"moe_normalize_expert_weights\"");
+  }
+  SECTION("another activation") {
+    j["ffn_config"]["ffn_act_fn"] = {{"name", "gelu"}};
+    check(j,
+          "key \"ffn_config.ffn_act_fn\" is {\"name\":\"gelu\"}; moebatch computes DBRX's "
+          "experts with {\"name\": \"silu\"}");
+  }
+  SECTION("clip_qkv not positive") {
+    j["attn_config"]["clip_qkv"] = 0;
+    check(j, "attn_config: key \"clip_qkv\"");
+  }
+  SECTION("tied embeddings") {
+    j["tie_word_embeddings"] = true;
+    check(j, "key \"tie_word_embeddings\" is true, which DBRX does not support");
+  }
 }
 
 }  // namespace

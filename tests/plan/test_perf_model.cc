@@ -128,7 +128,8 @@ TEST_CASE("Model sizes of §7 and KV bytes per token", "[perf_model]") {
 TEST_CASE("Model sizes of the families: shared experts and dense layers counted", "[perf_model]") {
   for (const auto& [name, billions] :
        {std::pair{"qwen2-57b-a14b", 57.41}, std::pair{"qwen3-30b-a3b", 30.53},
-        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03}}) {
+        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03},
+        std::pair{"dbrx", 132.0}}) {
     INFO(name);
     const std::optional<ModelConfig> c = KnownModelConfig(name);
     REQUIRE(c.has_value());
@@ -141,6 +142,23 @@ TEST_CASE("Model sizes of the families: shared experts and dense layers counted"
         static_cast<double>(WeightStore::RequiredBytes(*c, c->num_hidden_layers, DType::kBF16) -
                             WeightStore::RequiredBytes(*c, 0, DType::kBF16));
     CHECK(std::abs(RelDiff(c->num_hidden_layers * LayerWeightBytes(*m), store)) < 0.005);
+  }
+}
+
+// KV bytes per token of each family's preset against Mixtral-8x7B's (docs/performance.md):
+// 2 (K, V) x layers x KV heads x head_dim x 2 bytes (bf16).
+TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
+  for (const auto& [name, bytes] :
+       {std::pair{"mixtral-8x7b", 131072}, std::pair{"mixtral-8x22b", 229376},
+        std::pair{"qwen3-30b-a3b", 98304}, std::pair{"qwen2-57b-a14b", 57344},
+        std::pair{"olmoe-1b-7b", 131072}, std::pair{"llama-3.1-8b", 131072},
+        std::pair{"dbrx", 163840}}) {
+    INFO(name);
+    const std::optional<ModelConfig> c = KnownModelConfig(name);
+    REQUIRE(c.has_value());
+    auto m = ModelShapeFromConfig(*c, DType::kBF16);
+    REQUIRE(m.ok());
+    CHECK(KvBytesPerToken(*m) == bytes);
   }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end test of moebatch-run on the tiny golden fixtures of the model families beyond Mixtral
-(llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe: tests/fixtures/make_tiny_families.py;
+(llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe, dbrx: tests/fixtures/make_tiny_families.py;
 run by ctest; plain python3, no packages).
 
 For each family: one moebatch-run over the 8 golden prompts as token-id completion lines (greedy,
@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 FAMILIES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
-            "tiny-qwen3-moe", "tiny-olmoe"]
-SUPPORTED = ["llama", "mistral", "mixtral", "olmoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
+            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx"]
+SUPPORTED = ["dbrx", "llama", "mistral", "mixtral", "olmoe", "qwen2", "qwen2_moe", "qwen3",
+             "qwen3_moe"]
 # "[INST] Hello [/INST]" with Mixtral's sentencepiece model: BOS + 8 pieces.
 CHAT_PROMPT_TOKENS = 9
 
