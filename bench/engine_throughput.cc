@@ -83,7 +83,9 @@ double TokenFlops(const ModelConfig& c, double ctx, bool logits) {
 double PassBytes(const ModelConfig& c, const ModelWeights& weights, const ForwardStats& stats,
                  DType kv_dtype, bool logits) {
   const double kv_per_token_layer = 2.0 * static_cast<double>(c.kv_size() * DTypeSize(kv_dtype));
-  return PassWorkOf(c, weights, stats, kv_per_token_layer, logits ? stats.tokens : 0).bytes();
+  const PassCounts counts{stats.tokens, stats.experts_touched, stats.expert_token_pairs,
+                          stats.kv_tokens_read};
+  return PassWorkOf(c, weights, counts, kv_per_token_layer, logits ? stats.tokens : 0).bytes();
 }
 
 double PeakRssGiB() {

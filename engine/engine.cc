@@ -464,7 +464,9 @@ void Engine::AnnotatePass(const ForwardStats& pass, int64_t logits_rows) {
   const KvCacheConfig& kv = cache_->config();
   const double kv_per_token_layer = static_cast<double>(kv.bytes_per_block()) /
                                     static_cast<double>(kv.num_layers * kv.block_size);
-  const PassWork work = PassWorkOf(config(), weights, pass, kv_per_token_layer, logits_rows);
+  const PassCounts counts{pass.tokens, pass.experts_touched, pass.expert_token_pairs,
+                          pass.kv_tokens_read};
+  const PassWork work = PassWorkOf(config(), weights, counts, kv_per_token_layer, logits_rows);
   const Roofline roof = RooflineOf(work, roof_);
   std::vector<PipelineTrace::Arg> args = {
       {"weight_MB", work.weight_bytes / 1e6, ""},

@@ -46,9 +46,8 @@ const TensorInfo* Resolve(const ModelWeights& scratch, const ModelWeights& real,
 
 }  // namespace
 
-PassWork PassWorkOf(const ModelConfig& config, const ModelWeights& weights,
-                    const ForwardStats& stats, double kv_bytes_per_token_layer,
-                    int64_t logits_rows) {
+PassWork PassWorkOf(const ModelConfig& config, const ModelWeights& weights, const PassCounts& stats,
+                    double kv_bytes_per_token_layer, int64_t logits_rows) {
   // Every tensor of the family, as ModelTensors lists them (its targets point into `scratch`,
   // laid out as `weights` is), mapped back to `weights`.
   ModelWeights scratch;

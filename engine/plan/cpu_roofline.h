@@ -15,7 +15,6 @@
 
 #include <cstdint>
 
-#include "engine/device.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/model_config.h"
 #include "engine/plan/perf_model.h"
@@ -59,9 +58,15 @@ Roofline RooflineOf(const PassWork& work, const HostCeilings& host);
 // decode rows; prefill rows attend about half their context each, which this leaves out).
 // K/V: stats.kv_tokens_read x layers x kv_bytes_per_token_layer (the cache's K and V bytes of one
 // token in one layer).
-PassWork PassWorkOf(const ModelConfig& config, const ModelWeights& weights,
-                    const ForwardStats& stats, double kv_bytes_per_token_layer,
-                    int64_t logits_rows);
+// The counts of a pass PassWorkOf needs (the engine's ForwardStats, engine/device.h, has them).
+struct PassCounts {
+  int64_t tokens = 0;              // rows of the pass
+  int64_t experts_touched = 0;     // sum over layers of experts with at least one token
+  int64_t expert_token_pairs = 0;  // sum over layers of tokens routed to each expert
+  int64_t kv_tokens_read = 0;      // sum of the sequences' context lengths (one layer)
+};
+PassWork PassWorkOf(const ModelConfig& config, const ModelWeights& weights, const PassCounts& stats,
+                    double kv_bytes_per_token_layer, int64_t logits_rows);
 
 // Planned passes from a ModelShape (weights at model.weight_bytes_per_element, K/V at
 // KvBytesPerToken), routing taken as uniform: a MoE layer with t tokens touches

@@ -24,7 +24,7 @@ TEST_CASE("PassWorkOf counts the checkpoint's tensors: layers once, experts as t
     REQUIRE(checkpoint.ok());
     const ModelConfig& c = (*checkpoint)->config();
     const ModelWeights& w = (*checkpoint)->weights();
-    ForwardStats stats;
+    PassCounts stats;
     stats.tokens = 3;
     stats.experts_touched = 5;
     stats.expert_token_pairs = 7;
