@@ -49,7 +49,7 @@ source scripts/pinned_venv.sh
 pinned_venv "$root/.deps/venv-litellm" "litellm==1.110.2"
 MOEBATCH_GO_CLIENT="$build/client-go/moebatch-go" MOEBATCH_BUILD_DIR="$build" \
   MOEBATCH_LITELLM_PYTHON="$root/.deps/venv-litellm/bin/python" \
-  "$root/.deps/venv-client/bin/python" -m pytest -q tests/integration
+  "$root/.deps/venv-client/bin/python" -m pytest -q --durations=15 tests/integration
 phase "deploy and scale-out checks"
 # deploy/k8s against the Kubernetes and KubeRay schemas and moebatchd's flags (.deps/venv-k8s).
 scripts/validate_k8s.sh
