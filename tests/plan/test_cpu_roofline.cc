@@ -18,7 +18,8 @@ double Elements(const TensorInfo* t) { return t != nullptr ? static_cast<double>
 }  // namespace
 
 TEST_CASE("PassWorkOf counts the checkpoint's tensors: layers once, experts as touched") {
-  for (const char* fixture : {"tiny-mixtral", "tiny-qwen2-moe", "tiny-olmoe", "tiny-llama"}) {
+  for (const char* fixture :
+       {"tiny-mixtral", "tiny-qwen2-moe", "tiny-olmoe", "tiny-llama", "tiny-dbrx"}) {
     INFO(fixture);
     auto checkpoint = Checkpoint::Load(testing::FixtureDir(fixture));
     REQUIRE(checkpoint.ok());
