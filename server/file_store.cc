@@ -1,7 +1,8 @@
 // The uploaded-file store (server/file_store.h) on the SQLite C API (server/sqlite_db.h).
 //
 // files.db, schema version 1 (PRAGMA user_version = 1):
-//   files(id, seq, tenant, purpose, filename, bytes, created_at)  seq: creation order.
+//   files(id, seq, tenant, purpose, filename, bytes, created_at)  seq: creation order; List
+//   orders by (created_at, id) (index files_by_created_id, made on open when missing).
 // Bytes: <data_dir>/files/<id>; an upload in progress: <data_dir>/files/<id>.tmp.
 #include "server/file_store.h"
 
@@ -13,7 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <random>
 #include <set>
 #include <utility>
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS files (
 );
 CREATE INDEX IF NOT EXISTS files_by_tenant ON files (tenant, seq);
 CREATE INDEX IF NOT EXISTS files_by_created ON files (created_at);
+CREATE INDEX IF NOT EXISTS files_by_created_id ON files (created_at, id);
 PRAGMA user_version = 1;
 )sql";
 
@@ -309,46 +310,34 @@ absl::StatusOr<FileRecord> FileStore::Get(const std::string& id) {
 
 absl::StatusOr<FileStore::Page> FileStore::List(const std::string& tenant,
                                                 const std::string& purpose,
-                                                const std::string& after, int32_t limit,
+                                                int64_t after_created_at,
+                                                const std::string& after_id, int32_t limit,
                                                 bool ascending) {
   if (limit < 1 || limit > kMaxListLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit: must be in [1, ", kMaxListLimit, "], got ", limit));
   }
+  const std::string sql =
+      std::string(kSelectFile) +
+      "WHERE (?1 = '' OR tenant = ?1) AND (?2 = '' OR purpose = ?2) AND " +
+      (ascending ? "(?4 = '' OR (created_at, id) > (?3, ?4)) ORDER BY created_at, id LIMIT ?5"
+                 : "(?4 = '' OR (created_at, id) < (?3, ?4)) "
+                   "ORDER BY created_at DESC, id DESC LIMIT ?5");
   absl::MutexLock lock(&impl_->mu);
-  int64_t cursor = ascending ? 0 : std::numeric_limits<int64_t>::max();
-  if (!after.empty()) {
-    absl::StatusOr<Statement> stmt = Statement::Prepare(
-        impl_->db, "SELECT seq FROM files WHERE id = ?1 AND (?2 = '' OR tenant = ?2)");
-    if (!stmt.ok()) return stmt.status();
-    if (absl::Status s = stmt->BindAll(after, tenant); !s.ok()) return s;
-    absl::StatusOr<bool> row = stmt->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) return absl::InvalidArgumentError("after: no such file");
-    cursor = stmt->Int(0);
-  }
-  absl::StatusOr<Statement> stmt = Statement::Prepare(
-      impl_->db, std::string(kSelectFile) +
-                     "WHERE (?1 = '' OR tenant = ?1) AND (?2 = '' OR purpose = ?2) AND "
-                     "((?5 = 1 AND seq > ?3) OR (?5 = 0 AND seq < ?3)) "
-                     "ORDER BY CASE WHEN ?5 = 1 THEN seq ELSE -seq END LIMIT ?4");
+  absl::StatusOr<Statement> stmt = Statement::Prepare(impl_->db, sql);
   if (!stmt.ok()) return stmt.status();
   if (absl::Status s =
-          stmt->BindAll(tenant, purpose, cursor, int64_t{limit} + 1, int64_t{ascending ? 1 : 0});
+          stmt->BindAll(tenant, purpose, after_created_at, after_id, int64_t{limit} + 1);
       !s.ok()) {
     return s;
   }
   Page page;
-  for (;;) {
-    absl::StatusOr<bool> row = stmt->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (static_cast<int64_t>(page.files.size()) == limit) {
-      page.has_more = true;
-      break;
-    }
-    page.files.push_back(ReadFile(*stmt));
-  }
+  absl::StatusOr<bool> has_more = sqlite::ReadPage(*stmt, limit, [&](const Statement& row) {
+    page.files.push_back(ReadFile(row));
+    return absl::OkStatus();
+  });
+  if (!has_more.ok()) return has_more.status();
+  page.has_more = *has_more;
   return page;
 }
 

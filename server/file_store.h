@@ -70,15 +70,18 @@ class FileStore {
   // The path of a file's bytes (for reading; the file may be deleted meanwhile: open it once).
   std::string PathOf(const std::string& id) const;
 
-  // `tenant` "" = every tenant's; `purpose` "" = any. Newest first unless `ascending`; after the
-  // file `after` ("" = from the start; InvalidArgument when it names no file of the listing);
-  // at most `limit` (1..10000). `has_more`: more files follow.
+  // `tenant` "" = every tenant's; `purpose` "" = any. Ordered by (created_at, id): newest first
+  // unless `ascending`; strictly after the cursor (after_created_at: Unix seconds, after_id) in
+  // that order (after_id "" = from the start; the cursor need not name a file: GET /v1/files
+  // merges these with the batches' result files, server/http_api.h); at most `limit` (1..10000;
+  // InvalidArgument otherwise). `has_more`: more files follow.
   struct Page {
     std::vector<FileRecord> files;
     bool has_more = false;
   };
   absl::StatusOr<Page> List(const std::string& tenant, const std::string& purpose,
-                            const std::string& after, int32_t limit, bool ascending);
+                            int64_t after_created_at, const std::string& after_id, int32_t limit,
+                            bool ascending);
 
   // Removes the record, then the bytes. NotFound for an unknown id.
   absl::Status Delete(const std::string& id);

@@ -7,6 +7,8 @@
 #include <iterator>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,8 +28,6 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr const char* kJsonType = "application/json";
-constexpr const char* kOutputSuffix = "-output";
-constexpr const char* kErrorSuffix = "-errors";
 constexpr size_t kMaxQuoted = 100;       // bytes of a value quoted in an error message
 constexpr int64_t kMaxSmallField = 256;  // bytes of a multipart field other than the file
 constexpr int64_t kResultsPerRead = 256;
@@ -94,13 +94,18 @@ absl::Status Invalid(const std::string& param, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(param, ": ", why));
 }
 
-// The job id of a result view id, or nullopt; `failed`: the error file.
+// The job id of a result view id (ResultFileId of a "job_" id), or nullopt; `failed`: the error
+// file.
 std::optional<std::string> ViewJob(const std::string& file_id, bool* failed) {
-  if (!absl::StartsWith(file_id, "file-job_")) return std::nullopt;
-  for (const auto& [suffix, is_error] : {std::pair{kOutputSuffix, false}, {kErrorSuffix, true}}) {
-    if (absl::EndsWith(file_id, suffix)) {
+  const std::string prefix = absl::StrCat(kResultFilePrefix, "job_");
+  if (!absl::StartsWith(file_id, prefix)) return std::nullopt;
+  for (const auto& [suffix, is_error] :
+       {std::pair{kOutputFileSuffix, false}, {kErrorFileSuffix, true}}) {
+    const size_t cut = std::char_traits<char>::length(suffix);
+    if (file_id.size() >= prefix.size() + cut && absl::EndsWith(file_id, suffix)) {
       *failed = is_error;
-      return file_id.substr(5, file_id.size() - 5 - std::string(suffix).size());
+      const size_t start = std::char_traits<char>::length(kResultFilePrefix);
+      return file_id.substr(start, file_id.size() - start - cut);
     }
   }
   return std::nullopt;
@@ -128,10 +133,9 @@ Json ViewJson(const JobRecord& job, bool failed, int64_t bytes) {
   return FileJson(f);
 }
 
-// The OpenAI batch object of a job. `stats`: its result sizes (the output / error file ids are
-// given for a finished job with such lines).
-Json BatchJson(const JobRecord& job, const JobStore::ResultStats& stats) {
-  const bool terminal = IsTerminal(job.state);
+// The OpenAI batch object of a job (the output / error file ids are given while those files
+// exist: HasResultFile).
+Json BatchJson(const JobRecord& job) {
   const bool failed_validation = job.state == JobState::kFailed && job.total == 0;
   Json errors = nullptr;
   if (!job.errors.empty()) {
@@ -167,8 +171,8 @@ Json BatchJson(const JobRecord& job, const JobStore::ResultStats& stats) {
       {"completion_window",
        job.completion_window.empty() ? Json(nullptr) : Json(job.completion_window)},
       {"status", std::string(JobStateName(job.state))},
-      {"output_file_id", terminal && stats.ok_lines > 0 ? Json(OutputFileId(job.id)) : nullptr},
-      {"error_file_id", terminal && stats.failed_lines > 0 ? Json(ErrorFileId(job.id)) : nullptr},
+      {"output_file_id", HasResultFile(job, false) ? Json(OutputFileId(job.id)) : nullptr},
+      {"error_file_id", HasResultFile(job, true) ? Json(ErrorFileId(job.id)) : nullptr},
       {"created_at", job.created_at},
       {"in_progress_at", failed_validation ? Json(nullptr) : Json(job.created_at)},
       {"expires_at", NullIfZero(job.expires_at)},
@@ -249,11 +253,9 @@ int64_t NowSeconds() { return static_cast<int64_t>(std::time(nullptr)); }
 }  // namespace
 
 std::string OutputFileId(const std::string& job_id) {
-  return absl::StrCat("file-", job_id, kOutputSuffix);
+  return ResultFileId(job_id, /*failed=*/false);
 }
-std::string ErrorFileId(const std::string& job_id) {
-  return absl::StrCat("file-", job_id, kErrorSuffix);
-}
+std::string ErrorFileId(const std::string& job_id) { return ResultFileId(job_id, /*failed=*/true); }
 
 // The handlers, with what they share.
 struct OpenAiHttpApi::Routes {
@@ -274,26 +276,48 @@ struct OpenAiHttpApi::Routes {
     return f;
   }
 
-  // The job behind a result view, when the view exists (the job finished with such lines).
+  // The job behind a result view the caller may see, when the view exists (HasResultFile: the
+  // job finished with such lines and they were not deleted; what ListResultFiles lists).
+  absl::StatusOr<JobRecord> ViewOwner(const Principal& who, const std::string& file_id,
+                                      const std::string& job_id, bool failed) const {
+    auto job = api->service_->VisibleJob(who, job_id);
+    if (!job.ok() || !HasResultFile(*job, failed)) {
+      return absl::NotFoundError(absl::StrCat("file ", file_id.substr(0, 64), " not found"));
+    }
+    return job;
+  }
+
+  // The view's bytes: its lines as a JSONL file.
+  absl::StatusOr<int64_t> ViewBytes(const std::string& job_id, bool failed) const {
+    auto stats = api->jobs_->ResultSizes(job_id);
+    if (!stats.ok()) return stats.status();
+    return failed ? stats->failed_bytes : stats->ok_bytes;
+  }
+
+  // The job behind a result view with the view's bytes, when the view exists (ViewOwner).
   absl::StatusOr<std::pair<JobRecord, int64_t>> VisibleView(const Principal& who,
                                                             const std::string& file_id,
                                                             const std::string& job_id,
                                                             bool failed) const {
-    const absl::Status missing =
-        absl::NotFoundError(absl::StrCat("file ", file_id.substr(0, 64), " not found"));
-    auto job = api->service_->VisibleJob(who, job_id);
-    if (!job.ok() || !IsTerminal(job->state)) return missing;
-    auto stats = api->jobs_->ResultSizes(job_id);
-    if (!stats.ok()) return stats.status();
-    const int64_t lines = failed ? stats->failed_lines : stats->ok_lines;
-    if (lines == 0) return missing;
-    return std::pair{*job, failed ? stats->failed_bytes : stats->ok_bytes};
+    auto job = ViewOwner(who, file_id, job_id, failed);
+    if (!job.ok()) return job.status();
+    auto bytes = ViewBytes(job_id, failed);
+    if (!bytes.ok()) return bytes.status();
+    return std::pair{*std::move(job), *bytes};
   }
 
-  absl::StatusOr<Json> Batch(const JobRecord& job) const {
-    auto stats = api->jobs_->ResultSizes(job.id);
-    if (!stats.ok()) return stats.status();
-    return BatchJson(job, *stats);
+  // The created_at of a file the caller may see (an upload, or a result view: its job's
+  // finished_at); NotFound otherwise.
+  absl::StatusOr<int64_t> CreatedAt(const Principal& who, const std::string& id) const {
+    bool failed = false;
+    if (auto job_id = ViewJob(id, &failed)) {
+      auto job = ViewOwner(who, id, *job_id, failed);
+      if (!job.ok()) return job.status();
+      return job->finished_at;
+    }
+    auto f = VisibleFile(who, id);
+    if (!f.ok()) return f.status();
+    return f->created_at;
   }
 
   void Models(const httplib::Request& req, httplib::Response& res) const {
@@ -409,12 +433,62 @@ struct OpenAiHttpApi::Routes {
       return SendError(res, Invalid("order", absl::StrCat("must be \"asc\" or \"desc\", got ",
                                                           QuoteBounded(order, kMaxQuoted))));
     }
-    auto page = api->files_->List(who->admin ? "" : who->tenant, req.get_param_value("purpose"),
-                                  req.get_param_value("after"), *limit, order == "asc");
-    if (!page.ok()) return SendError(res, page.status());
+    const bool ascending = order == "asc";
+    const std::string tenant = who->admin ? "" : who->tenant;
+    const std::string purpose = req.get_param_value("purpose");
+    // The cursor: (created_at, id) of a file the caller may see, an upload or a result view.
+    const std::string after = req.get_param_value("after");
+    int64_t after_created_at = 0;
+    if (!after.empty()) {
+      auto at = CreatedAt(*who, after);
+      if (absl::IsNotFound(at.status())) return SendError(res, Invalid("after", "no such file"));
+      if (!at.ok()) return SendError(res, at.status());
+      after_created_at = *at;
+    }
+    // Uploads (purpose "batch") and result views ("batch_output"), each in the order (created_at,
+    // id) after the cursor; merged, the first `limit` of both.
+    FileStore::Page uploads;
+    if (purpose != "batch_output") {
+      auto page = api->files_->List(tenant, purpose, after_created_at, after, *limit, ascending);
+      if (!page.ok()) return SendError(res, page.status());
+      uploads = *std::move(page);
+    }
+    JobStore::ResultFilePage views;
+    if (purpose.empty() || purpose == "batch_output") {
+      auto page = api->jobs_->ListResultFiles(tenant, after_created_at, after, *limit, ascending);
+      if (!page.ok()) return SendError(res, page.status());
+      views = *std::move(page);
+    }
+    auto before = [ascending](int64_t t1, const std::string& id1, int64_t t2,
+                              const std::string& id2) {
+      return ascending ? std::tie(t1, id1) < std::tie(t2, id2)
+                       : std::tie(t2, id2) < std::tie(t1, id1);
+    };
     Json data = Json::array();
-    for (const FileRecord& f : page->files) data.push_back(FileJson(f));
-    SendJson(res, ListJson(std::move(data), page->has_more));
+    size_t u = 0, v = 0;
+    while (static_cast<int64_t>(data.size()) < *limit &&
+           (u < uploads.files.size() || v < views.files.size())) {
+      const bool take_upload =
+          v == views.files.size() ||
+          (u < uploads.files.size() && before(uploads.files[u].created_at, uploads.files[u].id,
+                                              views.files[v].created_at, views.files[v].id));
+      if (take_upload) {
+        data.push_back(FileJson(uploads.files[u++]));
+        continue;
+      }
+      const JobStore::ResultFile& view = views.files[v++];
+      // Only the views on the page are sized. A job deleted since it was listed is left out.
+      auto bytes = ViewBytes(view.job_id, view.failed);
+      if (absl::IsNotFound(bytes.status())) continue;
+      if (!bytes.ok()) return SendError(res, bytes.status());
+      JobRecord job;
+      job.id = view.job_id;
+      job.finished_at = view.created_at;
+      data.push_back(ViewJson(job, view.failed, *bytes));
+    }
+    const bool has_more =
+        u < uploads.files.size() || v < views.files.size() || uploads.has_more || views.has_more;
+    SendJson(res, ListJson(std::move(data), has_more));
   }
 
   void GetFile(const httplib::Request& req, httplib::Response& res) const {
@@ -438,7 +512,7 @@ struct OpenAiHttpApi::Routes {
     const std::string id = req.matches[1];
     bool failed = false;
     if (auto job_id = ViewJob(id, &failed)) {
-      auto view = VisibleView(*who, id, *job_id, failed);
+      auto view = ViewOwner(*who, id, *job_id, failed);
       if (!view.ok()) return SendError(res, view.status());
       // Streamed from the job store in index order, kResultsPerRead lines at a time.
       JobStore* jobs = api->jobs_;
@@ -484,7 +558,7 @@ struct OpenAiHttpApi::Routes {
     const std::string id = req.matches[1];
     bool failed = false;
     if (auto job_id = ViewJob(id, &failed)) {
-      auto view = VisibleView(*who, id, *job_id, failed);
+      auto view = ViewOwner(*who, id, *job_id, failed);
       if (!view.ok()) return SendError(res, view.status());
       auto deleted = api->jobs_->DeleteResults(*job_id, failed);
       if (!deleted.ok()) return SendError(res, deleted.status());
@@ -570,9 +644,7 @@ struct OpenAiHttpApi::Routes {
                                     : "";
       return SendError(res, job.status(), param);
     }
-    auto out = Batch(*job);
-    if (!out.ok()) return SendError(res, out.status());
-    SendJson(res, *out);
+    SendJson(res, BatchJson(*job));
   }
 
   void ListBatches(const httplib::Request& req, httplib::Response& res) const {
@@ -585,9 +657,7 @@ struct OpenAiHttpApi::Routes {
     if (!page.ok()) return SendError(res, page.status());
     Json data = Json::array();
     for (const JobRecord& job : page->jobs) {
-      auto b = Batch(job);
-      if (!b.ok()) return SendError(res, b.status());
-      data.push_back(*std::move(b));
+      data.push_back(BatchJson(job));
     }
     SendJson(res, ListJson(std::move(data), page->has_more));
   }
@@ -597,9 +667,7 @@ struct OpenAiHttpApi::Routes {
     if (!who.ok()) return SendError(res, who.status());
     auto job = api->service_->VisibleJob(*who, req.matches[1]);
     if (!job.ok()) return SendError(res, job.status());
-    auto out = Batch(*job);
-    if (!out.ok()) return SendError(res, out.status());
-    SendJson(res, *out);
+    SendJson(res, BatchJson(*job));
   }
 
   void CancelBatch(const httplib::Request& req, httplib::Response& res) const {
@@ -607,9 +675,7 @@ struct OpenAiHttpApi::Routes {
     if (!who.ok()) return SendError(res, who.status());
     auto job = api->service_->Cancel(*who, req.matches[1]);
     if (!job.ok()) return SendError(res, job.status());
-    auto out = Batch(*job);
-    if (!out.ok()) return SendError(res, out.status());
-    SendJson(res, *out);
+    SendJson(res, BatchJson(*job));
   }
 };
 

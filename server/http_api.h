@@ -16,7 +16,10 @@
 // engine queue, the same tenants and tokens (`Authorization: Bearer <token>`), the same limits.
 // A batch's output and error files are views of its results in the job store (ids
 // "file-<job id>-output" / "-errors", purpose "batch_output"), present once the batch is finished
-// and has such lines; DELETE on one deletes those result lines.
+// and has such lines (HasResultFile, server/job_store.h); DELETE on one deletes those result lines.
+// GET /v1/files lists them with the uploads in one order, (created_at, id), where a view's
+// created_at is its batch's finished_at: exactly the ids GET /v1/files/{id} finds. Only the views
+// on the page returned are sized (JobStore::ResultSizes).
 //
 // Errors: OpenAI's error object {"error": {"message", "type", "param", "code"}} with 400
 // (invalid_request_error, param names the field), 401, 404 (an unknown id or another tenant's),

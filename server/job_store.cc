@@ -1,18 +1,22 @@
 // The durable job store (server/job_store.h) on the SQLite C API.
 //
-// Schema version 3 (PRAGMA user_version = 3, PRAGMA application_id = kApplicationId):
+// Schema version 4 (PRAGMA user_version = 4, PRAGMA application_id = kApplicationId):
 //   jobs(id, seq, state, model, metadata, total, completed, failed, prompt_tokens,
 //        generated_tokens, created_at, started_at, finished_at, error, tenant, cancelled,
-//        endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors)
+//        endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors,
+//        output_deleted, errors_deleted)
 //     seq: creation order (MAX(seq) + 1 inside the creating transaction); metadata: a JSON object
 //     of strings; state: the JobState number; times in Unix seconds; tenant: the owner;
-//     cancelled: requests a cancel dropped; errors: JSON (job_store_codec.h).
+//     cancelled: requests a cancel dropped; errors: JSON (job_store_codec.h);
+//     output_deleted / errors_deleted: 1 once DeleteResults removed the successful / failed rows.
 //   requests(job_id, idx, custom_id, line, prompt_token_ids, budget_tokens)
 //     PRIMARY KEY (job_id, idx); prompt_token_ids: a BLOB of little-endian int32;
 //     budget_tokens: prompt tokens + n * max_tokens (what the request may add to the KV cache).
 // Version 1 (no tenant, no budget_tokens) is upgraded in place on open: its jobs belong to the
 // tenant "local" (the principal when authentication is off) and its requests count 0 tokens.
 // Version 2 (no batch columns) is upgraded in place too: its jobs are not HTTP batches.
+// Version 3 (no *_deleted columns) is upgraded in place: a job whose counters promise rows of an
+// outcome that are gone had them deleted (one pass over the jobs, probing their results).
 //   results(job_id, idx, custom_id, line, failed)  PRIMARY KEY (job_id, idx)
 //     failed: 1 for error lines, those of requests a cancel dropped included.
 // A request is pending while it has no results row and its job is VALIDATING or IN_PROGRESS.
@@ -58,10 +62,11 @@ using sqlite::Statement;
 using sqlite::Sv;
 using sqlite::Transaction;
 
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 constexpr int64_t kApplicationId = 0x6d6f6562;  // "moeb" in the database header
 constexpr int kBusyTimeoutMs = 10000;           // waiting for another process's write lock
 constexpr int32_t kMaxPageSize = 1000;
+constexpr int32_t kMaxResultFileLimit = 10000;  // ListResultFiles, as GET /v1/files's limit
 constexpr int kIdHexChars = 24;
 constexpr const char* kDbFileName = "moebatch.db";
 // The key that seals ListJobs page tokens (job_store_codec.h), beside the database.
@@ -109,8 +114,8 @@ PRAGMA application_id = 1836016994;
 PRAGMA user_version = 2;
 )sql";
 static_assert(kApplicationId == 1836016994, "kSchemaSql spells kApplicationId in decimal");
-// kSchemaSql makes version 2; kUpgradeV2Sql then makes it the current one.
-static_assert(kSchemaVersion == 3, "kUpgradeV2Sql spells kSchemaVersion");
+// kSchemaSql makes version 2; kUpgradeV2Sql and kUpgradeV3Sql then make it the current one.
+static_assert(kSchemaVersion == 4, "kUpgradeV3Sql spells kSchemaVersion");
 
 // Version 1 -> 2, inside the opening write transaction.
 constexpr const char* kUpgradeV1Sql = R"sql(
@@ -133,11 +138,24 @@ CREATE INDEX jobs_by_finished ON jobs (finished_at);
 PRAGMA user_version = 3;
 )sql";
 
+// Version 3 -> 4, inside the opening write transaction. The counters equal the result rows of each
+// outcome until DeleteResults removes them: counters without rows mean deleted rows.
+constexpr const char* kUpgradeV3Sql = R"sql(
+ALTER TABLE jobs ADD COLUMN output_deleted INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN errors_deleted INTEGER NOT NULL DEFAULT 0;
+UPDATE jobs SET output_deleted = 1 WHERE completed > 0 AND
+  NOT EXISTS (SELECT 1 FROM results r WHERE r.job_id = jobs.id AND r.failed = 0);
+UPDATE jobs SET errors_deleted = 1 WHERE failed + cancelled > 0 AND
+  NOT EXISTS (SELECT 1 FROM results r WHERE r.job_id = jobs.id AND r.failed = 1);
+PRAGMA user_version = 4;
+)sql";
+
 // The columns ReadJob reads, in its order.
 constexpr const char* kSelectJob =
     "SELECT id, state, model, metadata, total, completed, failed, prompt_tokens, "
     "generated_tokens, created_at, started_at, finished_at, error, seq, tenant, cancelled, "
-    "endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors FROM jobs ";
+    "endpoint, completion_window, input_file_id, expires_at, cancelling_at, errors, "
+    "output_deleted, errors_deleted FROM jobs ";
 
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -192,13 +210,15 @@ absl::StatusOr<JobRecord> ReadJob(const Statement& stmt, int64_t* seq = nullptr)
   absl::StatusOr<std::vector<JobLineError>> errors = DecodeLineErrors(stmt.Text(21));
   if (!errors.ok()) return errors.status();
   job.errors = *std::move(errors);
+  job.output_deleted = stmt.Int(22) != 0;
+  job.errors_deleted = stmt.Int(23) != 0;
   return job;
 }
 
-enum class SchemaCheck { kEmpty, kCurrent, kVersion1, kVersion2 };
+enum class SchemaCheck { kEmpty, kCurrent, kVersion1, kVersion2, kVersion3 };
 
 // What the file is: empty (a new file: create the schema), a moebatch database of this version,
-// or of version 1 or 2 (upgrade it); FailedPrecondition for anything else.
+// or of version 1, 2 or 3 (upgrade it); FailedPrecondition for anything else.
 absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
   absl::StatusOr<Statement> stmt =
       Statement::Prepare(db,
@@ -219,7 +239,7 @@ absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
         absl::StrCat(path, " is a SQLite database of another program (application_id ",
                      application_id, "), not a moebatch job store"));
   }
-  if (version != kSchemaVersion && version != 1 && version != 2) {
+  if (version < 1 || version > kSchemaVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is a moebatch job store of schema version ", version,
                      "; this build reads versions 1 to ", kSchemaVersion));
@@ -229,7 +249,8 @@ absl::StatusOr<SchemaCheck> CheckSchema(sqlite3* db, const std::string& path) {
         absl::StrCat(path, " is a moebatch job store missing some of its tables"));
   }
   if (version == 1) return SchemaCheck::kVersion1;
-  return version == 2 ? SchemaCheck::kVersion2 : SchemaCheck::kCurrent;
+  if (version == 2) return SchemaCheck::kVersion2;
+  return version == 3 ? SchemaCheck::kVersion3 : SchemaCheck::kCurrent;
 }
 
 }  // namespace
@@ -430,16 +451,29 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& data
     if (absl::Status s = txn.Begin(/*write=*/true); !s.ok()) return s;
     schema = CheckSchema(impl.db, path);
     if (!schema.ok()) return schema.status();
-    if (*schema == SchemaCheck::kEmpty) {
-      if (absl::Status s = Exec(impl.db, kSchemaSql); !s.ok()) return s;
-      if (absl::Status s = Exec(impl.db, kUpgradeV2Sql); !s.ok()) return s;
-    } else if (*schema == SchemaCheck::kVersion1 || *schema == SchemaCheck::kVersion2) {
-      if (*schema == SchemaCheck::kVersion1) {
-        if (absl::Status s = Exec(impl.db, kUpgradeV1Sql); !s.ok()) return s;
+    if (*schema != SchemaCheck::kCurrent) {
+      // The steps (from version, to version, SQL) from the file's version (0: empty) to the
+      // current one.
+      const int from = *schema == SchemaCheck::kEmpty      ? 0
+                       : *schema == SchemaCheck::kVersion1 ? 1
+                       : *schema == SchemaCheck::kVersion2 ? 2
+                                                           : 3;
+      struct Step {
+        int from, to;
+        const char* sql;
+      };
+      const Step steps[] = {
+          {0, 2, kSchemaSql}, {1, 2, kUpgradeV1Sql}, {2, 3, kUpgradeV2Sql}, {3, 4, kUpgradeV3Sql}};
+      int at = from;
+      for (const Step& step : steps) {
+        if (step.from != at) continue;
+        if (absl::Status s = Exec(impl.db, step.sql); !s.ok()) return s;
+        at = step.to;
       }
-      if (absl::Status s = Exec(impl.db, kUpgradeV2Sql); !s.ok()) return s;
-      spdlog::info("job store: upgraded {} from schema version {} to {}", path,
-                   *schema == SchemaCheck::kVersion1 ? 1 : 2, kSchemaVersion);
+      if (from != 0) {
+        spdlog::info("job store: upgraded {} from schema version {} to {}", path, from,
+                     kSchemaVersion);
+      }
     }
     if (absl::Status s = txn.Commit(); !s.ok()) return s;
   }
@@ -1090,11 +1124,79 @@ absl::StatusOr<int64_t> JobStore::DeleteResults(const std::string& job_id, bool 
     if (absl::Status s = del->BindAll(job_id, int64_t{failed ? 1 : 0}); !s.ok()) return s;
     if (absl::Status s = del->Run(); !s.ok()) return s;
     const int64_t n = sqlite3_changes(impl_->db);
+    absl::StatusOr<Statement> mark = Statement::Prepare(
+        impl_->db,
+        "UPDATE jobs SET output_deleted = CASE WHEN ?2 = 0 THEN 1 ELSE output_deleted END, "
+        "errors_deleted = CASE WHEN ?2 = 1 THEN 1 ELSE errors_deleted END WHERE id = ?1");
+    if (!mark.ok()) return mark.status();
+    if (absl::Status s = mark->BindAll(job_id, int64_t{failed ? 1 : 0}); !s.ok()) return s;
+    if (absl::Status s = mark->Run(); !s.ok()) return s;
     if (absl::Status s = txn.Commit(); !s.ok()) return s;
     return n;
   }();
   Track(deleted.status());
   return deleted;
+}
+
+bool HasResultFile(const JobRecord& job, bool failed) {
+  if (!IsTerminal(job.state)) return false;
+  return failed ? job.failed + job.cancelled > 0 && !job.errors_deleted
+                : job.completed > 0 && !job.output_deleted;
+}
+
+std::string ResultFileId(const std::string& job_id, bool failed) {
+  return absl::StrCat(kResultFilePrefix, job_id, failed ? kErrorFileSuffix : kOutputFileSuffix);
+}
+
+absl::StatusOr<JobStore::ResultFilePage> JobStore::ListResultFiles(const std::string& tenant,
+                                                                   int64_t after_created_at,
+                                                                   const std::string& after_id,
+                                                                   int32_t limit, bool ascending) {
+  if (limit < 1 || limit > kMaxResultFileLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: must be in [1, ", kMaxResultFileLimit, "], got ", limit));
+  }
+  // Each finished job gives up to two rows (HasResultFile's conditions in SQL; the ids as
+  // ResultFileId spells them, "job_" ids only, as the HTTP API's file ids parse), in the order
+  // (finished_at, file id) strictly after the cursor. Reads the jobs table only.
+  constexpr const char* kRows =
+      "SELECT file_id, job_id, failed, finished_at FROM ("
+      "SELECT ?1 || id || ?2 AS file_id, id AS job_id, 0 AS failed, finished_at FROM jobs "
+      "WHERE state IN (?7, ?8, ?9, ?10) AND completed > 0 AND output_deleted = 0 "
+      "AND substr(id, 1, 4) = 'job_' AND (?4 = '' OR tenant = ?4) "
+      "UNION ALL "
+      "SELECT ?1 || id || ?3, id, 1, finished_at FROM jobs "
+      "WHERE state IN (?7, ?8, ?9, ?10) AND failed + cancelled > 0 AND errors_deleted = 0 "
+      "AND substr(id, 1, 4) = 'job_' AND (?4 = '' OR tenant = ?4)) ";
+  const std::string sql =
+      std::string(kRows) + (ascending ? "WHERE ?6 = '' OR (finished_at, file_id) > (?5, ?6) "
+                                        "ORDER BY finished_at, file_id LIMIT ?11"
+                                      : "WHERE ?6 = '' OR (finished_at, file_id) < (?5, ?6) "
+                                        "ORDER BY finished_at DESC, file_id DESC LIMIT ?11");
+  absl::MutexLock lock(&impl_->read_mu);
+  absl::StatusOr<Statement> stmt = Statement::Prepare(impl_->reader, sql);
+  if (!stmt.ok()) return stmt.status();
+  if (absl::Status s = stmt->BindAll(
+          kResultFilePrefix, kOutputFileSuffix, kErrorFileSuffix, tenant, after_created_at,
+          after_id, static_cast<int64_t>(JobState::kCompleted),
+          static_cast<int64_t>(JobState::kFailed), static_cast<int64_t>(JobState::kCancelled),
+          static_cast<int64_t>(JobState::kExpired), int64_t{limit} + 1);
+      !s.ok()) {
+    return s;
+  }
+  ResultFilePage page;
+  absl::StatusOr<bool> has_more = sqlite::ReadPage(*stmt, limit, [&](const Statement& row) {
+    ResultFile f;
+    f.id = row.Text(0);
+    f.job_id = row.Text(1);
+    f.failed = row.Int(2) != 0;
+    f.created_at = row.Int(3);
+    page.files.push_back(std::move(f));
+    return absl::OkStatus();
+  });
+  if (!has_more.ok()) return has_more.status();
+  page.has_more = *has_more;
+  return page;
 }
 
 absl::Status JobStore::DeleteJob(const std::string& job_id) {
@@ -1184,18 +1286,14 @@ absl::StatusOr<JobStore::AfterPage> JobStore::ListJobsAfter(const std::string& a
     return s;
   }
   AfterPage page;
-  for (;;) {
-    absl::StatusOr<bool> row = stmt->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (static_cast<int64_t>(page.jobs.size()) == limit) {
-      page.has_more = true;
-      break;
-    }
-    absl::StatusOr<JobRecord> job = ReadJob(*stmt);
+  absl::StatusOr<bool> has_more = sqlite::ReadPage(*stmt, limit, [&](const Statement& row) {
+    absl::StatusOr<JobRecord> job = ReadJob(row);
     if (!job.ok()) return job.status();
     page.jobs.push_back(*std::move(job));
-  }
+    return absl::OkStatus();
+  });
+  if (!has_more.ok()) return has_more.status();
+  page.has_more = *has_more;
   if (absl::Status s = txn.Commit(); !s.ok()) return s;
   return page;
 }

@@ -59,7 +59,24 @@ struct JobRecord {
   int64_t expires_at = 0;            // Unix seconds; 0 = never
   int64_t cancelling_at = 0;         // Unix seconds of the cancel; 0 = not cancelled
   std::vector<JobLineError> errors;  // why the batch failed validation (state FAILED)
+  // DeleteResults removed the successful (output) / failed (errors) result rows; the counters
+  // above stay as they were.
+  bool output_deleted = false;
+  bool errors_deleted = false;
 };
+
+// A finished job's result files in the OpenAI Files API (server/http_api.h): its successful result
+// lines (the output file, id "file-<job id>-output") and its failed ones, those a cancel or an
+// expiry added included (the error file, "file-<job id>-errors").
+inline constexpr char kResultFilePrefix[] = "file-";
+inline constexpr char kOutputFileSuffix[] = "-output";
+inline constexpr char kErrorFileSuffix[] = "-errors";
+// The id of the job's output (failed = false) or error file.
+std::string ResultFileId(const std::string& job_id, bool failed);
+// Whether the job has that file: it is terminal, its counters hold such lines (completed; failed
+// + cancelled), and DeleteResults did not remove them. JobStore::ListResultFiles lists exactly
+// these (of jobs whose id starts with "job_").
+bool HasResultFile(const JobRecord& job, bool failed);
 
 // One request of a job as stored: enough to run it again after a restart and to format its result.
 struct StoredRequest {
@@ -195,8 +212,9 @@ class JobStore {
   };
   absl::StatusOr<ResultStats> ResultSizes(const std::string& job_id);
 
-  // Deletes the job's successful (failed = false) or failed result rows; the job's counters stay.
-  // Returns the rows deleted. NotFound for an unknown job.
+  // Deletes the job's successful (failed = false) or failed result rows and marks them deleted
+  // (JobRecord::output_deleted / errors_deleted: that result file is gone); the job's counters
+  // stay. Returns the rows deleted. NotFound for an unknown job.
   absl::StatusOr<int64_t> DeleteResults(const std::string& job_id, bool failed);
 
   // Deletes a finished job with its requests and results. NotFound for an unknown job;
@@ -216,6 +234,27 @@ class JobStore {
   };
   absl::StatusOr<AfterPage> ListJobsAfter(const std::string& after_id, int32_t limit,
                                           const std::string& tenant);
+
+  // The result files (HasResultFile) of the jobs of `tenant` ("" = every tenant's) whose id starts
+  // with "job_", ordered by (created_at = the job's finished_at, id = ResultFileId), ascending or
+  // descending, strictly after the cursor (after_created_at: Unix seconds, after_id) in that order
+  // (after_id "" = from the start); at most `limit` (1..10000; InvalidArgument otherwise).
+  // `has_more`: more follow. Reads the jobs table only (one row per finished job), never the
+  // results: the sizes of the files returned are ResultSizes'.
+  struct ResultFile {
+    std::string id;  // ResultFileId(job_id, failed)
+    std::string job_id;
+    bool failed = false;     // the error file
+    int64_t created_at = 0;  // the job's finished_at, Unix seconds
+  };
+  struct ResultFilePage {
+    std::vector<ResultFile> files;
+    bool has_more = false;
+  };
+  absl::StatusOr<ResultFilePage> ListResultFiles(const std::string& tenant,
+                                                 int64_t after_created_at,
+                                                 const std::string& after_id, int32_t limit,
+                                                 bool ascending);
 
   // The number of jobs in each state (states without jobs are absent), for metrics.
   absl::StatusOr<std::map<JobState, int64_t>> CountJobsByState();

@@ -164,6 +164,20 @@ class Statement {
   sqlite3_stmt* stmt_;
 };
 
+// Reads one page of a query that asks for `limit` + 1 rows (LIMIT ?): calls `read(stmt)` (returning
+// absl::Status) on each of the first `limit` rows; returns whether a row followed them (the page's
+// has_more), or the first error of a step or of `read`.
+template <typename Read>
+absl::StatusOr<bool> ReadPage(Statement& stmt, int64_t limit, Read read) {
+  for (int64_t n = 0;; ++n) {
+    absl::StatusOr<bool> row = stmt.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return false;
+    if (n == limit) return true;
+    if (absl::Status s = read(stmt); !s.ok()) return s;
+  }
+}
+
 // A transaction on the store's connection, rolled back on destruction unless committed.
 // Begin(write=true) is BEGIN IMMEDIATE: it takes the write lock at once (waiting up to the busy
 // timeout for another process), so the transaction never fails later on lock upgrade.

@@ -153,6 +153,108 @@ def test_list_batches_and_files_with_pagination(http_daemon, tmp_path):
     assert page.data[0].id == files.data[-1].id
 
 
+def _raw_files(client: OpenAI, **params) -> dict:
+    """GET /v1/files as the daemon answered it (JSON), through the SDK."""
+    return client.files.with_raw_response.list(**params).http_response.json()
+
+
+def _raw_file(client: OpenAI, file_id: str) -> dict:
+    return client.files.with_raw_response.retrieve(file_id).http_response.json()
+
+
+def _batch_with_errors(client: OpenAI, tmp_path: Path, name: str, ok: int = 2):
+    """A finished batch with `ok` successful lines and one failed line (its max_tokens exceed the
+    context): it has an output and an error file."""
+    lines = [chat_line(f"{name}-{i}", f"Say {i}", max_tokens=2) for i in range(ok)]
+    lines.append(chat_line(f"{name}-long", "Hi", max_tokens=10_000_000))
+    file, batch = run_batch(client, write_jsonl(tmp_path / f"{name}.jsonl", lines))
+    batch = wait_done(client, batch.id)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (ok, 1)
+    assert batch.output_file_id and batch.error_file_id
+    return file, batch
+
+
+def test_files_list_has_the_batch_output_and_error_files(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    file, batch = _batch_with_errors(client, tmp_path, "a")
+    output, error = batch.output_file_id, batch.error_file_id
+    listing = _raw_files(client)
+    assert listing["object"] == "list" and listing["has_more"] is False
+    listed = {f["id"]: f for f in listing["data"]}
+    assert set(listed) == {file.id, output, error}
+    # Each entry is exactly what GET /v1/files/{id} answers, through the SDK too.
+    for file_id in listed:
+        assert listed[file_id] == _raw_file(client, file_id)
+        assert (client.files.retrieve(file_id).model_dump() ==
+                next(f for f in client.files.list() if f.id == file_id).model_dump())
+    assert listed[output]["purpose"] == listed[error]["purpose"] == "batch_output"
+    assert listed[output]["created_at"] == listed[error]["created_at"] == batch.completed_at
+    assert listed[output]["bytes"] == len(client.files.content(output).content) > 0
+    assert listed[error]["bytes"] == len(client.files.content(error).content) > 0
+    assert listed[file.id]["purpose"] == "batch"
+    # Newest first: the views (made when the batch finished) are not older than the upload.
+    ids = [f["id"] for f in listing["data"]]
+    assert ids.index(file.id) == 2
+    # purpose filters: uploads only, views only.
+    assert [f.id for f in client.files.list(purpose="batch")] == [file.id]
+    assert sorted(f.id for f in client.files.list(purpose="batch_output")) == sorted([output,
+                                                                                      error])
+    assert client.files.list(purpose="fine-tune").data == []
+    # An unfinished batch has no files yet; a batch that failed validation never has.
+    _, bad = run_batch(client, write_jsonl(tmp_path / "bad.jsonl", ["not json"]))
+    assert client.batches.retrieve(bad.id).status == "failed"
+    assert {f.id for f in client.files.list(purpose="batch_output")} == {output, error}
+    # An unknown cursor is the error it always was.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.files.list(after="file-job_nope-output")
+    assert e.value.body["param"] == "after"
+
+
+def test_files_list_pages_through_uploads_and_views_once_each_in_order(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    for name in ("a", "b", "c"):
+        _batch_with_errors(client, tmp_path, name, ok=1)
+        time.sleep(1.1)  # distinct seconds as well as ties within one
+    client.files.create(file=write_jsonl(tmp_path / "late.jsonl",
+                                         [chat_line("z", "Hi")]).open("rb"), purpose="batch")
+    everything = _raw_files(client)["data"]
+    assert len(everything) == 3 * 3 + 1
+    want_desc = [f["id"] for f in sorted(everything, key=lambda f: (f["created_at"], f["id"]),
+                                         reverse=True)]
+    assert [f["id"] for f in everything] == want_desc  # (created_at, id), newest first
+    for order, want in (("desc", want_desc), ("asc", want_desc[::-1])):
+        # By hand, one file a page: has_more until the last, each file once.
+        walked, after = [], None
+        while True:
+            params = {"limit": 1, "order": order, **({"after": after} if after else {})}
+            page = _raw_files(client, **params)
+            assert len(page["data"]) == 1
+            walked.append(page["data"][0]["id"])
+            assert page["first_id"] == page["last_id"] == walked[-1]
+            after = walked[-1]
+            if not page["has_more"]:
+                break
+            assert len(walked) < 20
+        assert walked == want, order
+        # The SDK follows `after` itself.
+        assert [f.id for f in client.files.list(limit=1, order=order)] == want, order
+        assert [f.id for f in client.files.list(limit=4, order=order)] == want, order
+        # Views only, paged by a view's id; uploads only, paged by an upload's id.
+        views = [i for i in want if i.startswith("file-job_")]
+        assert [f.id for f in client.files.list(purpose="batch_output", limit=2,
+                                                order=order)] == views
+        uploads = [i for i in want if not i.startswith("file-job_")]
+        assert [f.id for f in client.files.list(purpose="batch", limit=1,
+                                                order=order)] == uploads
+    # A cursor of either kind works with either filter.
+    first_view = next(i for i in want_desc if i.startswith("file-job_"))
+    rest = want_desc[want_desc.index(first_view) + 1:]
+    assert [f.id for f in client.files.list(after=first_view)] == rest
+    assert ([f.id for f in client.files.list(after=first_view, purpose="batch")] ==
+            [i for i in rest if not i.startswith("file-job_")])
+
+
 def test_bad_files_fail_validation_listing_every_bad_line(http_daemon, tmp_path):
     client = http_daemon.openai()
     good = chat_line("ok", "Hi")
@@ -223,10 +325,18 @@ def test_deleting_files_and_results(http_daemon, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", max_tokens=2)])
     file, batch = run_batch(client, path)
     batch = wait_done(client, batch.id)
+    assert batch.output_file_id in [f.id for f in client.files.list()]
     assert client.files.delete(batch.output_file_id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.content(batch.output_file_id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(batch.output_file_id)
     assert client.batches.retrieve(batch.id).output_file_id is None
+    # Gone from the listing as well, and no cursor any more.
+    assert [f.id for f in client.files.list()] == [file.id]
+    assert client.files.list(purpose="batch_output").data == []
+    with pytest.raises(openai.BadRequestError):
+        client.files.list(after=batch.output_file_id)
     assert client.files.delete(file.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(file.id)
@@ -236,6 +346,7 @@ def test_deleting_files_and_results(http_daemon, tmp_path):
 def test_another_tenants_ids_are_not_found(tmp_path):
     tokens_file = tmp_path / "tokens.json"
     a, b = make_token(tokens_file, "team-a"), make_token(tokens_file, "team-b")
+    admin_token = make_token(tokens_file, "ops", role="admin")
     d = HttpDaemon(tmp_path / "data", ["--tokens_file", str(tokens_file)]).start()
     try:
         path = write_jsonl(tmp_path / "in.jsonl", [chat_line("a", "Hi", max_tokens=2)])
@@ -254,6 +365,14 @@ def test_another_tenants_ids_are_not_found(tmp_path):
             with pytest.raises(openai.NotFoundError):
                 call()
         assert other.batches.list().data == [] and other.files.list().data == []
+        assert other.files.list(purpose="batch_output").data == []
+        with pytest.raises(openai.BadRequestError):
+            other.files.list(after=batch.output_file_id)
+        # The owner lists its batch's output file; an admin lists every tenant's.
+        assert ({f.id for f in d.openai(a).files.list()} ==
+                {file.id, batch.output_file_id})
+        admin = d.openai(admin_token)
+        assert batch.output_file_id in {f.id for f in admin.files.list(purpose="batch_output")}
         with pytest.raises(openai.AuthenticationError):
             d.openai("not-a-token").batches.list()
         stranger = d.openai("not-a-token")

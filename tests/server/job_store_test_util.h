@@ -46,6 +46,13 @@ inline StoredResult Result(int64_t index, bool failed = false) {
   return r;
 }
 
+// A job record of `tenant`, for CreateOk.
+inline JobRecord OfTenant(const std::string& tenant) {
+  JobRecord job;
+  job.tenant = tenant;
+  return job;
+}
+
 inline JobRecord CreateOk(JobStore& store, int64_t n, JobRecord job = {}) {
   absl::StatusOr<JobRecord> created = store.CreateJob(job, Requests(n), {});
   INFO(created.status().ToString());

@@ -2,12 +2,15 @@
 // listing and paging, deletion, the upload limit, and what a crash leaves behind.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "server/file_store.h"
 #include "tests/support/temp_dir.h"
@@ -64,29 +67,48 @@ TEST_CASE("FileStore: an upload is stored whole, listed, read and deleted") {
 
   const FileRecord b = UploadOk(*store, "team-b", "x\n");
   const FileRecord c = UploadOk(*store, "team-a", "y\n");
-  // Newest first by default, per tenant, paged by `after`.
-  auto all = store->List("", "", "", 10, /*ascending=*/false);
+  // Newest first by default, in the order (created_at, id) (uploads within a second share
+  // created_at: their ids decide), per tenant, paged by the cursor (created_at, id).
+  auto older = [](const FileRecord& x, const FileRecord& y) {
+    return std::tie(x.created_at, x.id) < std::tie(y.created_at, y.id);
+  };
+  std::vector<FileRecord> expected = {a, b, c};
+  std::sort(expected.begin(), expected.end(), older);
+  auto all = store->List("", "", 0, "", 10, /*ascending=*/false);
   REQUIRE(all.ok());
   REQUIRE(all->files.size() == 3);
-  CHECK(all->files[0].id == c.id);
-  CHECK(all->files[2].id == a.id);
-  auto mine = store->List("team-a", "batch", "", 1, false);
+  for (size_t i = 0; i < 3; ++i) CHECK(all->files[i].id == expected[2 - i].id);
+  CHECK_FALSE(all->has_more);
+  const FileRecord& newer_a = older(a, c) ? c : a;
+  const FileRecord& older_a = older(a, c) ? a : c;
+  auto mine = store->List("team-a", "batch", 0, "", 1, false);
   REQUIRE(mine.ok());
   REQUIRE(mine->files.size() == 1);
-  CHECK(mine->files[0].id == c.id);
+  CHECK(mine->files[0].id == newer_a.id);
   CHECK(mine->has_more);
-  auto next = store->List("team-a", "batch", c.id, 1, false);
+  auto next = store->List("team-a", "batch", newer_a.created_at, newer_a.id, 1, false);
   REQUIRE(next.ok());
   REQUIRE(next->files.size() == 1);
-  CHECK(next->files[0].id == a.id);
+  CHECK(next->files[0].id == older_a.id);
   CHECK_FALSE(next->has_more);
-  auto ascending = store->List("", "", "", 10, /*ascending=*/true);
+  auto ascending = store->List("", "", 0, "", 10, /*ascending=*/true);
   REQUIRE(ascending.ok());
-  CHECK(ascending->files[0].id == a.id);
-  CHECK(store->List("team-a", "", b.id, 10, false).status().code() ==
-        absl::StatusCode::kInvalidArgument);  // another tenant's file is no cursor
-  CHECK(store->List("", "", "", 0, false).status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(store->List("", "fine-tune", "", 10, false)->files.empty());
+  REQUIRE(ascending->files.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(ascending->files[i].id == expected[i].id);
+  // A cursor need not name a file ("file-job_" sorts after every upload id of its second).
+  const int64_t t0 = expected[0].created_at;
+  size_t later = 0;
+  for (const FileRecord& f : expected) later += f.created_at > t0 ? 1 : 0;
+  auto after_cursor = store->List("", "", t0, "file-job_", 10, /*ascending=*/true);
+  REQUIRE(after_cursor.ok());
+  CHECK(after_cursor->files.size() == later);
+  auto before_cursor = store->List("", "", t0, "file-job_", 10, /*ascending=*/false);
+  REQUIRE(before_cursor.ok());
+  CHECK(before_cursor->files.size() == 3 - later);
+  CHECK(store->List("", "", 0, "", 0, false).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(store->List("", "", 0, "", 10001, false).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(store->List("", "fine-tune", 0, "", 10, false)->files.empty());
 
   REQUIRE(store->Delete(a.id).ok());
   CHECK(store->Get(a.id).status().code() == absl::StatusCode::kNotFound);
@@ -110,7 +132,7 @@ TEST_CASE("FileStore: an upload over its limit fails and leaves nothing") {
           absl::StatusCode::kFailedPrecondition);
   }
   CHECK(fs::is_empty(fs::path(dir.str()) / "files"));
-  CHECK(store->List("", "", "", 10, false)->files.empty());
+  CHECK(store->List("", "", 0, "", 10, false)->files.empty());
 }
 
 TEST_CASE(

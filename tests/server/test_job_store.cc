@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
@@ -487,10 +488,10 @@ TEST_CASE("JobStore: files that are not a job store give a clean error", "[job_s
     for (int i = 3; i >= 0; --i) f.put(static_cast<char>((value >> (8 * i)) & 0xff));
   };
   SECTION("a newer schema version") {
-    patch_header(60, 4);
+    patch_header(60, 5);
     absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir.str());
     CHECK(store.status().code() == absl::StatusCode::kFailedPrecondition);
-    CHECK(absl::StrContains(store.status().message(), "version 4"));
+    CHECK(absl::StrContains(store.status().message(), "version 5"));
   }
   SECTION("another program's database") {
     patch_header(68, 0x12345678);
@@ -555,6 +556,57 @@ INSERT INTO requests VALUES ('job_old', 1, 'b', '{}', x'02000000');
   store.reset();
   store = OpenOk(dir.str());
   CHECK(GetOk(*store, "job_old").completed == 1);
+}
+
+TEST_CASE("JobStore: a schema version 3 store is upgraded, its deleted results marked",
+          "[job_store]") {
+  TempDir dir;
+  std::string both, deleted_output;
+  {
+    std::unique_ptr<JobStore> store = OpenOk(dir.str());
+    for (std::string* id : {&both, &deleted_output}) {
+      *id = CreateOk(*store, 2).id;
+      REQUIRE(CommitOk(*store, *id, Result(0)));
+      REQUIRE(CommitOk(*store, *id, Result(1, /*failed=*/true)));
+    }
+  }
+  {
+    // Back to version 3, as an earlier build left it after deleting the output file's rows.
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir / "moebatch.db").c_str(), &db) == SQLITE_OK);
+    sqlite3_stmt* del = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db, "DELETE FROM results WHERE job_id = ? AND failed = 0", -1, &del,
+                               nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_bind_text(del, 1, deleted_output.c_str(), -1, SQLITE_TRANSIENT) == SQLITE_OK);
+    CHECK(sqlite3_step(del) == SQLITE_DONE);
+    sqlite3_finalize(del);
+    char* error = nullptr;
+    const int rc = sqlite3_exec(db,
+                                "ALTER TABLE jobs DROP COLUMN output_deleted; "
+                                "ALTER TABLE jobs DROP COLUMN errors_deleted; "
+                                "PRAGMA user_version = 3;",
+                                nullptr, nullptr, &error);
+    INFO((error != nullptr ? error : ""));
+    REQUIRE(rc == SQLITE_OK);
+    sqlite3_close(db);
+  }
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  const JobRecord kept = GetOk(*store, both);
+  CHECK_FALSE(kept.output_deleted);
+  CHECK_FALSE(kept.errors_deleted);
+  const JobRecord upgraded = GetOk(*store, deleted_output);
+  CHECK(upgraded.output_deleted);
+  CHECK_FALSE(upgraded.errors_deleted);
+  CHECK(upgraded.completed == 1);
+  absl::StatusOr<JobStore::ResultFilePage> files = store->ListResultFiles("", 0, "", 10, true);
+  REQUIRE(files.ok());
+  std::vector<std::string> ids;
+  for (const JobStore::ResultFile& f : files->files) ids.push_back(f.id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::string> want = {ResultFileId(both, false), ResultFileId(both, true),
+                                   ResultFileId(deleted_output, true)};
+  std::sort(want.begin(), want.end());
+  CHECK(ids == want);
 }
 
 // The child: opens the store and commits results one by one, reporting each committed index on

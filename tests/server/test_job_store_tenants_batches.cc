@@ -1,10 +1,12 @@
 // server/job_store.h: tenants (ownership, opaque page tokens, round-robin feeding, quotas) and the
 // OpenAI batch semantics (cancelled lines, deletion and retention, validation errors stored with
 // the job, ListJobsAfter), against a real SQLite file in a temporary directory.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -326,6 +328,136 @@ TEST_CASE("JobStore: a batch that failed validation is stored with its line erro
   CHECK(read.errors[1].message == "invalid JSON: \xEF\xBF\xBD");  // ill-formed UTF-8 replaced
   // No requests and not failed: refused as before.
   CHECK(store->CreateJob(JobRecord{}, {}, {}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+// Every result file ListResultFiles gives for `tenant`, walked `limit` at a time with the cursor.
+std::vector<JobStore::ResultFile> WalkResultFiles(JobStore& store, const std::string& tenant,
+                                                  int32_t limit, bool ascending) {
+  std::vector<JobStore::ResultFile> all;
+  int64_t at = 0;
+  std::string id;
+  for (int pages = 0; pages < 100; ++pages) {
+    absl::StatusOr<JobStore::ResultFilePage> page =
+        store.ListResultFiles(tenant, at, id, limit, ascending);
+    INFO(page.status().ToString());
+    REQUIRE(page.ok());
+    CHECK(static_cast<int32_t>(page->files.size()) <= limit);
+    all.insert(all.end(), page->files.begin(), page->files.end());
+    if (!page->has_more) return all;
+    REQUIRE(!page->files.empty());
+    at = page->files.back().created_at;
+    id = page->files.back().id;
+  }
+  FAIL("ListResultFiles did not end");
+  return all;
+}
+
+TEST_CASE("JobStore: ListResultFiles lists exactly the result files HasResultFile names") {
+  TempDir dir;
+  std::unique_ptr<JobStore> store = OpenOk(dir.str());
+  const JobRecord mine = OfTenant("team-a");
+  const JobRecord theirs = OfTenant("team-b");
+  // Successful lines only; both outcomes; unfinished; cancelled before any result; expired;
+  // failed validation (no lines); every line failed validation (completed at once).
+  const JobRecord ok = CreateOk(*store, 2, mine);
+  REQUIRE(CommitOk(*store, ok.id, Result(0)));
+  REQUIRE(CommitOk(*store, ok.id, Result(1)));
+  const JobRecord mixed = CreateOk(*store, 2, mine);
+  REQUIRE(CommitOk(*store, mixed.id, Result(0)));
+  REQUIRE(CommitOk(*store, mixed.id, Result(1, /*failed=*/true)));
+  const JobRecord running = CreateOk(*store, 2, mine);
+  REQUIRE(CommitOk(*store, running.id, Result(0)));
+  const JobRecord cancelled = CreateOk(*store, 3, mine);
+  REQUIRE(store->SetJobState(cancelled.id, JobState::kCancelling).ok());
+  REQUIRE(store->SetJobState(cancelled.id, JobState::kCancelled).ok());
+  const JobRecord expired = CreateOk(*store, 1, theirs);
+  REQUIRE(store->SetJobState(expired.id, JobState::kExpired).ok());
+  JobRecord invalid = mine;
+  invalid.state = JobState::kFailed;
+  invalid.errors = {{1, "invalid_json_line", "", "invalid JSON"}};
+  absl::StatusOr<JobRecord> invalid_created = store->CreateJob(invalid, {}, {});
+  REQUIRE(invalid_created.ok());
+  absl::StatusOr<JobRecord> prefailed = store->CreateJob(
+      mine, {}, {{0, "p0", R"({"custom_id":"p0","error":{"code":"invalid_request"}})"}});
+  REQUIRE(prefailed.ok());
+  REQUIRE(GetOk(*store, prefailed->id).state == JobState::kCompleted);
+
+  const std::vector<std::string> ids = {ok.id,      mixed.id,      running.id,         cancelled.id,
+                                        expired.id, prefailed->id, invalid_created->id};
+  // (created_at, id) of every file HasResultFile names, of `tenant` ("" = all).
+  auto expected = [&](const std::string& tenant) {
+    std::vector<std::pair<int64_t, std::string>> files;
+    for (const std::string& id : ids) {
+      const JobRecord job = GetOk(*store, id);
+      if (!tenant.empty() && job.tenant != tenant) continue;
+      for (bool failed : {false, true}) {
+        if (HasResultFile(job, failed))
+          files.emplace_back(job.finished_at, ResultFileId(id, failed));
+      }
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+  };
+  auto listed = [](const std::vector<JobStore::ResultFile>& files) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    for (const JobStore::ResultFile& f : files) {
+      CHECK(f.id == ResultFileId(f.job_id, f.failed));
+      out.emplace_back(f.created_at, f.id);
+    }
+    return out;
+  };
+  // What HasResultFile says of these jobs.
+  CHECK(HasResultFile(GetOk(*store, ok.id), false));
+  CHECK_FALSE(HasResultFile(GetOk(*store, ok.id), true));
+  CHECK(HasResultFile(GetOk(*store, mixed.id), false));
+  CHECK(HasResultFile(GetOk(*store, mixed.id), true));
+  CHECK_FALSE(HasResultFile(GetOk(*store, running.id), false));
+  CHECK_FALSE(HasResultFile(GetOk(*store, cancelled.id), false));
+  CHECK(HasResultFile(GetOk(*store, cancelled.id), true));
+  CHECK(HasResultFile(GetOk(*store, expired.id), true));
+  CHECK_FALSE(HasResultFile(GetOk(*store, invalid_created->id), true));
+  CHECK(HasResultFile(GetOk(*store, prefailed->id), true));
+  CHECK_FALSE(HasResultFile(GetOk(*store, prefailed->id), false));
+  REQUIRE(expected("team-a").size() == 5);
+
+  for (const std::string tenant : {"team-a", "team-b", ""}) {
+    INFO("tenant '" << tenant << "'");
+    auto want = expected(tenant);
+    for (int32_t limit : {1, 2, 10000}) {
+      INFO("limit " << limit);
+      CHECK(listed(WalkResultFiles(*store, tenant, limit, /*ascending=*/true)) == want);
+      auto descending = listed(WalkResultFiles(*store, tenant, limit, /*ascending=*/false));
+      std::reverse(descending.begin(), descending.end());
+      CHECK(descending == want);
+    }
+  }
+  CHECK(listed(WalkResultFiles(*store, "team-b", 10, true)) ==
+        std::vector<std::pair<int64_t, std::string>>{
+            {GetOk(*store, expired.id).finished_at, ResultFileId(expired.id, true)}});
+  CHECK(WalkResultFiles(*store, "team-c", 10, true).empty());
+
+  // A deleted outcome is gone from the listing, the other stays; the counters stay.
+  REQUIRE(store->DeleteResults(mixed.id, /*failed=*/false).ok());
+  const JobRecord after_delete = GetOk(*store, mixed.id);
+  CHECK(after_delete.output_deleted);
+  CHECK_FALSE(after_delete.errors_deleted);
+  CHECK(after_delete.completed == 1);
+  CHECK_FALSE(HasResultFile(after_delete, false));
+  CHECK(HasResultFile(after_delete, true));
+  auto left = listed(WalkResultFiles(*store, "team-a", 1, true));
+  CHECK(left == expected("team-a"));
+  CHECK(left.size() == 4);
+  REQUIRE(store->DeleteResults(mixed.id, /*failed=*/true).ok());
+  CHECK(GetOk(*store, mixed.id).errors_deleted);
+  CHECK(listed(WalkResultFiles(*store, "team-a", 1, true)).size() == 3);
+  // A job deleted takes its files with it.
+  REQUIRE(store->DeleteJob(ok.id).ok());
+  CHECK(listed(WalkResultFiles(*store, "team-a", 1, false)).size() == 2);
+
+  CHECK(store->ListResultFiles("", 0, "", 0, true).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(store->ListResultFiles("", 0, "", 10001, true).status().code() ==
         absl::StatusCode::kInvalidArgument);
 }
 
