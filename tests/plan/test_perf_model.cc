@@ -128,7 +128,8 @@ TEST_CASE("Model sizes of §7 and KV bytes per token", "[perf_model]") {
 TEST_CASE("Model sizes of the families: shared experts and dense layers counted", "[perf_model]") {
   for (const auto& [name, billions] :
        {std::pair{"qwen2-57b-a14b", 57.41}, std::pair{"qwen3-30b-a3b", 30.53},
-        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03}}) {
+        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03},
+        std::pair{"deepseek-v2-lite", 15.71}}) {
     INFO(name);
     const std::optional<ModelConfig> c = KnownModelConfig(name);
     REQUIRE(c.has_value());
@@ -142,6 +143,22 @@ TEST_CASE("Model sizes of the families: shared experts and dense layers counted"
                             WeightStore::RequiredBytes(*c, 0, DType::kBF16));
     CHECK(std::abs(RelDiff(c->num_hidden_layers * LayerWeightBytes(*m), store)) < 0.005);
   }
+}
+
+// MLA's latent cache: one row of kv_lora_rank + qk_rope_head_dim values per token and layer
+// (DeepSeek-V2-Lite: 27 x 576 x 2 bytes = 31104 in bf16), against Mixtral-8x7B's K and V of
+// 8 heads x 128 in 32 layers (131072): 4.2x fewer bytes per token.
+TEST_CASE("KV bytes per token: MLA's latent rows against GQA's K and V", "[perf_model]") {
+  const std::optional<ModelConfig> lite = KnownModelConfig("deepseek-v2-lite");
+  REQUIRE(lite.has_value());
+  REQUIRE(lite->mla.has_value());
+  auto m = ModelShapeFromConfig(*lite, DType::kBF16);
+  REQUIRE(m.ok());
+  CHECK(KvBytesPerToken(*m) == 27.0 * 576 * 2);
+  const std::optional<ModelConfig> mixtral = KnownModelConfig("mixtral-8x7b");
+  auto x = ModelShapeFromConfig(*mixtral, DType::kBF16);
+  REQUIRE(x.ok());
+  CHECK(KvBytesPerToken(*x) == 131072.0);
 }
 
 TEST_CASE("Eq. 1 and 2 by hand: GEMM intensity and tokens to saturate", "[perf_model]") {
