@@ -253,6 +253,11 @@ class CudaDevice final : public Device {
 absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& store,
                                                            const CudaBackendOptions& options) {
   const ModelConfig& c = store.config();
+  if (c.mla || c.topk_method != TopkMethod::kSoftmax) {
+    return absl::UnimplementedError(
+        absl::StrCat("the cuda backend does not compute ", c.model_type,
+                     "'s multi-head latent attention and routing yet (run it with --backend=cpu)"));
+  }
   if (c.num_local_experts > gpu::kMaxRouterExperts ||
       c.num_experts_per_tok > gpu::kMaxCombineTopK) {
     return absl::InvalidArgumentError(

@@ -118,6 +118,7 @@ absl::StatusOr<EnginePlan> MakeEnginePlan(const EngineOptions& options, const Mo
   kv.num_layers = c.num_hidden_layers;
   kv.num_kv_heads = c.num_key_value_heads;
   kv.head_dim = c.head_dim;
+  kv.value_dim = c.mla ? c.attention_value_dim() : 0;  // MLA: latent rows stored once
   kv.block_size = options.kv.block_size;
   kv.dtype = options.kv.dtype.value_or(options.cpu.compute_dtype);
   // The pass's host buffers at their largest, which grow after the cache is placed: q, k, v and

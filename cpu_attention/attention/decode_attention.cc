@@ -5,7 +5,9 @@
 // kernels.
 //
 // Work items: (query row, KV heads) = a "unit" (or, when a KV head has more than kMaxGroup query
-// heads, (query row, KV head, up to kMaxGroup of its query heads)), split into chunks of
+// heads, (query row, KV head) with its query heads taken kMaxGroup at a time over the same keys,
+// so a chunk's K/V bytes come from memory once and from the core's caches for the next subgroups:
+// MLA's latent cache, one KV head for 16-128 query heads), split into chunks of
 // kChunkTokens keys when longer (always, so results do not depend on the batch): the split
 // over (sequence, KV head, chunk), with as many KV heads per unit as the thread count allows. A
 // unit with one chunk writes its accumulators straight into `out` and normalises them; chunked
@@ -41,7 +43,7 @@ struct Unit {
   const float* q;  // [num_kv_heads][group][head_dim], unscaled
   float* out;      // [num_kv_heads][group][head_dim]
   int64_t kv_head, first, last;
-  int num_kv_heads, group;
+  int num_kv_heads, group;  // group: query heads per KV head, all of them (may exceed kMaxGroup)
   int64_t first_partial, num_chunks;  // float offset of its chunk partials (num_chunks 1: none)
   int64_t partial_floats;             // floats per chunk partial: m, l [q heads], acc [q heads][d]
 };
@@ -67,7 +69,7 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
   }
   const int64_t d = kv.head_dim;
   if (kernel == nullptr || d <= 0 || d % lanes != 0 || kv.num_kv_heads <= 0 ||
-      num_heads % kv.num_kv_heads != 0) {
+      num_heads % kv.num_kv_heads != 0 || kv.value_dim % lanes != 0) {
     PagedAttentionReference(kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out);
     return;
   }
@@ -111,26 +113,25 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
     }
   }
 
-  // Units: (row, KV heads [h, h + heads_per_unit) or one KV head's subgroup of query heads).
+  // Units: (row, KV heads [h, h + heads_per_unit)), or (row, one KV head) whose query heads the
+  // work item takes kMaxGroup at a time when group > kMaxGroup.
   std::vector<Unit> units;
   for (const RowRange& r : rows) {
     for (int64_t g = 0; g < num_kv; g += heads_per_unit) {
-      for (int64_t h0 = 0; h0 < group; h0 += dai::kMaxGroup) {
-        const int64_t head = g * group + h0;
-        Unit u;
-        u.block_table = r.block_table;
-        u.q = q + (r.row * num_heads + head) * d;
-        u.out = out + (r.row * num_heads + head) * d;
-        u.kv_head = g;
-        u.num_kv_heads = static_cast<int>(std::min(heads_per_unit, num_kv - g));
-        u.first = r.first;
-        u.last = r.last;
-        u.group = static_cast<int>(std::min<int64_t>(dai::kMaxGroup, group - h0));
-        u.first_partial = 0;
-        u.num_chunks = r.chunks;
-        u.partial_floats = static_cast<int64_t>(u.num_kv_heads) * u.group * (2 + d);
-        units.push_back(u);
-      }
+      const int64_t head = g * group;
+      Unit u;
+      u.block_table = r.block_table;
+      u.q = q + (r.row * num_heads + head) * d;
+      u.out = out + (r.row * num_heads + head) * d;
+      u.kv_head = g;
+      u.num_kv_heads = static_cast<int>(std::min(heads_per_unit, num_kv - g));
+      u.first = r.first;
+      u.last = r.last;
+      u.group = static_cast<int>(group);
+      u.first_partial = 0;
+      u.num_chunks = r.chunks;
+      u.partial_floats = static_cast<int64_t>(u.num_kv_heads) * u.group * (2 + d);
+      units.push_back(u);
     }
   }
 
@@ -163,20 +164,30 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
       const Chunk& chunk = chunks[c];
       const Unit& unit = units[chunk.unit];
       const int64_t q_heads = static_cast<int64_t>(unit.num_kv_heads) * unit.group;
-      const int64_t n = q_heads * d;
-      for (int64_t x = 0; x < n; ++x) qs[x] = unit.q[x] * scale;
-      if (chunk.partial < 0) {
-        kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
-               qs.data(), unit.group, unit.out, m, l);
-        for (int64_t h = 0; h < q_heads; ++h) {
-          const float inv = 1.0f / l[h];
-          float* o = unit.out + h * d;
-          for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+      // Subgroups of at most kMaxGroup query heads (one when group <= kMaxGroup: all the unit's
+      // KV heads in one call), over the same keys.
+      for (int64_t h0 = 0; h0 < unit.group; h0 += dai::kMaxGroup) {
+        const int sub = unit.group <= dai::kMaxGroup
+                            ? unit.group
+                            : static_cast<int>(std::min<int64_t>(dai::kMaxGroup, unit.group - h0));
+        const int64_t sub_heads = unit.group <= dai::kMaxGroup ? q_heads : sub;
+        const int64_t n = sub_heads * d;
+        const float* uq = unit.q + h0 * d;
+        for (int64_t x = 0; x < n; ++x) qs[x] = uq[x] * scale;
+        if (chunk.partial < 0) {
+          float* o0 = unit.out + h0 * d;
+          kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
+                 qs.data(), sub, o0, m, l);
+          for (int64_t h = 0; h < sub_heads; ++h) {
+            const float inv = 1.0f / l[h];
+            float* o = o0 + h * d;
+            for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+          }
+        } else {
+          float* p = partials.data() + chunk.partial;
+          kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
+                 qs.data(), sub, p + 2 * q_heads + h0 * d, p + h0, p + q_heads + h0);
         }
-      } else {
-        float* p = partials.data() + chunk.partial;
-        kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
-               qs.data(), unit.group, p + 2 * q_heads, p, p + q_heads);
       }
     }
   }

@@ -192,7 +192,7 @@ void AttendGroupTiledG(const KvLayerView& kv, const int32_t* block_table, int64_
 void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
                        int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
                        float* acc, float* m, float* l) {
-  if (kv.head_dim % 32 != 0 || kv.head_dim > kMaxTiledHeadDim) {
+  if (kv.head_dim % 32 != 0 || kv.head_dim > kMaxTiledHeadDim || kv.value_dim > 0) {
     AttendGroupDispatch<Avx512Ops>(kv, block_table, kv_head, num_kv_heads, first, last, q, group,
                                    acc, m, l);
     return;

@@ -40,7 +40,9 @@ inline constexpr int64_t kMaxUnitFloats = 4096;
 // l[num_kv_heads][group] (out = acc / l). Each head's result is bitwise the same whatever
 // num_kv_heads is (the order the heads are taken in is the kernel's own). Requires head_dim % lanes
 // == 0, 1 <= group <= kMaxGroup, num_kv_heads * group <= kMaxUnitQueryHeads and
-// num_kv_heads * group * head_dim <= max(kMaxUnitFloats, group * head_dim).
+// num_kv_heads * group * head_dim <= max(kMaxUnitFloats, group * head_dim), and, with
+// kv.value_dim > 0 (the value is the key row's first value_dim values), value_dim % lanes == 0;
+// acc's values past value_dim are then 0.
 using AttendGroupFn = void (*)(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head,
                                int num_kv_heads, int64_t first, int64_t last, const float* q,
                                int group, float* acc, float* m, float* l);
@@ -71,6 +73,9 @@ void AttendGroupT(const KvLayerView& kv, const int32_t* block_table, int64_t kv_
   constexpr size_t elem = DTypeSize(T);
   const int64_t d = kv.head_dim;
   const int64_t chunks = d / W;
+  // Value chunks: the whole row, or (kv.value_dim > 0, MLA's latent cache) the key row's first
+  // value_dim values; acc keeps its [G][d] layout, its values past value_dim stay 0.
+  const int64_t value_chunks = kv.value_dim > 0 ? kv.value_dim / W : chunks;
   const int64_t bs = kv.block_size;
   const size_t row_bytes = static_cast<size_t>(d) * elem;
   const size_t head_offset = static_cast<size_t>(kv_head) * bs * row_bytes;
@@ -107,7 +112,7 @@ void AttendGroupT(const KvLayerView& kv, const int32_t* block_table, int64_t kv_
                               head_offset + static_cast<size_t>(nj - nb * bs) * row_bytes;
         for (size_t x = 0; x < row_bytes * 2 && x < 512; x += 64) {
           __builtin_prefetch(nk + x);
-          __builtin_prefetch(nk + kv.value_offset_bytes + x);
+          if (kv.value_offset_bytes != 0) __builtin_prefetch(nk + kv.value_offset_bytes + x);
         }
       }
     }
@@ -147,7 +152,7 @@ void AttendGroupT(const KvLayerView& kv, const int32_t* block_table, int64_t kv_
     }
 
     // acc_g = acc_g * corr_g + sum_t p[g][t] V_t.
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t c = 0; c < value_chunks; ++c) {
       V a[G];
       for (int g = 0; g < G; ++g)
         a[g] = Ops::Mul(Ops::LoadF(acc + g * d + c * W), Ops::Set1(corr[g]));

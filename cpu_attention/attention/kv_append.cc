@@ -26,12 +26,15 @@ void AppendKv(CpuIsa isa, const KvLayerView& kv, const KvAppendRow* rows, int64_
       const float* ks = k + (i * kv.num_kv_heads + h) * d;
       const float* vs = v + (i * kv.num_kv_heads + h) * d;
       std::byte* kd = slot + h * head_stride;
+      const bool store_v = kv.value_dim <= 0;  // else the value is part of the key row
       if (convert != nullptr) {
         convert(kv.dtype, ks, kd, d);
-        convert(kv.dtype, vs, kd + kv.value_offset_bytes, d);
+        if (store_v) convert(kv.dtype, vs, kd + kv.value_offset_bytes, d);
       } else {
         ConvertFromF32(kv.dtype, ks, kd, static_cast<size_t>(d));
-        ConvertFromF32(kv.dtype, vs, kd + kv.value_offset_bytes, static_cast<size_t>(d));
+        if (store_v) {
+          ConvertFromF32(kv.dtype, vs, kd + kv.value_offset_bytes, static_cast<size_t>(d));
+        }
       }
     }
   }

@@ -22,6 +22,7 @@ struct KvAppendRow {
 };
 
 // k, v: [num_rows, kv.num_kv_heads, kv.head_dim] f32, row i for rows[i]. Writes through kv.base.
+// With kv.value_dim > 0 (the value is part of the key row) v is not read and may be null.
 void AppendKv(CpuIsa isa, const KvLayerView& kv, const KvAppendRow* rows, int64_t num_rows,
               const float* k, const float* v);
 inline void AppendKv(const KvLayerView& kv, const KvAppendRow* rows, int64_t num_rows,

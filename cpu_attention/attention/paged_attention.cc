@@ -24,6 +24,7 @@ template <DType T>
 void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head, int64_t first,
                int64_t last, const float* q, float scale, float* out, float* acc) {
   const int64_t d = kv.head_dim;
+  const int64_t dv = kv.value_dim > 0 ? kv.value_dim : d;
   constexpr size_t elem = DTypeSize(T);
   const size_t head_offset = static_cast<size_t>(kv_head) * kv.block_size * d * elem;
   float running_max = -INFINITY;
@@ -39,15 +40,16 @@ void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_hea
     if (s > running_max) {
       const float correction = std::exp(running_max - s);  // 0 on the first key
       running_sum *= correction;
-      for (int64_t i = 0; i < d; ++i) acc[i] *= correction;
+      for (int64_t i = 0; i < dv; ++i) acc[i] *= correction;
       running_max = s;
     }
     const float p = std::exp(s - running_max);
     running_sum += p;
-    for (int64_t i = 0; i < d; ++i) acc[i] += p * LoadElement<T>(value, i);
+    for (int64_t i = 0; i < dv; ++i) acc[i] += p * LoadElement<T>(value, i);
   }
   const float inv = 1.0f / running_sum;
-  for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
+  for (int64_t i = 0; i < dv; ++i) out[i] = acc[i] * inv;
+  for (int64_t i = dv; i < d; ++i) out[i] = 0.0f;
 }
 
 }  // namespace

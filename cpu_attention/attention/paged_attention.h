@@ -28,6 +28,10 @@ struct KvLayerView {
   int64_t block_size = 0;
   size_t block_stride_bytes = 0;  // block b's keys at base + b * block_stride_bytes
   size_t value_offset_bytes = 0;  // values at keys + value_offset_bytes
+  // 0: a value row has head_dim values. > 0: the value is the key row's first value_dim values
+  // (value_offset_bytes 0; MLA's latent cache, engine/kv/kv_cache.h): out gets value_dim values
+  // per head, the rest of its head_dim row is written 0 (AppendKv stores no V).
+  int64_t value_dim = 0;
 };
 
 // The queries of one sequence in this call: rows [query_start, query_start + num_queries) of q/out.
@@ -41,8 +45,9 @@ struct AttentionSequence {
 };
 
 // q: [tokens, num_heads, head_dim] f32; out: [tokens, num_heads, head_dim] f32 (rows not named by
-// any sequence are left untouched). scale: usually head_dim^-0.5. Parallel over (query, head) with
-// OpenMP; call from one thread.
+// any sequence are left untouched; with kv.value_dim > 0 each head's first value_dim values are
+// the output and the rest 0). scale: usually head_dim^-0.5 (MLA: ModelConfig::attention_scale).
+// Parallel over (query, head) with OpenMP; call from one thread.
 void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                              const float* q, int64_t num_heads, float scale,
                              std::optional<int64_t> sliding_window, float* out);

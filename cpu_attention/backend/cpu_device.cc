@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cpu_attention/gemm/quant_linear.h"
+#include "cpu_attention/ops/deepseek_ops.h"
 #include "cpu_attention/ops/ops.h"
 #include "engine/model/ggml_quants.h"
 
@@ -52,6 +53,12 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
     device->small_.push_back(std::move(s));
   }
   device->final_norm_ = ToF32(*weights.norm);
+  for (const LayerWeights& layer : weights.layers) {  // DeepSeek-V3's router bias
+    device->router_bias_.push_back(f32(layer.router_bias));
+  }
+  if (config.mla) {
+    if (absl::Status st = device->PrepareMla(); !st.ok()) return st;
+  }
   // The rotary embedding's inv_freq (f32, as transformers computes it) for the config's scaling.
   device->rope_ = ComputeRope(config);
   return device;
@@ -117,6 +124,7 @@ absl::Status CpuDevice::TaskA(int micro_batch, int64_t layer, float* q, float* k
   auto got = Get(micro_batch, layer);
   if (!got.ok()) return got.status();
   MicroBatch& mb = **got;
+  if (config_.mla) return TaskAMla(mb, layer, q, k, v);
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   const int64_t tokens = mb.tokens;
@@ -194,7 +202,13 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   const int64_t top_k = moe ? c.num_experts_per_tok : 1;
 
   proj_.resize(static_cast<size_t>(tokens * hidden));
-  if (auto st = Linear(attn, tokens, *lw.o_proj, proj_.data()); !st.ok()) return st;
+  const float* o_in = attn;
+  if (c.mla) {  // the absorbed attention's W_UV before o_proj
+    mla_v_.resize(static_cast<size_t>(tokens * c.num_attention_heads * c.mla->v_head_dim));
+    if (auto st = MlaValueUp(layer, tokens, attn, mla_v_.data()); !st.ok()) return st;
+    o_in = mla_v_.data();
+  }
+  if (auto st = Linear(o_in, tokens, *lw.o_proj, proj_.data()); !st.ok()) return st;
   if (!small.o_bias.empty()) {
     if (auto st = cpu_ops::AddBias(proj_.data(), tokens, hidden, small.o_bias.data()); !st.ok()) {
       return st;
@@ -219,10 +233,19 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
     if (auto st = Linear(x_, tokens, *lw.router, &router_); !st.ok()) return st;
     // DBRX's p-norm (p != 1) divides the top-k weights after the selection.
     const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
-    if (auto st =
-            cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k, expert_ids_.data(),
-                                expert_weights_.data(), c.norm_topk_prob && !p_norm);
-        !st.ok()) {
+    if (c.topk_method != TopkMethod::kSoftmax) {  // DeepSeek's routers
+      if (auto st =
+              cpu_ops::RouterDeepseek(router_.data(), router_bias_[layer].data(), tokens,
+                                      num_experts, top_k, c.topk_method, c.n_group, c.topk_group,
+                                      c.norm_topk_prob, static_cast<float>(c.routed_scaling_factor),
+                                      expert_ids_.data(), expert_weights_.data());
+          !st.ok()) {
+        return st;
+      }
+    } else if (auto st = cpu_ops::RouterTopK(router_.data(), tokens, num_experts, top_k,
+                                             expert_ids_.data(), expert_weights_.data(),
+                                             c.norm_topk_prob && !p_norm);
+               !st.ok()) {
       return st;
     }
     if (p_norm) {
@@ -261,18 +284,21 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
     }
     if (auto st = Ffn(lw.experts[e], n, expert_out_.data() + begin * hidden); !st.ok()) return st;
   }
-  // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate).
+  // The shared expert over every token: Qwen2-MoE's scaled by sigmoid(x · shared_expert_gate),
+  // DeepSeek's as it is.
   const float* shared = nullptr;
-  if (lw.shared_expert_gate != nullptr) {
+  if (moe && lw.shared_expert.w1 != nullptr) {
     expert_in_.assign(x_.begin(), x_.begin() + tokens * hidden);
     shared_out_.resize(static_cast<size_t>(tokens * hidden));
     if (auto st = Ffn(lw.shared_expert, tokens, shared_out_.data()); !st.ok()) return st;
+    shared = shared_out_.data();
+  }
+  if (shared != nullptr && lw.shared_expert_gate != nullptr) {
     if (auto st = Linear(x_, tokens, *lw.shared_expert_gate, &shared_gate_); !st.ok()) return st;
     if (auto st = cpu_ops::ScaleBySigmoid(shared_out_.data(), tokens, hidden, shared_gate_.data());
         !st.ok()) {
       return st;
     }
-    shared = shared_out_.data();
   }
   // The sparse MoE block's index_add_ of the weighted expert outputs, experts in id order per
   // token (plus the shared expert's), and the residual add.

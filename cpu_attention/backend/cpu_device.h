@@ -114,6 +114,25 @@ class CpuDevice final : public Device {
   std::vector<float> expert_in_, gate_, up_;                                   // one expert's rows
   std::vector<float> expert_out_;                // [tokens * top_k, hidden], row = slot
   std::vector<float> shared_out_, shared_gate_;  // the shared expert's [tokens, hidden], [tokens]
+
+  // Multi-head latent attention (config.mla: DeepSeek-V2 / V3), in cpu_device_mla.cc; the
+  // absorbed form of cpu_attention/ops/deepseek_ops.h.
+  struct MlaLayer {
+    std::vector<float> q_a_norm, kv_a_norm;  // [q_lora_rank] (empty without), [kv_lora_rank]
+    // W_UK transposed: [heads][kv_lora_rank][qk_nope_head_dim] in kv_b_proj's dtype (an exact
+    // copy of its elements).
+    std::vector<std::byte> w_uk_t;
+  };
+  std::vector<MlaLayer> mla_;
+  std::vector<std::vector<float>> router_bias_;  // noaux_tc: [experts] per MoE layer, f32
+  absl::Status PrepareMla();
+  // Task A under MLA: q [tokens, heads, latent] (absorbed), k = v [tokens, latent] (the latent
+  // row [c_kv | k_pe]).
+  absl::Status TaskAMla(MicroBatch& mb, int64_t layer, float* q, float* k, float* v);
+  // attn [tokens, heads, latent] -> out [tokens, heads * v_head_dim]: head h's first
+  // kv_lora_rank values times W_UV[h]ᵀ (the input of o_proj).
+  absl::Status MlaValueUp(int64_t layer, int64_t tokens, const float* attn, float* out);
+  std::vector<float> mla_q_, mla_kv_, mla_a_, mla_b_, mla_v_;  // MLA scratch
 };
 
 }  // namespace moebatch

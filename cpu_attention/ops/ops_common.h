@@ -21,7 +21,7 @@ absl::Status Invalid(const char* fn, const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(fn, ": ", args...));
 }
 
-absl::Status CheckDType(const char* fn, const char* what, DType t) {
+[[maybe_unused]] absl::Status CheckDType(const char* fn, const char* what, DType t) {
   if (t == DType::kF32 || t == DType::kF16 || t == DType::kBF16) return absl::OkStatus();
   return Invalid(fn, what, " has an unknown DType (", static_cast<int>(t), ")");
 }

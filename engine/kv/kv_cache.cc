@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/model/model_config.h"
 
 namespace moebatch {
 
@@ -17,17 +18,19 @@ PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {}
 
 absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCacheConfig& config) {
   if (config.num_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 ||
-      config.block_size <= 0 || config.num_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache: every size must be positive (layers ", config.num_layers,
-                     ", kv heads ", config.num_kv_heads, ", head_dim ", config.head_dim,
-                     ", block_size ", config.block_size, ", blocks ", config.num_blocks, ")"));
+      config.block_size <= 0 || config.num_blocks <= 0 || config.value_dim < 0 ||
+      config.value_dim > config.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache: every size must be positive (layers ", config.num_layers, ", kv heads ",
+        config.num_kv_heads, ", head_dim ", config.head_dim, ", block_size ", config.block_size,
+        ", blocks ", config.num_blocks, ", value_dim ", config.value_dim, " <= head_dim)"));
   }
   std::unique_ptr<PagedKvCache> cache(new PagedKvCache(config));
   const size_t elem = DTypeSize(config.dtype);
   cache->head_stride_ = config.block_size * config.head_dim * elem;
-  cache->value_offset_ = config.num_kv_heads * cache->head_stride_;
-  cache->block_stride_ = 2 * cache->value_offset_;
+  const size_t key_bytes = config.num_kv_heads * cache->head_stride_;
+  cache->value_offset_ = config.value_dim > 0 ? 0 : key_bytes;
+  cache->block_stride_ = config.value_dim > 0 ? key_bytes : 2 * key_bytes;
   cache->layer_stride_ = cache->block_stride_ * config.num_blocks;
   cache->bytes_ = cache->layer_stride_ * config.num_layers;
   void* p =
@@ -48,6 +51,14 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCache
   return cache;
 }
 
+KvCacheConfig KvCacheConfigFor(const ModelConfig& config, int64_t num_layers, int64_t block_size,
+                               int64_t num_blocks, DType dtype) {
+  KvCacheConfig kv{num_layers, config.num_key_value_heads, config.head_dim, block_size, num_blocks,
+                   dtype};
+  if (config.mla) kv.value_dim = config.attention_value_dim();  // MLA: latent rows, stored once
+  return kv;
+}
+
 std::byte* PagedKvCache::KeyBlock(int64_t layer, int32_t block) const {
   return LayerBase(layer) + static_cast<size_t>(block) * block_stride_;
 }
@@ -62,6 +73,7 @@ void PagedKvCache::Write(int64_t layer, const std::vector<int32_t>& block_table,
   for (int64_t h = 0; h < config_.num_kv_heads; ++h) {
     std::byte* kdst = key_block + h * head_stride_ + slot_offset;
     ConvertFromF32(config_.dtype, k + h * config_.head_dim, kdst, config_.head_dim);
+    if (config_.value_dim > 0) continue;  // the value is part of the key row
     ConvertFromF32(config_.dtype, v + h * config_.head_dim, kdst + value_offset_, config_.head_dim);
   }
 }

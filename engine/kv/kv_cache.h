@@ -31,13 +31,22 @@ struct KvCacheConfig {
   int64_t block_size = 16;  // token slots per block
   int64_t num_blocks = 0;
   DType dtype = DType::kBF16;
+  // 0: K and V rows of head_dim each. > 0: the value is the key row's first value_dim values and
+  // nothing is stored for V (MLA's latent cache: ModelConfig::mla, key row [c_kv | k_pe], value
+  // c_kv, value_dim = kv_lora_rank); the layout is then [layer][block][kv_head][slot][head_dim].
+  int64_t value_dim = 0;
 
-  // Bytes one block id costs across all layers (K and V).
+  // Bytes one block id costs across all layers (K and V, or K alone when value_dim > 0).
   int64_t bytes_per_block() const {
-    return num_layers * 2 * num_kv_heads * block_size * head_dim *
+    return num_layers * (value_dim > 0 ? 1 : 2) * num_kv_heads * block_size * head_dim *
            static_cast<int64_t>(DTypeSize(dtype));
   }
 };
+
+// The KV cache shape of `config`'s attention (ModelConfig: GQA K and V, or MLA's latent rows).
+struct ModelConfig;
+KvCacheConfig KvCacheConfigFor(const ModelConfig& config, int64_t num_layers, int64_t block_size,
+                               int64_t num_blocks, DType dtype);
 
 class PagedKvCache {
  public:
@@ -52,14 +61,15 @@ class PagedKvCache {
 
   // Start of block `block`'s keys for `layer`: [kv_heads, block_size, head_dim].
   std::byte* KeyBlock(int64_t layer, int32_t block) const;
-  // Bytes between consecutive block ids within one layer, and from a block's K to its V.
+  // Bytes between consecutive block ids within one layer, and from a block's K to its V (0 when
+  // the value is part of the key row: value_dim > 0).
   size_t block_stride_bytes() const { return block_stride_; }
   size_t value_offset_bytes() const { return value_offset_; }
   std::byte* LayerBase(int64_t layer) const { return data_.get() + layer * layer_stride_; }
 
   // Stores the K and V rows of one token at absolute `position` of the sequence whose block table
   // is `block_table` (which must already cover the position). k, v: [kv_heads, head_dim] f32,
-  // converted to the cache dtype (round to nearest even).
+  // converted to the cache dtype (round to nearest even). v is not read when value_dim > 0.
   // The scalar one-token path (ConvertFromF32): the engine stores whole passes with
   // cpu_attention/attention/kv_append.h's AppendKv, which the tests check against this.
   void Write(int64_t layer, const std::vector<int32_t>& block_table, int64_t position,

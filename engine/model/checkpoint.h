@@ -73,6 +73,19 @@ struct LayerWeights {
   // Qwen2-MoE's shared expert and its gate [1, hidden]; null when the model has none.
   ExpertWeights shared_expert;
   const TensorInfo* shared_expert_gate = nullptr;
+  // DeepSeek: the noaux_tc router's e_score_correction_bias [experts]; null otherwise.
+  const TensorInfo* router_bias = nullptr;
+  // Multi-head latent attention (ModelConfig::mla; q_proj, k_proj, v_proj are then null, but
+  // q_proj when q_lora_rank is 0): q_a_proj [q_lora_rank, hidden], q_a_layernorm [q_lora_rank],
+  // q_b_proj [heads * qk_head_dim, q_lora_rank], kv_a_proj_with_mqa
+  // [kv_lora_rank + qk_rope_head_dim, hidden], kv_a_layernorm [kv_lora_rank], kv_b_proj
+  // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]; o_proj [hidden, heads * v_head_dim].
+  const TensorInfo* q_a_proj = nullptr;
+  const TensorInfo* q_a_layernorm = nullptr;
+  const TensorInfo* q_b_proj = nullptr;
+  const TensorInfo* kv_a_proj = nullptr;
+  const TensorInfo* kv_a_layernorm = nullptr;
+  const TensorInfo* kv_b_proj = nullptr;
 };
 
 struct ModelWeights {

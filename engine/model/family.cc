@@ -6,10 +6,31 @@
 namespace moebatch {
 namespace {
 
+// Multi-head latent attention's tensors (DeepseekV2Attention / DeepseekV3Attention), below
+// "model.layers.<l>.self_attn.".
+void MlaTensors(const ModelConfig& c, const std::string& a, LayerWeights* lw,
+                std::vector<TensorSpec>* r) {
+  const MlaConfig& m = *c.mla;
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  if (m.q_lora_rank == 0) {
+    r->push_back({a + "q_proj.weight", {heads * m.qk_head_dim(), hidden}, &lw->q_proj});
+  } else {
+    r->push_back({a + "q_a_proj.weight", {m.q_lora_rank, hidden}, &lw->q_a_proj});
+    r->push_back({a + "q_a_layernorm.weight", {m.q_lora_rank}, &lw->q_a_layernorm});
+    r->push_back({a + "q_b_proj.weight", {heads * m.qk_head_dim(), m.q_lora_rank}, &lw->q_b_proj});
+  }
+  r->push_back({a + "kv_a_proj_with_mqa.weight", {m.latent_dim(), hidden}, &lw->kv_a_proj});
+  r->push_back({a + "kv_a_layernorm.weight", {m.kv_lora_rank}, &lw->kv_a_layernorm});
+  r->push_back({a + "kv_b_proj.weight",
+                {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank},
+                &lw->kv_b_proj});
+  r->push_back({a + "o_proj.weight", {hidden, heads * m.v_head_dim}, &lw->o_proj});
+}
+
 const ModelFamily* const kFamilies[] = {
-    &families::kDbrx,     &families::kLlama, &families::kMistral,
-    &families::kMixtral,  &families::kOlmoe, &families::kQwen2,
-    &families::kQwen2Moe, &families::kQwen3, &families::kQwen3Moe,
+    &families::kDbrx,     &families::kDeepseekV2, &families::kDeepseekV3, &families::kLlama,
+    &families::kMistral,  &families::kMixtral,    &families::kOlmoe,      &families::kQwen2,
+    &families::kQwen2Moe, &families::kQwen3,      &families::kQwen3Moe,
 };
 
 }  // namespace
@@ -52,22 +73,26 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& c, int64_t 
     auto& r = regions[1 + l];
     r.push_back({p + "input_layernorm.weight", {hidden}, &lw.input_layernorm});
     const std::string a = p + "self_attn.";
-    r.push_back({a + "q_proj.weight", {c.q_size(), hidden}, &lw.q_proj});
-    r.push_back({a + "k_proj.weight", {c.kv_size(), hidden}, &lw.k_proj});
-    r.push_back({a + "v_proj.weight", {c.kv_size(), hidden}, &lw.v_proj});
-    r.push_back({a + "o_proj.weight", {hidden, c.q_size()}, &lw.o_proj});
-    if (c.qkv_bias) {
-      r.push_back({a + "q_proj.bias", {c.q_size()}, &lw.q_bias});
-      r.push_back({a + "k_proj.bias", {c.kv_size()}, &lw.k_bias});
-      r.push_back({a + "v_proj.bias", {c.kv_size()}, &lw.v_bias});
-    }
-    if (c.o_bias) r.push_back({a + "o_proj.bias", {hidden}, &lw.o_bias});
-    if (c.qk_norm == QkNorm::kPerHead) {
-      r.push_back({a + "q_norm.weight", {c.head_dim}, &lw.q_norm});
-      r.push_back({a + "k_norm.weight", {c.head_dim}, &lw.k_norm});
-    } else if (c.qk_norm == QkNorm::kPerProjection) {
-      r.push_back({a + "q_norm.weight", {c.q_size()}, &lw.q_norm});
-      r.push_back({a + "k_norm.weight", {c.kv_size()}, &lw.k_norm});
+    if (c.mla) {
+      MlaTensors(c, a, &lw, &r);
+    } else {
+      r.push_back({a + "q_proj.weight", {c.q_size(), hidden}, &lw.q_proj});
+      r.push_back({a + "k_proj.weight", {c.kv_size(), hidden}, &lw.k_proj});
+      r.push_back({a + "v_proj.weight", {c.kv_size(), hidden}, &lw.v_proj});
+      r.push_back({a + "o_proj.weight", {hidden, c.q_size()}, &lw.o_proj});
+      if (c.qkv_bias) {
+        r.push_back({a + "q_proj.bias", {c.q_size()}, &lw.q_bias});
+        r.push_back({a + "k_proj.bias", {c.kv_size()}, &lw.k_bias});
+        r.push_back({a + "v_proj.bias", {c.kv_size()}, &lw.v_bias});
+      }
+      if (c.o_bias) r.push_back({a + "o_proj.bias", {hidden}, &lw.o_bias});
+      if (c.qk_norm == QkNorm::kPerHead) {
+        r.push_back({a + "q_norm.weight", {c.head_dim}, &lw.q_norm});
+        r.push_back({a + "k_norm.weight", {c.head_dim}, &lw.k_norm});
+      } else if (c.qk_norm == QkNorm::kPerProjection) {
+        r.push_back({a + "q_norm.weight", {c.q_size()}, &lw.q_norm});
+        r.push_back({a + "k_norm.weight", {c.kv_size()}, &lw.k_norm});
+      }
     }
     r.push_back({p + "post_attention_layernorm.weight", {hidden}, &lw.post_attention_layernorm});
     auto ffn = [&](const std::string& prefix, const char* gate, const char* up, const char* down,
@@ -84,12 +109,18 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& c, int64_t 
     }
     const std::string m = absl::StrCat(p, family->moe_prefix, ".");
     r.push_back({m + "gate.weight", {c.num_local_experts, hidden}, &lw.router});
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      r.push_back({m + "gate.e_score_correction_bias", {c.num_local_experts}, &lw.router_bias});
+    }
     lw.experts.resize(c.num_local_experts);
     for (int64_t e = 0; e < c.num_local_experts; ++e) {
       ffn(absl::StrCat(m, "experts.", e, "."), family->expert_gate, family->expert_up,
           family->expert_down, c.intermediate_size, &lw.experts[e]);
     }
-    if (c.shared_expert_intermediate_size > 0) {
+    if (c.shared_expert_intermediate_size > 0 && !c.shared_expert_gated) {  // DeepSeek
+      ffn(m + "shared_experts.", "gate_proj", "up_proj", "down_proj",
+          c.shared_expert_intermediate_size, &lw.shared_expert);
+    } else if (c.shared_expert_intermediate_size > 0) {
       ffn(m + "shared_expert.", "gate_proj", "up_proj", "down_proj",
           c.shared_expert_intermediate_size, &lw.shared_expert);
       r.push_back({m + "shared_expert_gate.weight", {1, hidden}, &lw.shared_expert_gate});

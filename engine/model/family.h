@@ -13,6 +13,8 @@
 //   qwen3_moe    Qwen3MoeForCausalLM           models/qwen3_moe/modeling_qwen3_moe.py
 //   olmoe        OlmoeForCausalLM              models/olmoe/modeling_olmoe.py
 //   dbrx         DbrxForCausalLM               models/dbrx/modeling_dbrx.py
+//   deepseek_v2  DeepseekV2ForCausalLM         models/deepseek_v2/modeling_deepseek_v2.py
+//   deepseek_v3  DeepseekV3ForCausalLM         models/deepseek_v3/modeling_deepseek_v3.py
 //
 // Threading: the registry is constant; every function here is reentrant.
 #pragma once
@@ -58,7 +60,8 @@ struct ModelFamily {
 const ModelFamily* FindModelFamily(std::string_view model_type);
 // The family whose transformers class is `architecture` ("Qwen3MoeForCausalLM"); null when none.
 const ModelFamily* FindModelFamilyByArchitecture(std::string_view architecture);
-// "dbrx, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe".
+// "dbrx, deepseek_v2, deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3,
+// qwen3_moe".
 std::string SupportedModelTypes();
 
 // One tensor of a checkpoint: its name, shape, and the ModelWeights field that points at it.
@@ -88,6 +91,7 @@ namespace families {
 // Defined in engine/model/families/<family>.cc.
 extern const ModelFamily kMixtral, kLlama, kMistral, kQwen2, kQwen3, kQwen2Moe, kQwen3Moe, kOlmoe;
 extern const ModelFamily kDbrx;
+extern const ModelFamily kDeepseekV2, kDeepseekV3;  // families/deepseek.cc
 }  // namespace families
 
 }  // namespace moebatch

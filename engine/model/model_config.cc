@@ -154,10 +154,15 @@ absl::Status ReadRope(const Json& j, ModelConfig* config) {
         }
         r.attention_factor = f;
       }
-      if (it->contains("mscale") || it->contains("mscale_all_dim")) {
-        return KeyError(key,
-                        "has yarn's mscale / mscale_all_dim (DeepSeek's variant), which "
-                        "moebatch does not compute yet");
+      for (auto [name, field] :
+           {std::pair{"mscale", &r.mscale}, {"mscale_all_dim", &r.mscale_all_dim}}) {
+        if (const auto m = it->find(name); m != it->end() && !m->is_null()) {
+          if (!m->is_number() || !(m->get<double>() >= 0)) {
+            return KeyError(key,
+                            absl::StrCat(name, " must be a non-negative number, got ", m->dump()));
+          }
+          *field = m->get<double>();
+        }
       }
       if (absl::Status s = config_keys::ReadBool(*it, "truncate", true, &r.truncate); !s.ok()) {
         return s;
@@ -386,7 +391,7 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
 RopeTable ComputeRope(const ModelConfig& c) {
   // transformers' rotary embeddings compute inv_freq in f32: base ** (arange(0, d, 2) / d) with
   // the exponent a float32 tensor (modeling_rope_utils.py's _compute_*_parameters).
-  const int64_t d = c.head_dim, half = d / 2;
+  const int64_t d = c.rope_dim(), half = d / 2;
   const float base = static_cast<float>(c.rope_theta);
   std::vector<float> pos_freq(half), inv(half);
   for (int64_t i = 0; i < half; ++i) {
@@ -419,7 +424,7 @@ RopeTable ComputeRope(const ModelConfig& c) {
       }
       break;
     }
-    case RopeScaling::Type::kYarn: {  // _compute_yarn_parameters (no DeepSeek mscale)
+    case RopeScaling::Type::kYarn: {  // _compute_yarn_parameters
       double yarn_factor = r.factor;
       int64_t original = c.max_position_embeddings;
       if (r.original_max_position_embeddings > 0) {
@@ -428,6 +433,14 @@ RopeTable ComputeRope(const ModelConfig& c) {
       }
       table.attention_scaling = static_cast<float>(
           r.attention_factor.value_or(yarn_factor <= 1 ? 1.0 : 0.1 * std::log(yarn_factor) + 1.0));
+      if (!r.attention_factor && r.mscale.value_or(0) != 0 && r.mscale_all_dim.value_or(0) != 0) {
+        // DeepSeek's mscale pair, on the configured factor (transformers 4.57).
+        auto get_mscale = [](double s, double m) {
+          return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0;
+        };
+        table.attention_scaling = static_cast<float>(get_mscale(r.factor, *r.mscale) /
+                                                     get_mscale(r.factor, *r.mscale_all_dim));
+      }
       auto correction_dim = [&](double rotations) {
         return (d * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(c.rope_theta));
       };
@@ -454,7 +467,28 @@ RopeTable ComputeRope(const ModelConfig& c) {
   return table;
 }
 
+// deepseek-ai/DeepSeek-V2-Lite's config.json (its modeling keys; auto_map and the like left out).
+constexpr char kDeepseekV2LiteConfig[] = R"json({
+  "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+  "vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944,
+  "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+  "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+  "routed_scaling_factor": 1.0, "kv_lora_rank": 512, "q_lora_rank": null,
+  "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "greedy",
+  "n_group": 1, "topk_group": 1, "num_experts_per_tok": 6, "moe_layer_freq": 1,
+  "first_k_dense_replace": 1, "norm_topk_prob": false, "scoring_func": "softmax",
+  "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-06,
+  "bos_token_id": 100000, "eos_token_id": 100001, "tie_word_embeddings": false,
+  "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+  "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+  "type": "yarn"}, "attention_bias": false, "torch_dtype": "bfloat16"})json";
+
 std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
+  if (name == "deepseek-v2-lite") {  // 15.7B parameters, 2.4B active; MLA, 64 experts top-6
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(kDeepseekV2LiteConfig);
+    if (c.ok()) return *c;
+    return std::nullopt;
+  }
   ModelConfig c;
   c.model_type = "mixtral";
   c.architecture = "MixtralForCausalLM";
@@ -600,7 +634,7 @@ std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
 
 std::vector<std::string> KnownModelConfigNames() {
   return {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen2-57b-a14b",
-          "olmoe-1b-7b",  "llama-3.1-8b",  "dbrx"};
+          "olmoe-1b-7b",  "llama-3.1-8b",  "dbrx",          "deepseek-v2-lite"};
 }
 
 }  // namespace moebatch

@@ -1,7 +1,8 @@
 // Model hyper-parameters read from a Hugging Face `config.json`: the keys every supported family
 // shares (transformers' LlamaConfig / MixtralConfig names and defaults, 4.x and 5.x spellings) and
 // each family's own, which engine/model/families/<family>.cc reads (engine/model/family.h lists
-// the families: mixtral, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe, dbrx).
+// the families: mixtral, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe, dbrx,
+// deepseek_v2, deepseek_v3).
 //
 // One ModelConfig describes every decoder layer: attention (GQA, optional q/k/v and o biases,
 // optional q/k RMSNorm, optional q/k/v clipping (OLMoE; DBRX's fused Wqkv), RoPE with its scaling),
@@ -11,6 +12,7 @@
 // tensors' shapes.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +37,43 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;
   std::optional<double> attention_factor;  // absent: 0.1 ln(factor) + 1
   bool truncate = true;
+  // DeepSeek's yarn keys: with both set (non-zero) and no attention_factor, the factor is
+  // get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) (get_mscale(s, m) =
+  // 0.1 m ln(s) + 1); DeepSeek-V3's attention also scales its softmax by
+  // get_mscale(factor, mscale_all_dim)^2 (MlaConfig::softmax_scale).
+  std::optional<double> mscale, mscale_all_dim;
+};
+
+// DeepSeek-V2 / V3 multi-head latent attention (transformers DeepseekV2Attention,
+// DeepseekV3Attention): q = q_proj(x) or q_b_proj(RMSNorm(q_a_proj(x))) [heads, qk_nope + qk_rope];
+// [c_kv | k_pe] = kv_a_proj_with_mqa(x) [kv_lora_rank + qk_rope]; c_kv = kv_a_layernorm(c_kv);
+// kv_b_proj(c_kv) gives each head's k_nope [qk_nope] and v [v_head_dim]; RoPE on q_pe and the one
+// shared k_pe. moebatch attends in the absorbed form (engine/model/mla.h): the cache holds the
+// latent row [c_kv | k_pe] per token and layer, one "KV head" whose value is the row's first
+// kv_lora_rank values.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;  // 0 (config null): q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // RoPE on the pairs (2i, 2i + 1) (V2's complex multiply; V3 with rope_interleave) rather than on
+  // the halves (i, i + d/2) (V3 with rope_interleave false).
+  bool rope_interleave = true;
+  // The attention's softmax scale: qk_head_dim^-0.5, times get_mscale(factor, mscale_all_dim)^2
+  // for DeepSeek-V3 with yarn and mscale_all_dim (DeepseekV3Attention.scaling; transformers 4.57's
+  // DeepseekV2Attention does not apply it).
+  double softmax_scale = 0;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // a cache row
+};
+
+// How the router turns its logits into top-k experts and weights.
+enum class TopkMethod {
+  kSoftmax,             // softmax, top-k, optional renormalisation (Mixtral, Qwen-MoE, OLMoE)
+  kGreedy,              // DeepSeek-V2 "greedy": softmax, top-k, x routed_scaling_factor
+  kGroupLimitedGreedy,  // DeepSeek-V2: top-k among the topk_group groups of highest max score
+  kNoauxTc,  // DeepSeek-V3: sigmoid; groups ranked by the sum of their top-2 biased scores
 };
 
 // How q and k are normalised before RoPE.
@@ -76,12 +115,25 @@ struct ModelConfig {
   // Qwen2-MoE's shared expert, added to every token's MoE output, scaled by
   // sigmoid(x · shared_expert_gate); 0: none.
   int64_t shared_expert_intermediate_size = 0;
-  // Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen-MoE and OLMoE by
-  // `norm_topk_prob`).
+  // Renormalise the top-k routing weights to sum to 1 (Mixtral always; Qwen-MoE, OLMoE and
+  // DeepSeek by `norm_topk_prob`).
   bool norm_topk_prob = true;
   // The p of that renormalisation: the top-k weights divided by their p-norm (sum w^p)^(1/p)
   // (DBRX's moe_normalize_expert_weights, torch.norm(p=...)); 1 divides by their sum.
   double topk_norm_p = 1.0;
+  // Whether the shared expert has Qwen2-MoE's sigmoid gate (DeepSeek's shared experts have none:
+  // added as they are).
+  bool shared_expert_gated = true;
+  // Routing variants (DeepSeek): the method, the expert groups, the factor the weights are
+  // multiplied by, and whether the router has e_score_correction_bias [experts] (noaux_tc).
+  TopkMethod topk_method = TopkMethod::kSoftmax;
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  // Multi-head latent attention (DeepSeek-V2 / V3). When set, the attention the CPU computes is
+  // MQA over the latent cache: num_key_value_heads is 1, head_dim is mla->latent_dim()
+  // (kv_lora_rank + qk_rope_head_dim), q holds each head's absorbed query, and the attention
+  // output of a head is its first kv_lora_rank values (attention_value_dim()).
+  std::optional<MlaConfig> mla;
   // Attention.
   bool qkv_bias = false;  // q_proj, k_proj, v_proj carry a bias (Qwen2, Qwen2-MoE; Llama's
                           // attention_bias)
@@ -104,6 +156,15 @@ struct ModelConfig {
 
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
+  // The values of a head's attention output that count: head_dim, or kv_lora_rank under MLA.
+  int64_t attention_value_dim() const { return mla ? mla->kv_lora_rank : head_dim; }
+  // The softmax scale of the attention the CPU computes: head_dim^-0.5, or MLA's softmax_scale.
+  float attention_scale() const {
+    return mla ? static_cast<float>(mla->softmax_scale)
+               : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
+  // RoPE's rotated dimension: head_dim, or qk_rope_head_dim under MLA.
+  int64_t rope_dim() const { return mla ? mla->qk_rope_head_dim : head_dim; }
   // Whether layer l's FFN is the routed MoE (else one dense FFN of dense_intermediate_size).
   bool IsMoeLayer(int64_t layer) const;
 };
@@ -119,7 +180,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
 // bench/models/mixtral-8x7b/config.json), "mixtral-8x22b" (Mixtral-8x22B-Instruct-v0.1: vocab
 // 32768; the base v0.1 has 32000), "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b",
 // "llama-3.1-8b", "dbrx" (databricks/dbrx-base and dbrx-instruct: 132B parameters, 16 experts
-// top-4). nullopt for any other name.
+// top-4), "deepseek-v2-lite" (deepseek-ai/DeepSeek-V2-Lite: MLA, kv_lora_rank 512). nullopt for
+// any other name.
 std::optional<ModelConfig> KnownModelConfig(std::string_view name);
 // The names KnownModelConfig knows.
 std::vector<std::string> KnownModelConfigNames();

@@ -82,6 +82,9 @@ absl::Status CheckSmallTensorsFinite(const ModelWeights& w) {
     whole.push_back(layer.input_layernorm);
     whole.push_back(layer.post_attention_layernorm);
     whole.push_back(layer.router);
+    whole.push_back(layer.router_bias);     // DeepSeek-V3 (null otherwise)
+    whole.push_back(layer.q_a_layernorm);   // MLA (null otherwise)
+    whole.push_back(layer.kv_a_layernorm);  // MLA (null otherwise)
   }
   for (const TensorInfo* t : whole) {
     if (t == nullptr) continue;
@@ -100,6 +103,10 @@ absl::Status CheckAllTensorsFinite(const ModelWeights& w) {
     for (const TensorInfo* t : {layer.input_layernorm, layer.q_proj, layer.k_proj, layer.v_proj,
                                 layer.o_proj, layer.post_attention_layernorm, layer.router}) {
       all.push_back(t);
+    }
+    for (const TensorInfo* t : {layer.q_a_proj, layer.q_b_proj, layer.kv_a_proj, layer.kv_b_proj,
+                                layer.q_a_layernorm, layer.kv_a_layernorm, layer.router_bias}) {
+      all.push_back(t);  // MLA's and DeepSeek-V3's router bias (null otherwise)
     }
     for (const ExpertWeights& e : layer.experts) {
       all.push_back(e.w1);

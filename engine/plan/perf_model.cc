@@ -126,16 +126,24 @@ double FfnParamsPerLayer(const ModelShape& m, int64_t experts, bool router) {
   return (1 - m.dense_layer_fraction) * moe + m.dense_layer_fraction * 3.0 * h * m.dense_ffn_size;
 }
 
-double LayerParams(const ModelShape& m) {
+// The attention's projection weights per layer: q, k, v, o of GQA, or MLA's.
+double AttentionParams(const ModelShape& m) {
+  if (m.mla_attention_params > 0) return m.mla_attention_params;
   const double h = static_cast<double>(m.hidden_size);
   const double q = static_cast<double>(m.num_heads) * m.head_dim;
   const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim;
-  return 2 * h * q + 2 * h * kv + FfnParamsPerLayer(m, m.num_experts, true) + 2 * h;
+  return 2 * h * q + 2 * h * kv;
+}
+
+double LayerParams(const ModelShape& m) {
+  const double h = static_cast<double>(m.hidden_size);
+  return AttentionParams(m) + FfnParamsPerLayer(m, m.num_experts, true) + 2 * h;
 }
 
 // The GEMM weights of eq. 1 per layer, with `experts` experts (N_k for the FLOP, N_e for the
 // bytes).
 double GemmParamsPerLayer(const ModelShape& m, int64_t experts) {
+  if (m.mla_attention_params > 0) return FfnParamsPerLayer(m, experts, false) + AttentionParams(m);
   const double h = static_cast<double>(m.hidden_size);
   const double q = static_cast<double>(m.num_heads) * m.head_dim;
   const double kv = static_cast<double>(m.num_kv_heads) * m.head_dim;
@@ -354,6 +362,18 @@ absl::StatusOr<ModelShape> ModelShapeFromConfig(const ModelConfig& config, DType
   m.tie_word_embeddings = config.tie_word_embeddings;
   m.weight_bytes_per_element = static_cast<double>(DTypeSize(weight_dtype));
   m.kv_bytes_per_element = static_cast<double>(DTypeSize(kv_dtype));
+  if (config.mla) {  // DeepSeek: latent rows; q (or q_a, q_b), kv_a, kv_b, o
+    const MlaConfig& a = *config.mla;
+    const double h = static_cast<double>(config.hidden_size);
+    const double heads = static_cast<double>(config.num_attention_heads);
+    const double q = a.q_lora_rank == 0
+                         ? h * heads * a.qk_head_dim()
+                         : h * a.q_lora_rank + a.q_lora_rank * heads * a.qk_head_dim();
+    m.kv_value_in_key = true;
+    m.mla_attention_params = q + h * a.latent_dim() +
+                             a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim) +
+                             heads * a.v_head_dim * h;
+  }
   return m;
 }
 
@@ -406,8 +426,9 @@ double GemmIntensity(const ModelShape& m, double n) {
 }
 
 double KvBytesPerToken(const ModelShape& m) {
-  return 2.0 * static_cast<double>(m.num_layers) * static_cast<double>(m.num_kv_heads) *
-         static_cast<double>(m.head_dim) * m.kv_bytes_per_element;
+  return (m.kv_value_in_key ? 1.0 : 2.0) * static_cast<double>(m.num_layers) *
+         static_cast<double>(m.num_kv_heads) * static_cast<double>(m.head_dim) *
+         m.kv_bytes_per_element;
 }
 
 // Eq. 2: I >= C_GPU / B_IO with I ~ n N_k / N_e (FLOP per byte: 2 FLOP per weight over

@@ -61,22 +61,27 @@ struct ModelShape {
   int64_t shared_ffn_size = 0;
   double dense_layer_fraction = 0;
   int64_t dense_ffn_size = 0;
-  int64_t num_experts = 0;              // N_e
-  int64_t top_k = 0;                    // N_k, experts per token
-  int64_t num_heads = 0;                // query heads
-  int64_t num_kv_heads = 0;             // KV heads; s = num_heads / num_kv_heads
-  int64_t head_dim = 0;                 // elements per head
-  int64_t vocab_size = 0;               // embedding rows (and lm_head rows)
-  bool tie_word_embeddings = false;     // lm_head shares the embedding (counted once)
+  int64_t num_experts = 0;           // N_e
+  int64_t top_k = 0;                 // N_k, experts per token
+  int64_t num_heads = 0;             // query heads
+  int64_t num_kv_heads = 0;          // KV heads; s = num_heads / num_kv_heads
+  int64_t head_dim = 0;              // elements per head
+  int64_t vocab_size = 0;            // embedding rows (and lm_head rows)
+  bool tie_word_embeddings = false;  // lm_head shares the embedding (counted once)
   // Bytes per stored weight element (2: bf16/f16; a ggml block format's type_size / block_size,
   // e.g. Q4_K 0.5625: WeightFormat). One figure for every parameter: the embedding, lm_head,
   // routers and norms, which a quantized checkpoint may keep wider, are ~1% of an MoE's bytes.
   double weight_bytes_per_element = 2;
-  double kv_bytes_per_element = 2;      // bytes per KV cache element (2: bf16, the engine's)
+  double kv_bytes_per_element = 2;  // bytes per KV cache element (2: bf16, the engine's)
   // Bytes one iteration moves to the GPU (and reads from CPU memory for it). 0: Model Size, every
   // parameter, as §5.2 has it. A system that keeps some weights on the GPU (moebatch: lm_head, the
   // resident layers) and gathers the embedding on the host moves less: give that here.
   double transferred_weight_bytes = 0;
+  // Multi-head latent attention (DeepSeek): the cache row per token and layer is one latent row of
+  // head_dim values (num_kv_heads 1, no separate V), and the attention's projections hold
+  // mla_attention_params weights per layer instead of the GQA formula's. 0: GQA.
+  bool kv_value_in_key = false;
+  double mla_attention_params = 0;
 };
 
 // The hardware figures, measured where possible.
@@ -166,8 +171,9 @@ double GemmWeightBytesPerLayer(const ModelShape& model);
 // is 47/173 per token, the middle one 44.5/170.5.
 double GemmIntensity(const ModelShape& model, double n);
 
-// KV cache bytes per token: 2 (K and V) * L * kv_heads * head_dim * kv_bytes_per_element.
-// Mixtral-8x7B in bf16: 131072.
+// KV cache bytes per token: 2 (K and V) * L * kv_heads * head_dim * kv_bytes_per_element, or
+// L * head_dim * kv_bytes_per_element for MLA's latent rows (kv_value_in_key).
+// Mixtral-8x7B in bf16: 131072; DeepSeek-V2-Lite: 27 * 576 * 2 = 31104.
 double KvBytesPerToken(const ModelShape& model);
 
 // ---- Stage 1 (§5.1-§5.4) ----

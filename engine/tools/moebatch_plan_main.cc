@@ -61,7 +61,7 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (its config.json is read)");
 ABSL_FLAG(std::string, preset, "",
           "model preset instead of --model: mixtral-8x7b | mixtral-8x22b | qwen3-30b-a3b | "
-          "qwen2-57b-a14b | olmoe-1b-7b | llama-3.1-8b | dbrx");
+          "qwen2-57b-a14b | olmoe-1b-7b | llama-3.1-8b | dbrx | deepseek-v2-lite");
 ABSL_FLAG(std::string, gpu, "",
           "GPU preset for --pcie_gbs and --gpu_tflops: t4 | l4 | a40 | l40 | a100 (datasheet "
           "figures; explicit flags override them)");

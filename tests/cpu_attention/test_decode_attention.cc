@@ -25,6 +25,8 @@ struct Case {
   std::vector<int64_t> context_lens, num_queries;
   std::optional<int64_t> window;
   DType dtype;
+  // > 0: MLA's latent cache, the value is the key row's first value_dim values (KvCacheConfig).
+  int64_t value_dim = 0;
 };
 
 // A filled cache and the float64 answer for one Case.
@@ -48,6 +50,7 @@ Fixture Build(const Case& tc, uint64_t seed) {
   int64_t total_blocks = 0;
   for (int64_t len : tc.context_lens) total_blocks += BlocksForTokens(len, tc.block_size);
   KvCacheConfig kc{1, tc.kv_heads, d, tc.block_size, total_blocks + 3, tc.dtype};
+  kc.value_dim = tc.value_dim;
   auto cache_or = PagedKvCache::Create(kc);
   REQUIRE(cache_or.ok());
   f.cache = std::move(*cache_or);
@@ -72,6 +75,7 @@ Fixture Build(const Case& tc, uint64_t seed) {
         k[i] = normal(rng);
         v[i] = normal(rng);
       }
+      if (tc.value_dim > 0) std::copy(k, k + tc.kv_heads * d, v);  // V = the key row's prefix
       cache.Write(0, f.tables[s], p, k, v);
       if (tc.dtype != DType::kF32) {  // the reference sees what the cache holds
         ConvertFromF32(tc.dtype, k, tmp.data(), tmp.size());
@@ -94,8 +98,10 @@ Fixture Build(const Case& tc, uint64_t seed) {
                        d,
                        tc.block_size,
                        cache.block_stride_bytes(),
-                       cache.value_offset_bytes()};
+                       cache.value_offset_bytes(),
+                       tc.value_dim};
   f.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t dv = tc.value_dim > 0 ? tc.value_dim : d;
 
   f.expected.assign(f.q.size(), 0.0);
   const int64_t group = tc.heads / tc.kv_heads;
@@ -122,7 +128,7 @@ Fixture Build(const Case& tc, uint64_t seed) {
         for (int64_t j = first; j <= pos; ++j) {
           const float* v = values[s].data() + (j * tc.kv_heads + g) * d;
           const double p = w[j] / sum;
-          for (int64_t x = 0; x < d; ++x) o[x] += p * v[x];
+          for (int64_t x = 0; x < dv; ++x) o[x] += p * v[x];  // 0 past value_dim
         }
       }
     }
@@ -150,8 +156,9 @@ void Check(const Case& tc, uint64_t seed, double tol = -1) {
   const int64_t live = f.rows * tc.heads * tc.head_dim;
   const std::vector<float> portable = Run(f, tc, std::nullopt);
   for (CpuIsa isa : SupportedCpuIsas()) {
-    INFO("isa " << CpuIsaName(isa) << ", head_dim " << tc.head_dim << ", heads " << tc.heads << "/"
-                << tc.kv_heads << ", dtype " << DTypeName(tc.dtype));
+    INFO("isa " << CpuIsaName(isa) << ", head_dim " << tc.head_dim << ", value_dim " << tc.value_dim
+                << ", heads " << tc.heads << "/" << tc.kv_heads << ", dtype "
+                << DTypeName(tc.dtype));
     const std::vector<float> out = Run(f, tc, isa);
     double max_err = 0, max_ref = 0, max_diff = 0;
     for (int64_t x = 0; x < live; ++x) {
@@ -161,6 +168,11 @@ void Check(const Case& tc, uint64_t seed, double tol = -1) {
       max_diff = std::max(max_diff, double(std::abs(out[x] - portable[x])));
     }
     for (size_t x = live; x < out.size(); ++x) REQUIRE(std::isnan(out[x]));  // spare row untouched
+    if (tc.value_dim > 0) {  // a head's values past value_dim are written 0
+      for (int64_t x = 0; x < live; ++x) {
+        if (x % tc.head_dim >= tc.value_dim) REQUIRE(out[x] == 0.0f);
+      }
+    }
     INFO("max abs error " << max_err << " over max abs value " << max_ref
                           << "; max abs diff from portable " << max_diff);
     REQUIRE(max_err / max_ref < tol);
@@ -222,6 +234,20 @@ TEST_CASE("decode attention, every ISA: other shapes (group > 8, odd head dims, 
   Check({8, 2, 128, 1, {40}, {2}, std::nullopt, DType::kBF16}, 74);
   Check({8, 2, 64, 128, {300}, {1}, std::nullopt, DType::kBF16}, 75);
   Check({8, 2, 64, 7, {60}, {1}, std::nullopt, DType::kF16}, 76);
+}
+
+// MLA's latent cache (KvCacheConfig::value_dim): one KV head whose value is the key row's first
+// value_dim values, attended by every query head (absorbed queries). DeepSeek-V2-Lite's shape
+// (16 heads, row 576 = kv_lora_rank 512 + RoPE 64), V3's 128 heads, and the tiny fixtures' odd
+// ones (row 88 = 80 + 8: the AVX-512 kernel falls back to the portable one; row 52: all do).
+TEST_CASE("decode attention, every ISA: MLA latent cache (value = prefix of the key row)",
+          "[decode_attention][mla]") {
+  Check({16, 1, 576, 16, {1, 17, 600, 1100}, {1, 1, 3, 1}, std::nullopt, DType::kBF16, 512}, 80);
+  Check({16, 1, 576, 16, {4097}, {1}, std::nullopt, DType::kF32, 512}, 81);
+  Check({128, 1, 576, 16, {70, 513}, {1, 1}, std::nullopt, DType::kBF16, 512}, 82);
+  Check({6, 1, 88, 16, {90, 33}, {4, 1}, std::nullopt, DType::kF16, 80}, 83);
+  Check({5, 1, 64, 16, {200}, {2}, std::nullopt, DType::kF32, 48}, 84);
+  Check({5, 1, 52, 8, {40}, {1}, std::nullopt, DType::kBF16, 40}, 85);
 }
 
 // Batch invariance: each sequence's rows come out bit for bit the same whether it is attended alone

@@ -401,6 +401,24 @@ TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refuse
   CHECK(CreateCudaDevice(*store, options).ok());
 }
 
+// DeepSeek-V2 / V3 (MLA, DeepSeek's routers) are computed by the cpu backend only so far: the cuda
+// backend refuses them at creation with an error that names the way out.
+TEST_CASE("cuda backend: DeepSeek's MLA is refused, naming --backend=cpu", "[cuda_backend]") {
+  for (const char* fixture : {"tiny-deepseek-v2", "tiny-deepseek-v3"}) {
+    auto checkpoint = Checkpoint::Load(FixtureDir(fixture));
+    REQUIRE(checkpoint.ok());
+    const std::unique_ptr<WeightStore> store = PinnedStore(**checkpoint, DType::kF32);
+    CudaBackendOptions options;
+    options.gpu_memory_bytes = int64_t{1} << 30;
+    options.max_tokens_per_pass = 64;
+    auto device = CreateCudaDevice(*store, options);
+    INFO(fixture);
+    REQUIRE_FALSE(device.ok());
+    CHECK(device.status().code() == absl::StatusCode::kUnimplemented);
+    CHECK_THAT(std::string(device.status().message()), Catch::Contains("--backend=cpu"));
+  }
+}
+
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {
   EngineOptions o = CudaOptions(FixtureDir("tiny-mixtral"), std::nullopt);
   o.gpu.memory_bytes = 1 << 20;

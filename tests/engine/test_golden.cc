@@ -165,7 +165,7 @@ void CheckLogits(const std::string& fixture) {
   REQUIRE(device.ok());
   auto model = std::make_unique<ModelRunner>(*std::move(device));
   const ModelConfig& c = (*checkpoint)->config();
-  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 64, DType::kF32};
+  const KvCacheConfig kc = KvCacheConfigFor(c, c.num_hidden_layers, 16, 64, DType::kF32);
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
   for (size_t i = 0; i < golden.size(); ++i) {
@@ -196,16 +196,16 @@ void CheckLogits(const std::string& fixture) {
 // The families beyond Mixtral (tests/fixtures/make_tiny_families.py): each fixture's shapes and
 // features are in that script's VARIANTS.
 TEST_CASE("golden families: last-position logits within 1e-4 of transformers'", "[families]") {
-  const std::string fixture =
-      GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
+  const std::string fixture = GENERATE(
+      as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
+      "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3");
   INFO(fixture);
   CheckLogits(fixture);
 }
 TEST_CASE("golden families: greedy tokens and text as transformers'", "[families]") {
-  const std::string fixture =
-      GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
+  const std::string fixture = GENERATE(
+      as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
+      "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3");
   INFO(fixture);
   CheckGreedy(fixture);
 }

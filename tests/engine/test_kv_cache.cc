@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/kv/kv_cache.h"
+#include "engine/model/model_config.h"
 
 using namespace moebatch;
 
@@ -130,6 +131,53 @@ TEST_CASE("PagedKvCache writes each token to [layer][block][K|V][head][slot][dim
       }
     }
   }
+}
+
+// MLA's latent cache (value_dim > 0): one row per token, layer and KV head, no V region: half the
+// bytes per block, V at offset 0 (the key row itself), Write ignores v, CopyBlock copies the rows;
+// value_dim beyond head_dim is refused. KvCacheConfigFor picks it for an MLA model.
+TEST_CASE("PagedKvCache with value_dim stores the key row only (MLA latent cache)") {
+  KvCacheConfig c{2, 1, 12, 4, 5, DType::kBF16};
+  const int64_t both = c.bytes_per_block();
+  c.value_dim = 8;
+  REQUIRE(c.bytes_per_block() * 2 == both);
+  auto cache_or = PagedKvCache::Create(c);
+  REQUIRE(cache_or.ok());
+  PagedKvCache& cache = **cache_or;
+  REQUIRE(cache.total_bytes() == static_cast<size_t>(c.bytes_per_block() * c.num_blocks));
+  REQUIRE(cache.value_offset_bytes() == 0);
+  REQUIRE(cache.block_stride_bytes() == static_cast<size_t>(4 * 12 * 2));
+  const std::vector<int32_t> table = {3, 0};
+  std::vector<float> k(12), poison(12, 7.0f);
+  for (int64_t pos = 0; pos < 6; ++pos) {
+    for (int i = 0; i < 12; ++i) k[i] = static_cast<float>(pos * 12 + i);
+    cache.Write(1, table, pos, k.data(), poison.data());
+  }
+  cache.CopyBlock(3, 4);
+  for (int64_t pos = 0; pos < 6; ++pos) {
+    for (int32_t block : {table[pos / 4], pos < 4 ? 4 : table[1]}) {
+      const std::byte* row = cache.KeyBlock(1, block) + (pos % 4) * 12 * 2;
+      for (int i = 0; i < 12; ++i) {
+        float got;
+        ConvertToF32(DType::kBF16, row + i * 2, &got, 1);
+        REQUIRE(got == static_cast<float>(pos * 12 + i));  // exact in bf16 (< 256)
+      }
+    }
+  }
+  c.value_dim = 13;
+  REQUIRE(PagedKvCache::Create(c).status().code() == absl::StatusCode::kInvalidArgument);
+
+  ModelConfig mla;
+  mla.num_key_value_heads = 1;
+  mla.head_dim = 576;
+  mla.mla = MlaConfig{0, 512, 128, 64, 128};
+  const KvCacheConfig kv = KvCacheConfigFor(mla, 27, 16, 10, DType::kBF16);
+  CHECK(kv.value_dim == 512);
+  CHECK(kv.bytes_per_block() == 27 * 16 * 576 * 2);
+  ModelConfig gqa;
+  gqa.num_key_value_heads = 8;
+  gqa.head_dim = 128;
+  CHECK(KvCacheConfigFor(gqa, 32, 16, 10, DType::kBF16).value_dim == 0);
 }
 
 // The cache's mapping asks for transparent huge pages (MADV_HUGEPAGE): /proc/self/smaps marks it

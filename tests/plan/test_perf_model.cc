@@ -128,8 +128,8 @@ TEST_CASE("Model sizes of §7 and KV bytes per token", "[perf_model]") {
 TEST_CASE("Model sizes of the families: shared experts and dense layers counted", "[perf_model]") {
   for (const auto& [name, billions] :
        {std::pair{"qwen2-57b-a14b", 57.41}, std::pair{"qwen3-30b-a3b", 30.53},
-        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03},
-        std::pair{"dbrx", 132.0}}) {
+        std::pair{"olmoe-1b-7b", 6.92}, std::pair{"llama-3.1-8b", 8.03}, std::pair{"dbrx", 132.0},
+        std::pair{"deepseek-v2-lite", 15.71}}) {
     INFO(name);
     const std::optional<ModelConfig> c = KnownModelConfig(name);
     REQUIRE(c.has_value());
@@ -152,7 +152,7 @@ TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
        {std::pair{"mixtral-8x7b", 131072}, std::pair{"mixtral-8x22b", 229376},
         std::pair{"qwen3-30b-a3b", 98304}, std::pair{"qwen2-57b-a14b", 57344},
         std::pair{"olmoe-1b-7b", 131072}, std::pair{"llama-3.1-8b", 131072},
-        std::pair{"dbrx", 163840}}) {
+        std::pair{"dbrx", 163840}, std::pair{"deepseek-v2-lite", 31104}}) {
     INFO(name);
     const std::optional<ModelConfig> c = KnownModelConfig(name);
     REQUIRE(c.has_value());
@@ -160,6 +160,22 @@ TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
     REQUIRE(m.ok());
     CHECK(KvBytesPerToken(*m) == bytes);
   }
+}
+
+// MLA's latent cache: one row of kv_lora_rank + qk_rope_head_dim values per token and layer
+// (DeepSeek-V2-Lite: 27 x 576 x 2 bytes = 31104 in bf16), against Mixtral-8x7B's K and V of
+// 8 heads x 128 in 32 layers (131072): 4.2x fewer bytes per token.
+TEST_CASE("KV bytes per token: MLA's latent rows against GQA's K and V", "[perf_model]") {
+  const std::optional<ModelConfig> lite = KnownModelConfig("deepseek-v2-lite");
+  REQUIRE(lite.has_value());
+  REQUIRE(lite->mla.has_value());
+  auto m = ModelShapeFromConfig(*lite, DType::kBF16);
+  REQUIRE(m.ok());
+  CHECK(KvBytesPerToken(*m) == 27.0 * 576 * 2);
+  const std::optional<ModelConfig> mixtral = KnownModelConfig("mixtral-8x7b");
+  auto x = ModelShapeFromConfig(*mixtral, DType::kBF16);
+  REQUIRE(x.ok());
+  CHECK(KvBytesPerToken(*x) == 131072.0);
 }
 
 TEST_CASE("Eq. 1 and 2 by hand: GEMM intensity and tokens to saturate", "[perf_model]") {
