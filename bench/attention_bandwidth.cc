@@ -57,6 +57,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cpu_attention/attention/decode_attention.h"
+#include "cpu_attention/attention/decode_attention_internal.h"
 #include "cpu_attention/attention/paged_attention.h"
 #include "cpu_attention/runtime/host_roof.h"
 #include "engine/kv/kv_cache.h"
@@ -358,6 +359,10 @@ uint64_t ReadKvHeadsInner(const DecodeProblem& p, int64_t num_seqs, int64_t toke
   return result;
 }
 
+std::string KernelName(CpuIsa isa, bool amx) {
+  return std::string(CpuIsaName(isa)) + (amx ? "+amx" : "");
+}
+
 struct Row {
   std::string shape, impl;
   CpuIsa isa = CpuIsa::kPortable;
@@ -426,6 +431,17 @@ int main(int argc, char** argv) {
   std::vector<int> thread_counts = {1};
   if (all_threads > 1) thread_counts.push_back(all_threads);
   const std::vector<CpuIsa> isas = SupportedCpuIsas();
+  // The kernels timed: every ISA's, and AVX-512 with AMX tiles where they apply (MLA's bf16
+  // latent cache, on a CPU with AMX).
+  std::vector<std::pair<CpuIsa, bool>> kernels;
+  for (CpuIsa isa : isas) kernels.emplace_back(isa, false);
+  const bool amx_applies =
+      CpuAmxUsable() && *dtype == DType::kBF16 && num_kv_heads == 1 &&
+      decode_attention_internal::MlaAmxApplies(
+          KvLayerView{nullptr, *dtype, num_kv_heads, head_dim, absl::GetFlag(FLAGS_block_size), 0,
+                      0, absl::GetFlag(FLAGS_value_dim)},
+          num_heads);
+  if (amx_applies) kernels.emplace_back(CpuIsa::kAvx512, true);
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
   std::printf(
@@ -509,13 +525,14 @@ int main(int argc, char** argv) {
         add_row(b.name, b.isa, true, t);
         if (reference_out.empty()) reference_out = p->out;
       }
-      for (CpuIsa isa : isas) {
+      for (const auto& [isa, amx] : kernels) {
         std::fill(p->out.begin(), p->out.end(), NAN);
         const Timing t = TimeCalls(repeats, [&] {
-          PagedAttention(isa, p->view, p->seqs.data(), num_seqs, p->q.data(), num_heads, scale,
-                         std::nullopt, p->out.data());
+          decode_attention_internal::PagedAttentionWith(isa, amx, p->view, p->seqs.data(), num_seqs,
+                                                        p->q.data(), num_heads, scale, std::nullopt,
+                                                        p->out.data());
         });
-        add_row(CpuIsaName(isa), isa, false, t);
+        add_row(KernelName(isa, amx), isa, false, t);
       }
       for (int interleave : {1, 8}) {
         uint64_t sink = 0;
@@ -577,7 +594,7 @@ int main(int argc, char** argv) {
         r.speedup, r.speedup_fastest, r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3,
         r.t.worst * 1e3, r.rel_diff);
   }
-  const std::string best_isa = CpuIsaName(isas.back());
+  const std::string best_isa = KernelName(kernels.back().first, kernels.back().second);
   std::printf("\nbounds, kernel %s, %s KV:\n", best_isa.c_str(),
               std::string(DTypeName(*dtype)).c_str());
   bool all_ok = true;

@@ -55,9 +55,19 @@ struct Chunk {
 
 }  // namespace
 
+static_assert(kChunkTokens <= dai::kAmxMaxKeys, "a chunk must fit AttendMlaAmx's buffers");
+
 void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
                     int64_t num_seqs, const float* q, int64_t num_heads, float scale,
                     std::optional<int64_t> sliding_window, float* out) {
+  dai::PagedAttentionWith(isa, isa == CpuIsa::kAvx512 && CpuAmxUsable(), kv, seqs, num_seqs, q,
+                          num_heads, scale, sliding_window, out);
+}
+
+void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
+                             const AttentionSequence* seqs, int64_t num_seqs, const float* q,
+                             int64_t num_heads, float scale, std::optional<int64_t> sliding_window,
+                             float* out) {
   dai::AttendGroupFn kernel = nullptr;
   int64_t lanes = 1;
   if (isa == CpuIsa::kAvx2) {
@@ -75,6 +85,9 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
   }
   const int64_t group = num_heads / kv.num_kv_heads;
   const int64_t num_kv = kv.num_kv_heads;
+  // MLA's bf16 latent cache on AMX tiles: kAmxHeads query heads per kernel call.
+  const bool use_amx = amx && isa == CpuIsa::kAvx512 && dai::MlaAmxApplies(kv, num_heads);
+  const int64_t max_sub = use_amx ? dai::kAmxHeads : dai::kMaxGroup;
 
   // Key ranges of the query rows, and how many chunks each is split into: every key range longer
   // than kChunkTokens is split at fixed multiples of kChunkTokens, whatever the batch or thread
@@ -154,7 +167,7 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
   std::vector<float> partials(static_cast<size_t>(partial_floats_total));
 
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-  const int64_t scratch = std::max<int64_t>(dai::kMaxUnitFloats, dai::kMaxGroup * d);
+  const int64_t scratch = std::max<int64_t>(dai::kMaxUnitFloats, max_sub * d);
 #pragma omp parallel
   {
     std::vector<float> qs(static_cast<size_t>(scratch));
@@ -164,17 +177,30 @@ void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* 
       const Chunk& chunk = chunks[c];
       const Unit& unit = units[chunk.unit];
       const int64_t q_heads = static_cast<int64_t>(unit.num_kv_heads) * unit.group;
-      // Subgroups of at most kMaxGroup query heads (one when group <= kMaxGroup: all the unit's
-      // KV heads in one call), over the same keys.
-      for (int64_t h0 = 0; h0 < unit.group; h0 += dai::kMaxGroup) {
+      // Subgroups of at most kMaxGroup query heads (kAmxHeads on AMX; one subgroup when group <=
+      // kMaxGroup: all the unit's KV heads in one call), over the same keys.
+      for (int64_t h0 = 0; h0 < unit.group; h0 += max_sub) {
         const int sub = unit.group <= dai::kMaxGroup
                             ? unit.group
-                            : static_cast<int>(std::min<int64_t>(dai::kMaxGroup, unit.group - h0));
+                            : static_cast<int>(std::min<int64_t>(max_sub, unit.group - h0));
         const int64_t sub_heads = unit.group <= dai::kMaxGroup ? q_heads : sub;
         const int64_t n = sub_heads * d;
         const float* uq = unit.q + h0 * d;
         for (int64_t x = 0; x < n; ++x) qs[x] = uq[x] * scale;
-        if (chunk.partial < 0) {
+        if (use_amx) {
+          const bool direct = chunk.partial < 0;
+          float* p = direct ? nullptr : partials.data() + chunk.partial;
+          float* o0 = direct ? unit.out + h0 * d : p + 2 * q_heads + h0 * d;
+          dai::AttendMlaAmx(kv, unit.block_table, chunk.first, chunk.last, qs.data(), o0,
+                            direct ? m : p + h0, direct ? l : p + q_heads + h0);
+          if (direct) {
+            for (int64_t h = 0; h < sub_heads; ++h) {
+              const float inv = 1.0f / l[h];
+              float* o = o0 + h * d;
+              for (int64_t x = 0; x < d; ++x) o[x] *= inv;
+            }
+          }
+        } else if (chunk.partial < 0) {
           float* o0 = unit.out + h0 * d;
           kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
                  qs.data(), sub, o0, m, l);

@@ -13,8 +13,10 @@
 //
 // One binary runs everywhere: each ISA's kernel is compiled in its own file with its own flags
 // (decode_attention_avx2.cc: AVX2+FMA+F16C; decode_attention_avx512.cc: AVX-512 F/BW/VL/DQ) and
-// the level runtime/cpu_isa.h selects runs. The AVX512-BF16 dot product
-// and AMX were measured and are not used (decode_attention_avx512.cc says why).
+// the level runtime/cpu_isa.h selects runs. At the AVX-512 level, MLA's bf16 latent cache (one KV
+// head for 16 or more query heads, 30 FLOP per byte) runs on AMX tiles where CpuAmxUsable()
+// (mla_attention_amx.cc); the GQA shapes stay on the FMA kernels (decode_attention_avx512.cc says
+// why AMX and the AVX512-BF16 dot product do not pay there).
 //
 // Threading: parallel inside, on the calling thread's OpenMP pool (sized and pinned by
 // runtime/cpu_threads.h); call from one thread.

@@ -10,7 +10,9 @@
 //  * AMX (TDPBF16PS 16x16x32 with q and p split into bf16 hi + lo parts for fp32 accuracy): one
 //    TDPBF16PS took 9.2 ns and one TILELOADD 5.4 ns; the skinny products of decode attention (G
 //    query heads wide) use a quarter of a tile, and a complete AMX kernel (scores and p.V) ran at
-//    37-63 ns per key row against 36-42 ns for this FMA kernel, so it was dropped.
+//    37-63 ns per key row against 36-42 ns for this FMA kernel, so it was dropped for GQA. MLA's
+//    latent cache, whose products fill whole tiles (16 query heads x 576 values), does use it
+//    (mla_attention_amx.cc).
 #include <immintrin.h>
 
 #include "cpu_attention/attention/decode_attention_avx512_ops.h"

@@ -53,6 +53,31 @@ void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_
                        int num_kv_heads, int64_t first, int64_t last, const float* q, int group,
                        float* acc, float* m, float* l);
 
+// MLA's bf16 latent cache on AMX tiles (mla_attention_amx.cc; only where CpuAmxUsable()): keys
+// [first, last] of the cache's single KV head (kv.num_kv_heads == 1, kv.value_dim > 0) for
+// kAmxHeads query heads whose scaled queries are q[kAmxHeads][head_dim]. Writes acc[kAmxHeads]
+// [head_dim] (0 past value_dim), m[kAmxHeads] and l[kAmxHeads] as AttendGroupFn does. Requires
+// kv.dtype bf16, head_dim and value_dim multiples of 32 and at most kAmxMaxDim, and at most
+// kAmxMaxKeys keys. Each head's result depends on its own query and the keys only.
+inline constexpr int kAmxHeads = 16;
+inline constexpr int64_t kAmxMaxKeys = 512;
+inline constexpr int64_t kAmxMaxDim = 1024;
+void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t first, int64_t last,
+                  const float* q, float* acc, float* m, float* l);
+
+// Whether a call with this cache and head count takes AttendMlaAmx (given the CPU may).
+inline bool MlaAmxApplies(const KvLayerView& kv, int64_t num_heads) {
+  return kv.dtype == DType::kBF16 && kv.num_kv_heads == 1 && kv.value_dim > 0 &&
+         kv.head_dim % 32 == 0 && kv.value_dim % 32 == 0 && kv.head_dim <= kAmxMaxDim &&
+         num_heads % kAmxHeads == 0;
+}
+
+// PagedAttention with the AMX path allowed or not (amx requires CpuAmxUsable() and isa kAvx512):
+// what the tests and the benchmark use to run both paths on one host.
+void PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv, const AttentionSequence* seqs,
+                        int64_t num_seqs, const float* q, int64_t num_heads, float scale,
+                        std::optional<int64_t> sliding_window, float* out);
+
 // The KV append path's row conversion (kv_append.cc): n f32 -> n elements of `dtype` at dst,
 // round to nearest even, the same bits as ConvertFromF32 for every non-NaN input.
 using ConvertRowFn = void (*)(DType dtype, const float* src, std::byte* dst, int64_t n);

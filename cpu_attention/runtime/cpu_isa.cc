@@ -3,6 +3,12 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "spdlog/spdlog.h"
 
 namespace moebatch {
@@ -72,6 +78,37 @@ CpuIsa SelectedCpuIsa() {
     return isa;
   }();
   return selected;
+}
+
+bool CpuAmxUsable() {
+  static const bool usable = [] {
+#if defined(__x86_64__) && defined(__linux__)
+    if (SelectedCpuIsa() != CpuIsa::kAvx512) return false;
+    if (const char* env = std::getenv("MOEBATCH_CPU_AMX");
+        env != nullptr && std::string(env) == "0") {
+      return false;
+    }
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    const bool amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    const bool avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) != 0 && ((a1 >> 5) & 1);
+    if (!amx_tile || !amx_bf16 || !avx512_bf16) return false;
+    unsigned xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if (((xcr0_lo >> 17) & 3) != 3) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtileData = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) != 0) {
+      spdlog::warn("the CPU has AMX but Linux refused its use (arch_prctl): AMX kernels off");
+      return false;
+    }
+    return true;
+#else
+    return false;
+#endif
+  }();
+  return usable;
 }
 
 }  // namespace moebatch

@@ -24,6 +24,13 @@ std::vector<CpuIsa> SupportedCpuIsas();
 // The level the kernels use: the highest supported, or MOEBATCH_CPU_ISA's (read once).
 CpuIsa SelectedCpuIsa();
 
+// Whether the AMX kernels may run: the CPU has AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24, 22)
+// beside AVX512-BF16, the OS saves the tile state (XCR0 bits 17, 18) and grants this process its
+// use (Linux arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once), and neither
+// MOEBATCH_CPU_ISA selects a level below avx512 nor MOEBATCH_CPU_AMX=0 turns them off. The AVX-512
+// level's kernels use AMX where it pays (attention/decode_attention.h says where). Read once.
+bool CpuAmxUsable();
+
 // Parses a MOEBATCH_CPU_ISA value (nullptr or "" = unset) and clamps it to `supported` (lowest
 // first, never empty). Unset: the highest supported. Unknown names or unsupported levels: the
 // highest supported level not above the request, with a message in *warning (else it is cleared).

@@ -136,12 +136,28 @@ Fixture Build(const Case& tc, uint64_t seed) {
   return f;
 }
 
-// Runs `isa` on a poisoned output; returns it.
-std::vector<float> Run(const Fixture& f, const Case& tc, std::optional<CpuIsa> isa) {
+// A kernel choice: a vector ISA, and for AVX-512 with or without AMX tiles (MLA's bf16 cache).
+struct Variant {
+  CpuIsa isa;
+  bool amx;
+  std::string Name() const { return std::string(CpuIsaName(isa)) + (amx ? "+amx" : ""); }
+};
+
+// Every ISA this CPU has, and AVX-512 with AMX where CpuAmxUsable().
+std::vector<Variant> Variants() {
+  std::vector<Variant> v;
+  for (CpuIsa isa : SupportedCpuIsas()) v.push_back({isa, false});
+  if (CpuAmxUsable()) v.push_back({CpuIsa::kAvx512, true});
+  return v;
+}
+
+// Runs `variant` (or, without one, the portable reference) on a poisoned output; returns it.
+std::vector<float> Run(const Fixture& f, const Case& tc, std::optional<Variant> variant) {
   std::vector<float> out(f.q.size(), std::nanf(""));
-  if (isa) {
-    PagedAttention(*isa, f.view, f.seqs.data(), static_cast<int64_t>(f.seqs.size()), f.q.data(),
-                   tc.heads, f.scale, tc.window, out.data());
+  if (variant) {
+    decode_attention_internal::PagedAttentionWith(variant->isa, variant->amx, f.view, f.seqs.data(),
+                                                  static_cast<int64_t>(f.seqs.size()), f.q.data(),
+                                                  tc.heads, f.scale, tc.window, out.data());
   } else {
     PagedAttentionReference(f.view, f.seqs.data(), static_cast<int64_t>(f.seqs.size()), f.q.data(),
                             tc.heads, f.scale, tc.window, out.data());
@@ -155,11 +171,11 @@ void Check(const Case& tc, uint64_t seed, double tol = -1) {
   const Fixture f = Build(tc, seed);
   const int64_t live = f.rows * tc.heads * tc.head_dim;
   const std::vector<float> portable = Run(f, tc, std::nullopt);
-  for (CpuIsa isa : SupportedCpuIsas()) {
-    INFO("isa " << CpuIsaName(isa) << ", head_dim " << tc.head_dim << ", value_dim " << tc.value_dim
+  for (const Variant& variant : Variants()) {
+    INFO("isa " << variant.Name() << ", head_dim " << tc.head_dim << ", value_dim " << tc.value_dim
                 << ", heads " << tc.heads << "/" << tc.kv_heads << ", dtype "
                 << DTypeName(tc.dtype));
-    const std::vector<float> out = Run(f, tc, isa);
+    const std::vector<float> out = Run(f, tc, variant);
     double max_err = 0, max_ref = 0, max_diff = 0;
     for (int64_t x = 0; x < live; ++x) {
       REQUIRE(std::isfinite(out[x]));
@@ -176,7 +192,37 @@ void Check(const Case& tc, uint64_t seed, double tol = -1) {
     INFO("max abs error " << max_err << " over max abs value " << max_ref
                           << "; max abs diff from portable " << max_diff);
     REQUIRE(max_err / max_ref < tol);
+    // AMX splits the f32 query and probabilities into bf16 hi + lo parts: f32-like, not bf16's
+    // 4e-3 (a kernel that dropped the lo parts would pass `tol`).
+    if (variant.amx) REQUIRE(max_err / max_ref < 2e-5);
     REQUIRE(max_diff / max_ref < 2 * tol);
+  }
+}
+
+// Each sequence's rows come out bit for bit the same attended alone as beside the others, with
+// one thread or all, for every kernel variant.
+void CheckBatchInvariance(const Case& tc, uint64_t seed) {
+  const Fixture f = Build(tc, seed);
+  const int64_t row_floats = tc.heads * tc.head_dim;
+  const int max_threads = omp_get_max_threads();
+  for (const Variant& variant : Variants()) {
+    const std::vector<float> batched = Run(f, tc, variant);
+    for (size_t s = 0; s < f.seqs.size(); ++s) {
+      for (int threads : {1, max_threads}) {
+        omp_set_num_threads(threads);
+        std::vector<float> alone(f.q.size(), std::nanf(""));
+        decode_attention_internal::PagedAttentionWith(variant.isa, variant.amx, f.view, &f.seqs[s],
+                                                      1, f.q.data(), tc.heads, f.scale, tc.window,
+                                                      alone.data());
+        omp_set_num_threads(max_threads);
+        const int64_t begin = f.seqs[s].query_start * row_floats;
+        const int64_t count = f.seqs[s].num_queries * row_floats;
+        INFO("isa " << variant.Name() << ", sequence " << s << " (context " << f.seqs[s].context_len
+                    << "), threads " << threads);
+        CHECK(std::memcmp(alone.data() + begin, batched.data() + begin, count * sizeof(float)) ==
+              0);
+      }
+    }
   }
 }
 
@@ -248,6 +294,12 @@ TEST_CASE("decode attention, every ISA: MLA latent cache (value = prefix of the 
   Check({6, 1, 88, 16, {90, 33}, {4, 1}, std::nullopt, DType::kF16, 80}, 83);
   Check({5, 1, 64, 16, {200}, {2}, std::nullopt, DType::kF32, 48}, 84);
   Check({5, 1, 52, 8, {40}, {1}, std::nullopt, DType::kBF16, 40}, 85);
+  // The AMX path's other cases: key tiles that are not 16 rows of one block (block sizes 8 and 7,
+  // a window that starts mid-block) are staged; 32 heads are two calls over the same keys; a
+  // prefill chunk's rows beside decode rows.
+  Check({16, 1, 576, 8, {300, 9}, {2, 1}, std::nullopt, DType::kBF16, 512}, 86);
+  Check({32, 1, 576, 32, {1000, 45}, {1, 5}, 300, DType::kBF16, 512}, 87);
+  Check({16, 1, 128, 7, {77}, {1}, std::nullopt, DType::kBF16, 64}, 88);
 }
 
 // Batch invariance: each sequence's rows come out bit for bit the same whether it is attended alone
@@ -263,27 +315,16 @@ TEST_CASE("decode attention, every ISA: a row's bits do not depend on the batch 
                 {1, 1, 40, 1, 3, 1, 1, 1, 1, 1, 1, 2},
                 std::nullopt,
                 DType::kBF16};
-  const Fixture f = Build(tc, 90);
-  const int64_t row_floats = tc.heads * tc.head_dim;
-  const int max_threads = omp_get_max_threads();
-  for (CpuIsa isa : SupportedCpuIsas()) {
-    const std::vector<float> batched = Run(f, tc, isa);
-    for (size_t s = 0; s < f.seqs.size(); ++s) {
-      for (int threads : {1, max_threads}) {
-        omp_set_num_threads(threads);
-        std::vector<float> alone(f.q.size(), std::nanf(""));
-        PagedAttention(isa, f.view, &f.seqs[s], 1, f.q.data(), tc.heads, f.scale, tc.window,
-                       alone.data());
-        omp_set_num_threads(max_threads);
-        const int64_t begin = f.seqs[s].query_start * row_floats;
-        const int64_t count = f.seqs[s].num_queries * row_floats;
-        INFO("isa " << CpuIsaName(isa) << ", sequence " << s << " (context "
-                    << f.seqs[s].context_len << "), threads " << threads);
-        CHECK(std::memcmp(alone.data() + begin, batched.data() + begin, count * sizeof(float)) ==
-              0);
-      }
-    }
-  }
+  CheckBatchInvariance(tc, 90);
+}
+
+// The same for MLA's latent cache (AMX tiles where the CPU has them): 16 query heads over one
+// 576-value row of which the value is the first 512.
+TEST_CASE("decode attention, every ISA: an MLA row's bits do not depend on the batch or threads",
+          "[decode_attention][mla]") {
+  CheckBatchInvariance(
+      {16, 1, 576, 16, {1100, 40, 513, 1, 700}, {1, 3, 1, 1, 2}, std::nullopt, DType::kBF16, 512},
+      91);
 }
 
 // The kernels' multi-head work items (decode_attention_internal.h): attending KV heads [h, h + n)
