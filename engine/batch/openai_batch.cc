@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/text/harmony_output.h"
 #include "nlohmann/json.hpp"
 
 namespace moebatch {
@@ -589,6 +590,7 @@ std::string FormatBatchOutput(const BatchRequest& request, std::string_view requ
   try {
     const std::string_view suffix = RequestSuffix(request_id);
     const bool chat = request.endpoint == Endpoint::kChatCompletions;
+    const bool harmony = tokenizer != nullptr && WritesHarmony(*tokenizer);
 
     ordered_json out_choices = ordered_json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -596,7 +598,17 @@ std::string FormatBatchOutput(const BatchRequest& request, std::string_view requ
       const Completion& completion = choices[i];
       ordered_json choice;
       choice["index"] = i;
-      if (chat) {
+      if (chat && harmony) {
+        // The final channel as the content, the analysis channel as reasoning_content (vLLM's
+        // gpt-oss reply); both null when empty.
+        const HarmonyReply reply = ParseHarmonyReply(*tokenizer, completion.token_ids);
+        choice["message"] = {
+            {"role", "assistant"}, {"content", nullptr}, {"reasoning_content", nullptr}};
+        if (reply.content) choice["message"]["content"] = *reply.content;
+        if (reply.reasoning_content) {
+          choice["message"]["reasoning_content"] = *reply.reasoning_content;
+        }
+      } else if (chat) {
         choice["message"] = {{"role", "assistant"}, {"content", completion.text}};
       } else {
         choice["text"] = completion.text;

@@ -14,6 +14,11 @@
 // top_logprobs, text_offset}), else null.
 // Extension: every choice also carries "token_ids", the generated token ids (stop-string and EOS
 // tokens included when they were generated; see docs/api.md).
+// A chat reply of a model whose chat layout is harmony (gpt-oss) is split as vLLM splits it
+// (engine/text/harmony_output.h): message.content is the final channel's text and
+// message.reasoning_content the analysis channel's, each null when empty. They are parsed from the
+// token ids; a stop string ends generation but does not cut them (the text it is matched in is
+// the reply decoded with the special tokens dropped, channel names included).
 // A request that fails validation gets "response": {"status_code": 400, "body": {"error": {...}}};
 // a line that is not JSON at all gets "response": null, "error": {"code", "message"}.
 #pragma once
@@ -77,7 +82,8 @@ std::string FormatBatchOutput(const BatchRequest& request, std::string_view requ
                               const Completion& completion, int64_t created);
 // The same with every choice of the request (choices[i] is choice i; usage.completion_tokens sums
 // them, prompt_tokens is theirs); `tokenizer` (borrowed; may be null when the request asked for no
-// logprobs) gives the tokens' text and bytes in choice.logprobs.
+// logprobs) gives the tokens' text and bytes in choice.logprobs, and its chat layout decides
+// whether a chat reply is harmony (content and reasoning_content from the token ids).
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
                               const std::vector<Completion>& choices, int64_t created,
                               const Tokenizer* tokenizer);

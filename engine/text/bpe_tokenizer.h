@@ -1,7 +1,9 @@
 // Byte-level BPE tokenizers stored as Hugging Face `tokenizer.json` (+ `tokenizer_config.json`):
-// GPT-2, Llama 3, Qwen2/3, SmolLM2, OLMoE, and sentencepiece-style BPE files (Llama 2 / Mistral
-// conversions: byte fallback, Metaspace). Encode and Decode follow Hugging Face `tokenizers` 0.23
-// (tokenizers/src/tokenizer/mod.rs: Tokenizer::encode and Tokenizer::decode) step by step:
+// GPT-2, Llama 3, Qwen2/3, SmolLM2, OLMoE, gpt-oss (o200k_harmony: the o200k regex's case
+// classes and (?i:'s|...) contractions run on PCRE2 as they are), and sentencepiece-style BPE
+// files (Llama 2 / Mistral conversions: byte fallback, Metaspace). Encode and Decode follow Hugging
+// Face `tokenizers` 0.23 (tokenizers/src/tokenizer/mod.rs: Tokenizer::encode and Tokenizer::decode)
+// step by step:
 //
 //   1. added tokens (AddedVocabulary::extract_and_normalize): the tokens with normalized=false are
 //      found in the raw text first, then the text between them is normalized and the tokens with

@@ -16,7 +16,7 @@ struct LayoutInfo {
   const char* name;
 };
 
-constexpr std::array<LayoutInfo, 8> kLayouts = {{
+constexpr std::array<LayoutInfo, 9> kLayouts = {{
     {ChatLayout::kChatML, "chatml"},
     {ChatLayout::kChatMLQwen15, "qwen1.5"},
     {ChatLayout::kChatMLQwen25, "qwen2.5"},
@@ -25,6 +25,7 @@ constexpr std::array<LayoutInfo, 8> kLayouts = {{
     {ChatLayout::kLlama3, "llama3"},
     {ChatLayout::kLlama31, "llama3.1"},
     {ChatLayout::kLlama32, "llama3.2"},
+    {ChatLayout::kHarmony, "harmony"},
 }};
 
 // --- CanonicalChatTemplate ---------------------------------------------------------------------
@@ -293,6 +294,38 @@ const std::vector<Signature>& Signatures() {
         std::string(kLlama31System), std::string(kLlama31Dates), std::string(kLlama31SystemEnd),
         std::string(kLlama31Turn)},
        std::string(kLlama31End)},
+      // gpt-oss: every part but the tool branches (tool definitions, builtin tools, tool calls,
+      // tool messages), which a plain conversation never enters.
+      {ChatLayout::kHarmony,
+       false,
+       "",
+       {R"({%macro build_system_message()%}{%if model_identity is not defined%})"
+        R"({%set model_identity='You are ChatGPT, a large language model trained by OpenAI.'%})"
+        R"({%endif%}{{model_identity+'\n'}}{{'Knowledge cutoff: 2024-06\n'}})"
+        R"({{'Current date: '+strftime_now('%Y-%m-%d')+'\n\n'}})"
+        R"({%if reasoning_effort is not defined%}{%set reasoning_effort='medium'%}{%endif%})"
+        R"({{'Reasoning: '+reasoning_effort+'\n\n'}}{%if builtin_tools%})",
+        R"({%endif%}{{'# Valid channels: analysis, commentary, final. Channel must be included )"
+        R"(for every message.'}}{%if tools%})",
+        R"({%endmacro%}{{'<|start|>system<|message|>'}}{{build_system_message()}}{{'<|end|>'}})"
+        R"({%if messages[0].role=='developer'or messages[0].role=='system'%})"
+        R"({%set developer_message=messages[0].content%}{%set loop_messages=messages[1:]%})"
+        R"({%else%}{%set developer_message=''%}{%set loop_messages=messages%}{%endif%})"
+        R"({%if developer_message or tools%}{{'<|start|>developer<|message|>'}})"
+        R"({%if developer_message%}{{'# Instructions\n\n'}}{{developer_message}}{{'\n\n'}})"
+        R"({%endif%}{%if tools%})",
+        R"({{'<|end|>'}}{%endif%}{%set last_tool_call=namespace(name=none)%})"
+        R"({%for message in loop_messages%}{%if message.role=='assistant'%})"
+        R"({%if'content'in message%}{%if'<|channel|>analysis<|message|>'in message.content or)"
+        R"('<|channel|>final<|message|>'in message.content%}{{raise_exception(')",
+        R"({%elif loop.last and not add_generation_prompt%}{%if'thinking'in message%})"
+        R"({{'<|start|>assistant<|channel|>analysis<|message|>'+message.thinking+'<|end|>'}})"
+        R"({%endif%}{{'<|start|>assistant<|channel|>final<|message|>'+message.content+)"
+        R"('<|return|>'}}{%else%}{{'<|start|>assistant<|channel|>final<|message|>'+)"
+        R"(message.content+'<|end|>'}})",
+        R"({%elif message.role=='user'%}{{'<|start|>user<|message|>'+message.content+'<|end|>'}})"
+        R"({%endif%}{%endfor%})"},
+       R"({%if add_generation_prompt%}{{'\n<|start|>assistant\n'}}{%endif%})"},
   };
   return *signatures;
 }
@@ -558,6 +591,58 @@ std::string RenderLlama31(const std::vector<ChatMessage>& messages, bool add_gen
   return out;
 }
 
+// strftime_now("%Y-%m-%d") as transformers calls it: the local date, e.g. "2026-03-05".
+std::string TodayIsoDate() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &local);
+  return buf;
+}
+
+// harmony (the header comment describes the layout).
+absl::StatusOr<std::string> RenderHarmony(const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt,
+                                          const ChatTemplateOptions& options) {
+  std::string out = "<|start|>system<|message|>";
+  Append(&out,
+         {options.model_identity ? std::string_view(*options.model_identity)
+                                 : "You are ChatGPT, a large language model trained by OpenAI.",
+          "\nKnowledge cutoff: 2024-06\nCurrent date: ",
+          options.date_string ? *options.date_string : TodayIsoDate(), "\n\nReasoning: ",
+          options.reasoning_effort ? std::string_view(*options.reasoning_effort) : "medium",
+          "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+          "every message.<|end|>"});
+  const bool system_first = messages[0].role == "system";
+  if (system_first && !messages[0].content.empty()) {
+    Append(&out,
+           {"<|start|>developer<|message|># Instructions\n\n", messages[0].content, "\n\n<|end|>"});
+  }
+  for (size_t i = system_first ? 1 : 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      Append(&out, {"<|start|>user<|message|>", m.content, "<|end|>"});
+    } else if (m.role == "assistant") {
+      for (std::string_view tag :
+           {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"}) {
+        if (m.content.find(tag) != std::string::npos) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "messages[", i, "].content: holds '", std::string(tag),
+              "': an assistant content is the final channel's text alone, without harmony's "
+              "channel tags (gpt-oss's chat template refuses it too)"));
+        }
+      }
+      const bool returns = i + 1 == messages.size() && !add_generation_prompt;
+      Append(&out, {"<|start|>assistant<|channel|>final<|message|>", m.content,
+                    returns ? "<|return|>" : "<|end|>"});
+    }
+    // A later system message: the template writes nothing for it.
+  }
+  if (add_generation_prompt) out.append("<|start|>assistant");
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatLayout> RecogniseChatTemplate(std::string_view template_text) {
@@ -614,6 +699,8 @@ absl::StatusOr<std::string> RenderChat(ChatLayout layout, const std::vector<Chat
     case ChatLayout::kLlama32:
       return RenderLlama31(messages, add_generation_prompt,
                            options.date_string ? *options.date_string : TodayDateString());
+    case ChatLayout::kHarmony:
+      return RenderHarmony(messages, add_generation_prompt, options);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("layout: ", static_cast<int>(layout), " is not a ChatLayout"));

@@ -37,6 +37,10 @@
 //   llama3.2  kLlama32        Llama-3.2-3B-Instruct: as llama3.1, but without date_string the
 //                             template takes today's date from transformers' strftime_now("%d %b
 //                             %Y") (the host's local time; English month abbreviations)
+//   harmony   kHarmony        gpt-oss: openai/gpt-oss-120b's template as llama.cpp ships it
+//                             (openai-gpt-oss-120b.jinja; gpt-oss-20b's is taken to be the same,
+//                             which no PyPI package lets the test check): OpenAI's harmony
+//                             format (below)
 //
 // ChatML turns are "<|im_start|>{role}\n{content}<|im_end|>\n", contents untouched; the
 // generation prompt is "<|im_start|>assistant\n". Llama 3 contents are trimmed as Jinja's `trim`
@@ -52,6 +56,24 @@
 // with an empty reasoning). The generation prompt is "<|im_start|>assistant\n", followed by
 // "<think>\n\n</think>\n\n" when enable_thinking is false.
 //
+// harmony (gpt-oss's template with its defaults; tokens are the o200k_harmony special tokens):
+//   <|start|>system<|message|>{model_identity}\nKnowledge cutoff: 2024-06\nCurrent date:
+//   {date}\n\nReasoning: {reasoning_effort}\n\n# Valid channels: analysis, commentary, final.
+//   Channel must be included for every message.<|end|>
+// always first (model_identity "You are ChatGPT, a large language model trained by OpenAI.",
+// reasoning_effort "medium", date: transformers' strftime_now("%Y-%m-%d"), the host's local date,
+// unless given); then, when messages[0] is a system message with a non-empty content, the
+// developer message "<|start|>developer<|message|># Instructions\n\n{content}\n\n<|end|>"; then
+// each user message "<|start|>user<|message|>{content}<|end|>" and each assistant message as the
+// final channel "<|start|>assistant<|channel|>final<|message|>{content}<|end|>" (<|return|>
+// instead of <|end|> for the last message when there is no generation prompt: the template's
+// training form). A system message after the first is dropped (the template writes nothing for
+// it). Contents are untouched. An assistant content holding "<|channel|>analysis<|message|>" or
+// "<|channel|>final<|message|>" is refused, as the template raises. The generation prompt is
+// "<|start|>assistant" (the model writes the channel). The template's `thinking` field of an
+// assistant message (its analysis channel, written only for a last assistant message without
+// a generation prompt), its developer role, tools and builtin_tools are not implemented.
+//
 // Messages: roles are "system", "user" or "assistant" (others, e.g. "tool", are refused; the
 // templates' tool branches are not implemented); content is UTF-8. The templates themselves
 // accept any order of these roles (a later system message is a turn of its own, a conversation
@@ -59,7 +81,7 @@
 // empty conversation (4.57: IndexError; 5.x: ValueError), and so does RenderChat.
 //
 // Thread-safety: no function here keeps state; all may be called from any thread at once (the
-// llama3.2 layout reads the clock for today's date).
+// llama3.2 and harmony layouts read the clock for today's date).
 #pragma once
 
 #include <optional>
@@ -82,6 +104,7 @@ enum class ChatLayout {
   kLlama3,
   kLlama31,
   kLlama32,
+  kHarmony,
 };
 
 // The template variables a layout reads besides the messages (apply_chat_template's kwargs);
@@ -92,11 +115,17 @@ struct ChatTemplateOptions {
   bool enable_thinking = true;
   // llama3.1, llama3.2: the "Today Date" of the system turn (the template's `date_string`);
   // unset: "26 Jul 2024" (llama3.1) or today's date (llama3.2).
+  // harmony: the "Current date" of the system message (what the template's strftime_now
+  // ("%Y-%m-%d") returns); unset: today's date.
   std::optional<std::string> date_string;
+  // harmony: the template's `model_identity` and `reasoning_effort` ("low", "medium", "high";
+  // written as given); unset: the template's defaults (see the header comment).
+  std::optional<std::string> model_identity;
+  std::optional<std::string> reasoning_effort;
 };
 
 // The name of a layout ("chatml", "qwen1.5", "qwen2.5", "qwen3", "smollm2", "llama3", "llama3.1",
-// "llama3.2"): what --chat_template NAME takes.
+// "llama3.2", "harmony"): what --chat_template NAME takes.
 const char* ChatLayoutName(ChatLayout layout);
 // The layout of a name ChatLayoutName returns (exactly), or nullopt.
 std::optional<ChatLayout> ChatLayoutFromName(std::string_view name);
@@ -115,7 +144,8 @@ absl::StatusOr<ChatLayout> RecogniseChatTemplate(std::string_view template_text)
 // The text transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt,
 // **options) returns with the layout's template (see the header comment). Errors: InvalidArgument
 // naming the message: "messages[0]: missing (an empty conversation)", "messages[2].role: 'tool'
-// is not one of system, user, assistant", "messages[1].content: not valid UTF-8".
+// is not one of system, user, assistant", "messages[1].content: not valid UTF-8",
+// "messages[3].content: holds '<|channel|>final<|message|>': ..." (harmony).
 absl::StatusOr<std::string> RenderChat(ChatLayout layout, const std::vector<ChatMessage>& messages,
                                        bool add_generation_prompt,
                                        const ChatTemplateOptions& options = {});

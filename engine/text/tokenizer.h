@@ -3,7 +3,8 @@
 //     Mixtral-8x22B-Instruct's: 32,768 with instruct control pieces), with the Mistral instruct
 //     chat layouts of mistral-common v1 and v3;
 //   - a Hugging Face `tokenizer.json` BPE tokenizer (+ tokenizer_config.json): GPT-2, Llama 3,
-//     Qwen2/3, SmolLM2, OLMoE (engine/text/bpe_tokenizer.h, which follows HF `tokenizers`).
+//     Qwen2/3, SmolLM2, OLMoE, gpt-oss (engine/text/bpe_tokenizer.h, which follows HF
+//     `tokenizers`).
 // and streaming detokenization for both. A GGUF file's tokenizer metadata loads as one of the two
 // (LoadFromGguf; engine/text/gguf_tokenizer.h).
 //
@@ -159,6 +160,10 @@ class Tokenizer {
   absl::StatusOr<std::vector<int32_t>> EncodeChat(const std::vector<ChatMessage>& messages) const;
   // The chat layout's name for logs: "mistral-v1", "mistral-v3", a ChatLayoutName, or "none".
   std::string chat_layout_name() const;
+  // tokenizer.json: the chat layout chat requests are rendered with, as the int value of
+  // engine/text/chat_layout.h's ChatLayout (which includes this header); nullopt when the model
+  // has none (and always for sentencepiece, whose layout is chat_format()).
+  std::optional<int> chat_layout() const { return chat_layout_; }
 
   // sentencepiece's own decode of `ids` (byte-fallback pieces joined into UTF-8, each byte that
   // forms no character becoming U+FFFD; the leading space of the first non-control piece dropped;

@@ -77,7 +77,7 @@ ABSL_FLAG(int64_t, synthetic_layers, 0, "with --weights=synthetic: layers to gen
 ABSL_FLAG(uint64_t, synthetic_seed, 0, "with --weights=synthetic: seed of the generated values");
 ABSL_FLAG(std::string, chat_template, "",
           "the chat layout of chat requests: chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, "
-          "llama3.1, llama3.2 for a tokenizer.json model, mistral-v1 or mistral-v3 for a "
+          "llama3.1, llama3.2, harmony for a tokenizer.json model, mistral-v1 or mistral-v3 for a "
           "tokenizer.model one (empty: the layout recognised from the model's chat template; "
           "with a template moebatch does not recognise the model loads, prompts run and chat "
           "requests are refused naming this flag)");

@@ -1,13 +1,20 @@
 // OpenAI batch JSONL lines: parsing and validation of input lines, formatting of output and error
 // lines (each output line is parsed back with nlohmann-json and checked field by field).
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "engine/batch/openai_batch.h"
+#include "engine/text/bpe_tokenizer_internal.h"  // BytesCharUtf8: the byte-level alphabet
 
 namespace moebatch {
 namespace {
@@ -597,6 +604,92 @@ TEST_CASE("n choices and logprobs in chat and completion output lines") {
     CHECK(j["response"]["body"]["choices"][0]["logprobs"].is_null());
     CHECK(j["response"]["body"]["choices"][1]["logprobs"].is_null());
   }
+}
+
+// A byte-level tokenizer.json with one token per byte (no merges) and the harmony special tokens
+// as special added tokens, in a temporary directory; loaded with the chat layout `layout`.
+std::unique_ptr<Tokenizer> HarmonyVocabTokenizer(const std::string& layout) {
+  namespace fs = std::filesystem;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[bpe_internal::BytesCharUtf8()[b]] = b;
+  json added = json::array();
+  int id = 256;
+  for (const char* t : {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                        "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"}) {
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  const json doc = {{"version", "1.0"},
+                    {"added_tokens", added},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer",
+                     {{"type", "ByteLevel"},
+                      {"add_prefix_space", false},
+                      {"trim_offsets", true},
+                      {"use_regex", false}}},
+                    {"post_processor", nullptr},
+                    {"decoder",
+                     {{"type", "ByteLevel"},
+                      {"add_prefix_space", true},
+                      {"trim_offsets", true},
+                      {"use_regex", true}}},
+                    {"model",
+                     {{"type", "BPE"},
+                      {"dropout", nullptr},
+                      {"unk_token", nullptr},
+                      {"fuse_unk", false},
+                      {"byte_fallback", false},
+                      {"ignore_merges", false},
+                      {"vocab", vocab},
+                      {"merges", json::array()}}}};
+  const fs::path dir =
+      fs::temp_directory_path() / ("moebatch_harmony_vocab_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << doc.dump();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::LoadFromModelDir(dir.string(), std::nullopt, std::nullopt, layout);
+  fs::remove_all(dir);
+  INFO(tok.status().ToString());
+  REQUIRE(tok.ok());
+  return *std::move(tok);
+}
+
+TEST_CASE("A harmony model's chat reply: the final channel as content, analysis as reasoning") {
+  const std::unique_ptr<Tokenizer> harmony = HarmonyVocabTokenizer("harmony");
+  REQUIRE(harmony->chat_layout_name() == "harmony");
+  const BatchRequest chat = ParseOk(ChatLine(nullptr));
+  auto reply = [&](const Tokenizer& tok, const std::string& raw, const BatchRequest& request) {
+    Completion c;
+    c.token_ids = tok.Encode(raw, EncodeOptions{false, true});
+    c.text = tok.Decode(c.token_ids);
+    c.finish_reason = "stop";
+    const json j = json::parse(FormatBatchOutput(request, "batch_req_h", {c}, 7, &tok));
+    return j["response"]["body"]["choices"][0];
+  };
+  const std::string raw =
+      "<|channel|>analysis<|message|>2+2=4, simple.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>**4** ✓<|return|>";
+  const json choice = reply(*harmony, raw, chat);
+  CHECK(choice["message"] == json({{"role", "assistant"},
+                                   {"content", "**4** ✓"},
+                                   {"reasoning_content", "2+2=4, simple."}}));
+  CHECK(choice["token_ids"].back() == 258);  // <|return|>
+  // Cut inside the analysis (max_tokens): reasoning only, content null.
+  const json cut = reply(*harmony, "<|channel|>analysis<|message|>Let me think", chat);
+  CHECK(cut["message"]["content"].is_null());
+  CHECK(cut["message"]["reasoning_content"] == "Let me think");
+  // Completions are text as before; so is the chat reply of another layout.
+  const json text = reply(*harmony, raw, ParseOk(CompletionLine(nullptr)));
+  CHECK(text["text"] == "analysis2+2=4, simple.assistantfinal**4** ✓");
+  const std::unique_ptr<Tokenizer> chatml = HarmonyVocabTokenizer("chatml");
+  const json plain = reply(*chatml, raw, chat);
+  CHECK(plain["message"] ==
+        json({{"role", "assistant"}, {"content", "analysis2+2=4, simple.assistantfinal**4** ✓"}}));
 }
 
 }  // namespace

@@ -266,50 +266,92 @@ TEST_CASE("engine: a stop string cuts the text and ends the request") {
   REQUIRE(e->stats().kv_blocks_free == e->stats().kv_blocks_total);
 }
 
-TEST_CASE("engine: EOS ends a request (token kept, no text) unless ignore_eos") {
-  // Make EOS deterministic: a copy of the tiny model whose config names as eos_token_id the token
-  // greedy decoding produces fourth for this prompt.
-  namespace fs = std::filesystem;
+// "The river" decoded greedily by `e`, at most 12 tokens.
+Done RunRiver(Engine& e, bool ignore_eos) {
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = 12;
-  p.ignore_eos = true;
-  std::vector<int32_t> greedy;
-  {
-    auto e = TinyEngine();
-    const int64_t id = *e->AddRequest(Prompt(*e, "The river", p));
-    greedy = Drain(*e)[id].ids;
-  }
-  REQUIRE(greedy.size() == 12);
-  const int32_t eos = greedy[3];
-  const size_t first_eos = std::find(greedy.begin(), greedy.end(), eos) - greedy.begin();
-  const fs::path dir = fs::temp_directory_path() / ("moebatch_eos_" + std::to_string(::getpid()));
+  p.ignore_eos = ignore_eos;
+  const int64_t id = *e.AddRequest(Prompt(e, "The river", p));
+  return Drain(e)[id];
+}
+
+// The tiny model's 12 greedy tokens for "The river", EOS ignored: what the EOS tests pick from.
+std::vector<int32_t> GreedyRiver() {
+  auto e = TinyEngine();
+  return RunRiver(*e, /*ignore_eos=*/true).ids;
+}
+
+// A copy of the tiny model in a temporary directory `name` whose config.json names `eos` as its
+// eos_token_id (the caller removes it).
+std::filesystem::path TinyCopyWithEos(const std::string& name, int32_t eos) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (const char* f : {"model.safetensors", "tokenizer.model"}) {
     fs::copy_file(fs::path(TinyDir()) / f, dir / f, fs::copy_options::overwrite_existing);
   }
-  {
-    std::ifstream in(fs::path(TinyDir()) / "config.json");
-    nlohmann::json config = nlohmann::json::parse(in);
-    config["eos_token_id"] = eos;
-    std::ofstream(dir / "config.json") << config.dump(2);
-  }
+  std::ifstream in(fs::path(TinyDir()) / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["eos_token_id"] = eos;
+  std::ofstream(dir / "config.json") << config.dump(2);
+  return dir;
+}
+
+std::unique_ptr<Engine> EngineOf(const std::filesystem::path& dir) {
   EngineOptions o;
   o.model_dir = dir.string();
   o.kv.bytes = int64_t{8} << 20;
-  auto e = *Engine::Create(o);
-  p.ignore_eos = false;
-  const int64_t id = *e->AddRequest(Prompt(*e, "The river", p));
-  const Done d = Drain(*e)[id];
+  return *Engine::Create(o);
+}
+
+TEST_CASE("engine: EOS ends a request (token kept, no text) unless ignore_eos") {
+  // Make EOS deterministic: a copy of the tiny model whose config names as eos_token_id the token
+  // greedy decoding produces fourth for this prompt.
+  const std::vector<int32_t> greedy = GreedyRiver();
+  REQUIRE(greedy.size() == 12);
+  const int32_t eos = greedy[3];
+  const size_t first_eos = std::find(greedy.begin(), greedy.end(), eos) - greedy.begin();
+  const std::filesystem::path dir = TinyCopyWithEos("moebatch_eos", eos);
+  auto e = EngineOf(dir);
+  const Done d = RunRiver(*e, /*ignore_eos=*/false);
   REQUIRE(d.reason == FinishReason::kStop);
   REQUIRE(d.ids == std::vector<int32_t>(greedy.begin(), greedy.begin() + first_eos + 1));
   REQUIRE(d.text ==
           e->tokenizer().Decode(std::vector<int32_t>(greedy.begin(), greedy.begin() + first_eos)));
-  p.ignore_eos = true;
-  const int64_t id2 = *e->AddRequest(Prompt(*e, "The river", p));
-  REQUIRE(Drain(*e)[id2].ids == greedy);
+  REQUIRE(RunRiver(*e, /*ignore_eos=*/true).ids == greedy);
   e.reset();
-  fs::remove_all(dir);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("engine: every eos id of generation_config.json's list ends a request") {
+  // gpt-oss's generation_config.json lists three: <|return|>, <|endoftext|>, <|call|>. A copy of
+  // the tiny model whose config.json names an id greedy decoding never produces, and whose
+  // generation_config.json lists three ids of which only one (in turn at each place of the list)
+  // is produced: the request stops at that id's first appearance.
+  const std::vector<int32_t> greedy = GreedyRiver();
+  REQUIRE(greedy.size() == 12);
+  auto produced = [&](int32_t t) { return std::find(greedy.begin(), greedy.end(), t); };
+  std::vector<int32_t> unused;  // ids greedy decoding never produces
+  for (int32_t t = 3; unused.size() < 3; ++t) {
+    if (produced(t) == greedy.end()) unused.push_back(t);
+  }
+  const std::filesystem::path dir = TinyCopyWithEos("moebatch_eos_list", unused[0]);
+  const size_t stops_at[] = {2, 5, 8};  // greedy positions whose token ends the request
+  for (size_t place = 0; place < 3; ++place) {
+    const int32_t eos = greedy[stops_at[place]];
+    const size_t first = produced(eos) - greedy.begin();
+    std::vector<int32_t> list = {unused[1], unused[2]};
+    list.insert(list.begin() + place, eos);
+    INFO("generation_config eos_token_id " << nlohmann::json(list).dump());
+    std::ofstream(dir / "generation_config.json")
+        << nlohmann::json({{"bos_token_id", 1}, {"eos_token_id", list}}).dump(2);
+    auto e = EngineOf(dir);
+    const Done d = RunRiver(*e, /*ignore_eos=*/false);
+    CHECK(d.reason == FinishReason::kStop);
+    CHECK(d.ids == std::vector<int32_t>(greedy.begin(), greedy.begin() + first + 1));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("engine: the same seed gives the same tokens, alone or in a crowd") {

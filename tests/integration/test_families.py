@@ -198,7 +198,8 @@ def test_an_unrecognised_chat_template_refuses_chat_jobs_and_keeps_serving(tmp_p
             '1 of 3 lines is invalid: line 2 (custom_id "chat"): body.messages: '
             f"{model}/tokenizer_config.json: chat_template: not a template moebatch recognises "
             "(it shares no part with the templates moebatch lays out); give --chat_template NAME "
-            "with one of: chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, llama3.1, llama3.2 "
+            "with one of: chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, llama3.1, llama3.2, "
+            "harmony "
             "(or send prompts)"), message
         assert list(client.list_jobs()) == []
         # The prompts run, twice: the daemon keeps serving.

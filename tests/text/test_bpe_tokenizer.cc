@@ -1,8 +1,9 @@
 // Hugging Face tokenizer.json BPE tokenizers (engine/text/bpe_tokenizer.h) through the Tokenizer
 // facade, against Hugging Face `tokenizers` itself: every encode and decode case that
-// tests/fixtures/make_bpe_tokenizer_cases.py computed for five tokenizer.json files (Llama 3,
-// Qwen2 and GPT-2 rebuilt from llama.cpp's vocab GGUFs, a Llama-2-style byte-fallback file and a
-// Metaspace/unk file trained by `tokenizers`), id for id and byte for byte; streaming
+// tests/fixtures/make_bpe_tokenizer_cases.py computed for six tokenizer.json files (Llama 3,
+// Qwen2 and GPT-2 rebuilt from llama.cpp's vocab GGUFs, a Llama-2-style byte-fallback file, a
+// Metaspace/unk file trained by `tokenizers`, and gpt-oss's o200k_harmony file made from the real
+// o200k_base ranks as transformers converts them), id for id and byte for byte; streaming
 // detokenization against Decode; added tokens never split; and bad files refused with the file and
 // the field named.
 //
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "engine/text/bpe_tokenizer.h"
+#include "engine/text/harmony_output.h"
 #include "engine/text/output_text.h"
 #include "engine/text/text_unicode.h"
 #include "engine/text/tokenizer.h"
@@ -35,7 +37,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* const kNames[] = {"llama3", "qwen2", "gpt2", "llama2", "metaspace"};
+const char* const kNames[] = {"llama3", "qwen2", "gpt2", "llama2", "metaspace", "gpt-oss"};
 constexpr char kMakeThem[] =
     "run scripts/fetch_bpe_tokenizers.sh (it writes them with "
     "tests/fixtures/make_bpe_tokenizer_cases.py; scripts/test.sh runs it before ctest)";
@@ -393,6 +395,99 @@ TEST_CASE("bpe: ids and configuration from tokenizer_config.json and config.json
   CHECK(outside.status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("bpe: gpt-oss's o200k_harmony tokenizer: ids, harmony tokens, chat layout", "[bpe]") {
+  const Tokenizer& tok = Tok("gpt-oss");
+  CHECK(tok.vocab_size() == 200019);  // 199,998 o200k_base ranks + 21 added tokens
+  CHECK(tok.bos_id() == 199998);      // <|startoftext|>
+  CHECK(tok.eos_id() == 200002);      // <|return|>
+  const std::vector<std::pair<const char*, int32_t>> harmony = {
+      {"<|startoftext|>", 199998}, {"<|endoftext|>", 199999},
+      {"<|return|>", 200002},      {"<|constrain|>", 200003},
+      {"<|channel|>", 200005},     {"<|start|>", 200006},
+      {"<|end|>", 200007},         {"<|message|>", 200008},
+      {"<|call|>", 200012},        {"<|reserved_200013|>", 200013},
+      {"<|endofprompt|>", 200018}};
+  for (const auto& [text, id] : harmony) {
+    INFO(text);
+    CHECK(tok.TokenToId(text) == id);
+    CHECK(tok.TokenBytes(id) == text);
+  }
+  // No BOS is added (a ByteLevel post-processor): apply_chat_template's text starts with <|start|>.
+  CHECK(tok.Encode("Hi", true) == tok.Encode("Hi", false));
+  // Raw harmony output: the special ids decode to nothing unless asked for.
+  const std::string raw =
+      "<|channel|>analysis<|message|>2+2 is 4.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>**4** 😀<|return|>";
+  const std::vector<int32_t> ids = tok.Encode(raw, false);
+  CHECK(std::count(ids.begin(), ids.end(), 200005) == 2);
+  CHECK(ids.back() == 200002);
+  CHECK(tok.Decode(ids) == "analysis2+2 is 4.assistantfinal**4** 😀");
+  CHECK(tok.bpe()->Decode(ids, /*skip_special_tokens=*/false) == raw);
+
+  // The chat layout is recognised from chat_template.jinja (gpt-oss's template) and rendered as
+  // text whose special tokens are matched.
+  CHECK(tok.chat_layout_name() == "harmony");
+  const absl::StatusOr<std::vector<int32_t>> chat =
+      tok.EncodeChat({{"system", "Be brief."}, {"user", "hi"}});
+  REQUIRE(chat.ok());
+  const std::string text = tok.bpe()->Decode(*chat, /*skip_special_tokens=*/false);
+  CHECK_THAT(text, Catch::StartsWith("<|start|>system<|message|>You are ChatGPT, a large language "
+                                     "model trained by OpenAI.\nKnowledge cutoff: 2024-06\n"
+                                     "Current date: ") &&
+                       Catch::EndsWith("<|start|>developer<|message|># Instructions\n\nBe brief."
+                                       "\n\n<|end|><|start|>user<|message|>hi<|end|>"
+                                       "<|start|>assistant"));
+  CHECK(chat->front() == 200006);
+  CHECK(chat->back() == tok.Encode("assistant", false).back());
+  CHECK(*chat == tok.Encode(text, EncodeOptions{false, true}));
+}
+
+TEST_CASE("bpe: gpt-oss replies split into content and reasoning as vLLM splits them", "[bpe]") {
+  const Tokenizer& tok = Tok("gpt-oss");
+  REQUIRE(WritesHarmony(tok));
+  CHECK_FALSE(WritesHarmony(Tok("llama3")));
+  using Opt = std::optional<std::string>;
+  struct Case {
+    std::string raw;  // generated text, special tokens written as text
+    Opt reasoning, content;
+  };
+  const std::vector<Case> cases = {
+      // analysis then final, the usual shape; <|endoftext|> after the end is ignored.
+      {"<|channel|>analysis<|message|>User greets. Reply.<|end|><|start|>assistant<|channel|>"
+       "final<|message|>Hello! 日本語 😀<|return|><|endoftext|>",
+       "User greets. Reply.", "Hello! 日本語 😀"},
+      // Several analysis messages and a preamble (commentary without a recipient) join with "\n";
+      // a tool call (commentary to=functions.f) is neither.
+      {"<|channel|>analysis<|message|>a1<|end|><|start|>assistant<|channel|>commentary"
+       "<|message|>Checking.<|end|><|start|>assistant<|channel|>analysis<|message|>a2<|end|>"
+       "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+       "<|message|>{\"city\": \"Paris\"}<|call|>",
+       "a1\na2", "Checking."},
+      // Cut by max_tokens: inside the final message, inside its header, inside the analysis.
+      {"<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>"
+       "Partial answ",
+       "think", "Partial answ"},
+      {"<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>fin", "think",
+       std::nullopt},
+      {"<|channel|>analysis<|message|>thi", "thi", std::nullopt},
+      // Empty texts are null; no channel header gives nothing.
+      {"<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>"
+       "<|return|>",
+       std::nullopt, std::nullopt},
+      {"plain text, no harmony at all", std::nullopt, std::nullopt},
+      {"", std::nullopt, std::nullopt},
+      // A final message straight away; a <|start|> inside a text ends that message.
+      {"<|channel|>final<|message|>Direct.<|return|>", std::nullopt, "Direct."},
+      {"<|channel|>analysis<|message|>x<|start|>assistant<|channel|>final<|message|>y", "x", "y"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.raw);
+    const HarmonyReply r = ParseHarmonyReply(tok, tok.Encode(c.raw, EncodeOptions{false, true}));
+    CHECK(r.reasoning_content == c.reasoning);
+    CHECK(r.content == c.content);
+  }
+}
+
 TEST_CASE("bpe: a model directory with tokenizer.model loads sentencepiece as before", "[bpe]") {
   const std::string dir = std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtral";
   absl::StatusOr<std::unique_ptr<Tokenizer>> by_dir = Tokenizer::LoadFromModelDir(dir, 1, 2);
@@ -585,7 +680,7 @@ TEST_CASE("bpe: text that is not UTF-8 is encoded as its lossy conversion", "[bp
 }
 
 TEST_CASE("bpe: very long runs (whitespace, digits, one word) encode and round-trip", "[bpe]") {
-  for (const char* name : {"llama3", "qwen2", "gpt2", "llama2"}) {
+  for (const char* name : {"llama3", "qwen2", "gpt2", "llama2", "gpt-oss"}) {
     const Tokenizer& tok = Tok(name);
     INFO(name);
     for (const std::string& text :

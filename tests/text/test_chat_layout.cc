@@ -29,9 +29,10 @@ using json = nlohmann::json;
 constexpr ChatLayout kAllLayouts[] = {
     ChatLayout::kChatML,      ChatLayout::kChatMLQwen15,  ChatLayout::kChatMLQwen25,
     ChatLayout::kChatMLQwen3, ChatLayout::kChatMLSmolLM2, ChatLayout::kLlama3,
-    ChatLayout::kLlama31,     ChatLayout::kLlama32,
+    ChatLayout::kLlama31,     ChatLayout::kLlama32,       ChatLayout::kHarmony,
 };
-constexpr char kNameList[] = "chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, llama3.1, llama3.2";
+constexpr char kNameList[] =
+    "chatml, qwen1.5, qwen2.5, qwen3, smollm2, llama3, llama3.1, llama3.2, harmony";
 
 std::string ChatDir() {
   const char* deps = std::getenv("MOEBATCH_DEPS_DIR");
@@ -64,13 +65,14 @@ std::vector<json> ReadJsonl(const std::string& relative) {
   return lines;
 }
 
-// strftime("%d %b %Y") in the C locale: what the llama3.2 layout writes without a date_string.
-std::string Today() {
+// strftime(format) of the local time in the C locale: what the llama3.2 ("%d %b %Y") and harmony
+// ("%Y-%m-%d") layouts write without a date_string.
+std::string Today(const char* format = "%d %b %Y") {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
   localtime_r(&now, &local);
   char buf[32];
-  std::strftime(buf, sizeof buf, "%d %b %Y", &local);
+  std::strftime(buf, sizeof buf, format, &local);
   return buf;
 }
 
@@ -95,6 +97,7 @@ void ReplaceAll(std::string* s, const std::string& from, const std::string& to) 
 TEST_CASE("RenderChat equals transformers' apply_chat_template text on every case") {
   const std::vector<json> lines = ReadJsonl("chat_cases.jsonl");
   const std::string today = Today();
+  const std::string today_iso = Today("%Y-%m-%d");
   std::map<std::string, std::pair<int, int>> per_template;  // matched, cases
   for (const json& c : lines) {
     if (c.value("kind", "") == "meta") continue;
@@ -109,22 +112,32 @@ TEST_CASE("RenderChat equals transformers' apply_chat_template text on every cas
     const json& opts = c.at("options");
     if (opts.contains("enable_thinking")) options.enable_thinking = opts["enable_thinking"];
     if (opts.contains("date_string")) options.date_string = opts["date_string"].get<std::string>();
+    if (opts.contains("model_identity")) {
+      options.model_identity = opts["model_identity"].get<std::string>();
+    }
+    if (opts.contains("reasoning_effort")) {
+      options.reasoning_effort = opts["reasoning_effort"].get<std::string>();
+    }
 
     const absl::StatusOr<std::string> text =
         RenderChat(*layout, Messages(c.at("messages")), add_generation_prompt, options);
     bool matched;
     if (c.contains("error")) {
-      // transformers raised (an empty conversation): RenderChat refuses it, naming messages[0].
+      // transformers raised (an empty conversation; harmony: channel tags in an assistant
+      // content): RenderChat refuses it, naming the message.
       INFO("transformers: " << c["error"].get<std::string>());
       CHECK_FALSE(text.ok());
+      const std::string want = c.at("messages").empty() ? "messages[0]: missing" : "messages[";
       matched = !text.ok() && text.status().code() == absl::StatusCode::kInvalidArgument &&
-                text.status().message().find("messages[0]") != absl::string_view::npos;
+                text.status().message().rfind(want, 0) == 0;
       CHECK(matched);
     } else {
       std::string expected = c.at("expected").get<std::string>();
       if (c.contains("today")) {  // rendered on another day than this run
         ReplaceAll(&expected, "Today Date: " + c["today"].get<std::string>() + "\n",
                    "Today Date: " + today + "\n");
+        ReplaceAll(&expected, "Current date: " + c["today"].get<std::string>() + "\n",
+                   "Current date: " + today_iso + "\n");
       }
       REQUIRE(text.ok());
       matched = *text == expected;
@@ -134,7 +147,7 @@ TEST_CASE("RenderChat equals transformers' apply_chat_template text on every cas
     count.first += matched ? 1 : 0;
     count.second += 1;
   }
-  REQUIRE(per_template.size() >= 9);
+  REQUIRE(per_template.size() >= 10);
   for (const auto& [tmpl, count] : per_template) {
     std::cout << "chat cases matched: " << count.first << "/" << count.second << "  " << tmpl
               << "\n";
@@ -164,7 +177,7 @@ TEST_CASE("RecogniseChatTemplate recognises each real template and refuses the o
     }
   }
   std::cout << "real templates: " << recognised << " recognised, " << refused << " refused\n";
-  CHECK(recognised == 9);
+  CHECK(recognised == 10);
   CHECK(refused > 50);
 }
 
@@ -230,6 +243,15 @@ TEST_CASE("templates that differ from the known ones are refused, naming --chat_
                       "it lacks {%if messages[0].role=='system'%}",
                       0) == 0);
   CHECK(message.find(tail) != std::string::npos);
+  // gpt-oss's template with another default reasoning effort: not harmony's text.
+  std::string gpt_oss = ReadGenerated("templates/llama.cpp/openai-gpt-oss-120b.jinja");
+  REQUIRE(RecogniseChatTemplate(gpt_oss).ok());
+  ReplaceAll(&gpt_oss, "{%- set reasoning_effort = \"medium\" %}",
+             "{%- set reasoning_effort = \"high\" %}");
+  CHECK(refusal(gpt_oss).rfind(
+            "chat_template: not a template moebatch recognises (closest: harmony, but it lacks "
+            "{%macro build_system_message()%}",
+            0) == 0);
 }
 
 TEST_CASE("layout names") {
@@ -282,6 +304,46 @@ TEST_CASE("RenderChat: the layouts' options") {
         std::string::npos);
   CHECK(*RenderChat(ChatLayout::kLlama3, chat, false, dated) ==
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>");
+
+  // harmony: today's date by default; date_string, model_identity and reasoning_effort as given
+  // (only harmony reads the last two).
+  const std::string system_tail =
+      "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every "
+      "message.<|end|>";
+  CHECK(*RenderChat(ChatLayout::kHarmony, chat, true) ==
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        "Knowledge cutoff: 2024-06\nCurrent date: " +
+            Today("%Y-%m-%d") + "\n\nReasoning: medium" + system_tail +
+            "<|start|>user<|message|>hi<|end|><|start|>assistant");
+  ChatTemplateOptions harmony;
+  harmony.date_string = "2030-02-03";
+  harmony.model_identity = "";
+  harmony.reasoning_effort = "high";
+  CHECK(*RenderChat(ChatLayout::kHarmony, {S(""), U("hi"), A("a")}, false, harmony) ==
+        "<|start|>system<|message|>\nKnowledge cutoff: 2024-06\nCurrent date: 2030-02-03\n\n"
+        "Reasoning: high" +
+            system_tail +
+            "<|start|>user<|message|>hi<|end|><|start|>assistant<|channel|>final<|message|>a"
+            "<|return|>");
+  CHECK(*RenderChat(ChatLayout::kChatMLQwen3, chat, true, harmony) ==
+        *RenderChat(ChatLayout::kChatMLQwen3, chat, true));
+}
+
+TEST_CASE("RenderChat harmony: channel tags in an assistant content are refused") {
+  const absl::StatusOr<std::string> r = RenderChat(
+      ChatLayout::kHarmony, {S("s"), U("q"), A("x<|channel|>final<|message|>y"), U("q2")}, true);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.status().message() ==
+        "messages[2].content: holds '<|channel|>final<|message|>': an assistant content is the "
+        "final channel's text alone, without harmony's channel tags (gpt-oss's chat template "
+        "refuses it too)");
+  // Elsewhere (system, user, other channel names) the tags are text.
+  CHECK(RenderChat(ChatLayout::kHarmony,
+                   {S("<|channel|>final<|message|>"), U("<|channel|>analysis<|message|>"),
+                    A("<|channel|>commentary<|message|>")},
+                   false)
+            .ok());
 }
 
 }  // namespace
