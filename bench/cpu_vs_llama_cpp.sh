@@ -4,20 +4,21 @@
 #   - the Mixtral-shaped 1.28 B model of bench/make_mixtral_gguf.py (random weights) as bf16,
 #     Q8_0 and Q4_K_M GGUF, and
 #   - the real SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch_smollm2.sh),
-# each at batch 1 and batch 64, prompt 128, generation 128: an offline batch of independent
-# sequences, each with its own 128-token prompt.
+# each on the workloads B x (PP + TG) of issue 29: 1 x (128 + 64), 64 x (128 + 128) and
+# 64 x (512 + 16) by default: an offline batch of B independent sequences, each with its own
+# PP-token prompt and TG generated tokens.
 #
-# llama.cpp (built by scripts/fetch_llama_cpp.sh): llama-batched-bench -npp 128 -ntg 128 -npl B
+# llama.cpp (built by scripts/fetch_llama_cpp.sh): llama-batched-bench -npp PP -ntg TG -npl B
 # (no -pps, no -tgs: all prompts prefilled, then the B sequences decoded together, one token each
 # per step), -c = B * (PP + TG), -b 2048 -ub 512, flash attention "auto" (on, on the CPU
 # backend), weights mmapped and warmed up by the tool. Its decode tok/s is S_TG = B*TG / T_TG and
 # its total tok/s S = B*(PP+TG) / T.
 #
-# moebatch: bench_engine_throughput --model FILE.gguf --batch B --prompt_tokens 128 --gen_tokens
-# 128 (compute dtype bf16 for the bf16 file where the CPU has AVX512-BF16, f32 otherwise). Its
-# decode tok/s is the forward's: B sequences, one token each per pass, context growing from 128,
+# moebatch: bench_engine_throughput --model FILE.gguf --batch B --prompt_tokens PP --gen_tokens
+# TG (compute dtype bf16 for the bf16 file where the CPU has AVX512-BF16, f32 otherwise). Its
+# decode tok/s is the forward's: B sequences, one token each per pass, context growing from PP,
 # logits for every row (what llama-batched-bench's decode does); its total tok/s is the whole
-# engine (scheduler, greedy sampling, detokenization) on a job of B requests of 128 prompt and 128
+# engine (scheduler, greedy sampling, detokenization) on a job of B requests of PP prompt and TG
 # generated tokens (ignore_eos), prompt + generated tokens over the job's time.
 #
 # The memory bound of decode: the bytes a decode pass reads (the weights of the layers, the
@@ -30,7 +31,9 @@
 # Usage: bench/cpu_vs_llama_cpp.sh [THREADS [FORMAT...]]
 #        THREADS default 2; FORMAT among bf16 q8_0 q4_k_m smollm2 (default: all)
 #        env: MOEBATCH_DEPS_DIR (default .deps), MOEBATCH_BUILD_DIR (default build),
-#             PYTHON_FIXTURES (default .venv-fixtures/bin/python), BATCHES (default "1 64")
+#             PYTHON_FIXTURES (default .venv-fixtures/bin/python),
+#             WORKLOADS (default "1:128:64 64:128:128 64:512:16", each B:PP:TG),
+#             BATCHES (instead of WORKLOADS: "B ..." with PP = TG = 128)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="${MOEBATCH_DEPS_DIR:-$root/.deps}"
@@ -39,7 +42,16 @@ threads="${1:-2}"
 shift || true
 formats=("$@")
 [ ${#formats[@]} -gt 0 ] || formats=(bf16 q8_0 q4_k_m smollm2)
-read -r -a batches <<< "${BATCHES:-1 64}"
+if [ -n "${BATCHES:-}" ]; then
+  workloads=()
+  for b in $BATCHES; do workloads+=("$b:128:128"); done
+else
+  read -r -a workloads <<< "${WORKLOADS:-1:128:64 64:128:128 64:512:16}"
+fi
+for w in "${workloads[@]}"; do
+  [[ "$w" =~ ^[1-9][0-9]*:[1-9][0-9]*:[1-9][0-9]*$ ]] ||
+    { echo "bad workload '$w' (want B:PP:TG, e.g. 64:512:16)" >&2; exit 2; }
+done
 py="${PYTHON_FIXTURES:-$root/.venv-fixtures/bin/python}"
 
 bash "$root/scripts/fetch_llama_cpp.sh" > /dev/null
@@ -55,8 +67,6 @@ results="$deps/bench-results"
 mkdir -p "$results"
 jsonl="$results/cpu_vs_llama_cpp.jsonl"
 : > "$jsonl"
-pp=128
-tg=128
 cpu="$(lscpu | sed -n 's/^Model name: *//p')"
 version="$("$llama" --version 2>&1 | sed -n 's/^version: //p')"
 bf16_compute=f32
@@ -74,10 +84,10 @@ measure_triad() {
 measure_triad
 echo "$cpu, $threads threads; llama.cpp $version; triad $triad GB/s at the start;" \
   "load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '| %-20s | %2s | %-21s | %-21s | %-21s | %-14s | %-9s |\n' model B \
+printf '| %-20s | %-15s | %-21s | %-21s | %-21s | %-14s | %-9s |\n' model "B x (PP + TG)" \
   "decode tok/s llama/mb" "total tok/s llama/mb" "prefill t/s llama/mb" "decode / bound" \
   "RSS GiB"
-printf '|%s|%s|%s|%s|%s|%s|%s|\n' "----------------------" "----" "-----------------------" \
+printf '|%s|%s|%s|%s|%s|%s|%s|\n' "----------------------" "-----------------" "-----------------------" \
   "-----------------------" "-----------------------" "----------------" "-----------"
 for f in "${formats[@]}"; do
   compute=f32
@@ -88,20 +98,21 @@ for f in "${formats[@]}"; do
     *) model="$deps/bench-models/mixtral-1.3b-$f.gguf"; label="Mixtral-1.28B $f" ;;
   esac
   measure_triad
-  for npl in "${batches[@]}"; do
+  for w in "${workloads[@]}"; do
+    IFS=: read -r npl pp tg <<< "$w"
     ctx=$(( npl * (pp + tg) ))
-    log="$results/batched-bench-$f-b$npl.log"
+    log="$results/batched-bench-$f-b$npl-p$pp-g$tg.log"
     "$llama" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" \
       -npl "$npl" --output-format jsonl > "$log" 2>&1 ||
-      { echo "llama-batched-bench failed on $f, batch $npl (log: $log)" >&2; tail -5 "$log" >&2
+      { echo "llama-batched-bench failed on $f, $w (log: $log)" >&2; tail -5 "$log" >&2
         exit 1; }
     llama_line="$(grep '^{"n_kv_max"' "$log" | tail -1)"
-    mlog="$results/moebatch-$f-b$npl.log"
-    mjson="$results/moebatch-$f-b$npl.json"
+    mlog="$results/moebatch-$f-b$npl-p$pp-g$tg.log"
+    mjson="$results/moebatch-$f-b$npl-p$pp-g$tg.json"
     OMP_NUM_THREADS=$threads "$moebatch" --model "$model" --batch "$npl" --prompt_tokens "$pp" \
       --gen_tokens "$tg" --reps 1 --compute_dtype "$compute" --mem_gbs "$triad" \
       --json_out "$mjson" > "$mlog" 2>&1 ||
-      { echo "bench_engine_throughput failed on $f, batch $npl (log: $mlog)" >&2
+      { echo "bench_engine_throughput failed on $f, $w (log: $mlog)" >&2
         tail -5 "$mlog" >&2; exit 1; }
     python3 - "$llama_line" "$mjson" "$label" "$f" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" \
       "$jsonl" <<'PY'
@@ -112,8 +123,9 @@ with open(sys.argv[2]) as f:
 label, fmt, cpu, load, out = sys.argv[3:8]
 def pair(a, b):
     return "%8.1f / %8.1f %4.2fx" % (a, b, b / a)
-print("| %-20s | %2d | %s | %s | %s | %6.1f / %6.1f | %9.2f |" % (
-    label, llama["pl"], pair(llama["speed_tg"], mb["decode_tokens_per_s"]),
+workload = "%d x (%d + %d)" % (llama["pl"], llama["pp"], llama["tg"])
+print("| %-20s | %-15s | %s | %s | %s | %6.1f / %6.1f | %9.2f |" % (
+    label, workload, pair(llama["speed_tg"], mb["decode_tokens_per_s"]),
     pair(llama["speed"], mb["engine_total_tokens_per_s"]),
     pair(llama["speed_pp"], mb["prefill_tokens_per_s"]), mb["decode_tokens_per_s"],
     mb["decode_bound_tokens_per_s"], mb["peak_rss_bytes"] / 2**30))
