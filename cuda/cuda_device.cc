@@ -258,6 +258,13 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
         absl::StrCat("the cuda backend does not compute ", c.model_type,
                      "'s multi-head latent attention and routing yet (run it with --backend=cpu)"));
   }
+  if (c.attention_sinks || c.swiglu_limit || c.expert_bias || c.router_linear_bias ||
+      !c.sliding_layers.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the cuda backend does not compute ", c.model_type,
+        "'s attention sinks, per-layer sliding windows, router and expert biases and clamped "
+        "SwiGLU yet (run it with --backend=cpu)"));
+  }
   if (c.num_local_experts > gpu::kMaxRouterExperts ||
       c.num_experts_per_tok > gpu::kMaxCombineTopK) {
     return absl::InvalidArgumentError(

@@ -143,6 +143,12 @@ class Device {
 
   virtual DeviceCounters counters() const { return {}; }
 
+  // The attention-sink logits of `layer` (ModelConfig::attention_sinks, gpt-oss's self_attn.sinks)
+  // as f32 host memory [num_attention_heads], which the CPU task's attention adds to each head's
+  // softmax denominator (cpu_attention/attention/paged_attention.h); null when the model has none.
+  // Owned by the device, valid while it lives; any thread may read it.
+  virtual const float* AttentionSinks(int64_t layer) const { return nullptr; }
+
   // Where the host buffers this device copies to and from (TaskA's q/k/v/attn, TaskB's attn)
   // should live: the cuda backend's page-locked memory, so its copies are asynchronous DMA at full
   // PCIe speed rather than staged through a driver buffer. null: pageable memory. The allocator

@@ -208,8 +208,10 @@ void ModelRunner::CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache) {
   view.value_offset_bytes = cache.value_offset_bytes();
   view.value_dim = cache.config().value_dim;
   AppendKv(view, mb.append_rows.data(), mb.tokens(), mb.k.data(), mb.v.data());
+  // The layer's own window (gpt-oss alternates sliding and full layers) and sinks.
   PagedAttention(view, mb.attn_seqs.data(), static_cast<int64_t>(mb.attn_seqs.size()), mb.q.data(),
-                 c.num_attention_heads, c.attention_scale(), c.sliding_window, mb.attn.data());
+                 c.num_attention_heads, c.attention_scale(), c.LayerSlidingWindow(layer),
+                 mb.attn.data(), device_->AttentionSinks(layer));
   const auto end = PipelineTrace::Clock::now();
   cpu_seconds_ += std::chrono::duration<double>(end - start).count();
   if (trace_ != nullptr) {

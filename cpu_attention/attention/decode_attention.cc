@@ -59,15 +59,15 @@ static_assert(kChunkTokens <= dai::kAmxMaxKeys, "a chunk must fit AttendMlaAmx's
 
 void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
                     int64_t num_seqs, const float* q, int64_t num_heads, float scale,
-                    std::optional<int64_t> sliding_window, float* out) {
+                    std::optional<int64_t> sliding_window, float* out, const float* sinks) {
   dai::PagedAttentionWith(isa, isa == CpuIsa::kAvx512 && CpuAmxUsable(), kv, seqs, num_seqs, q,
-                          num_heads, scale, sliding_window, out);
+                          num_heads, scale, sliding_window, out, sinks);
 }
 
 void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
                              const AttentionSequence* seqs, int64_t num_seqs, const float* q,
                              int64_t num_heads, float scale, std::optional<int64_t> sliding_window,
-                             float* out) {
+                             float* out, const float* sinks) {
   dai::AttendGroupFn kernel = nullptr;
   int64_t lanes = 1;
   if (isa == CpuIsa::kAvx2) {
@@ -80,7 +80,7 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
   const int64_t d = kv.head_dim;
   if (kernel == nullptr || d <= 0 || d % lanes != 0 || kv.num_kv_heads <= 0 ||
       num_heads % kv.num_kv_heads != 0 || kv.value_dim % lanes != 0) {
-    PagedAttentionReference(kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out);
+    PagedAttentionReference(kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out, sinks);
     return;
   }
   const int64_t group = num_heads / kv.num_kv_heads;
@@ -194,8 +194,11 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
           dai::AttendMlaAmx(kv, unit.block_table, chunk.first, chunk.last, qs.data(), o0,
                             direct ? m : p + h0, direct ? l : p + q_heads + h0);
           if (direct) {
+            const float* unit_sinks =
+                sinks != nullptr ? sinks + unit.kv_head * unit.group + h0 : nullptr;
             for (int64_t h = 0; h < sub_heads; ++h) {
-              const float inv = 1.0f / l[h];
+              const float inv =
+                  SoftmaxNormalizer(m[h], l[h], unit_sinks != nullptr ? unit_sinks + h : nullptr);
               float* o = o0 + h * d;
               for (int64_t x = 0; x < d; ++x) o[x] *= inv;
             }
@@ -204,8 +207,12 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
           float* o0 = unit.out + h0 * d;
           kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
                  qs.data(), sub, o0, m, l);
+          // The unit's first query head of this subgroup: kv_head * group + h0.
+          const float* unit_sinks =
+              sinks != nullptr ? sinks + unit.kv_head * unit.group + h0 : nullptr;
           for (int64_t h = 0; h < sub_heads; ++h) {
-            const float inv = 1.0f / l[h];
+            const float inv =
+                SoftmaxNormalizer(m[h], l[h], unit_sinks != nullptr ? unit_sinks + h : nullptr);
             float* o = o0 + h * d;
             for (int64_t x = 0; x < d; ++x) o[x] *= inv;
           }
@@ -241,7 +248,8 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
         const float* acc = p + 2 * q_heads + h * d;
         for (int64_t x = 0; x < d; ++x) o[x] += w * acc[x];
       }
-      const float inv = 1.0f / sum;
+      const float* sink = sinks != nullptr ? sinks + unit.kv_head * unit.group + h : nullptr;
+      const float inv = SoftmaxNormalizer(mx, sum, sink);
       for (int64_t x = 0; x < d; ++x) o[x] *= inv;
     }
   }

@@ -31,16 +31,22 @@
 
 namespace moebatch {
 
-// Attention with the kernel of `isa` (which must be supported: see SupportedCpuIsas).
+// Attention with the kernel of `isa` (which must be supported: see SupportedCpuIsas). sinks:
+// [num_heads] f32 attention-sink logits (gpt-oss) or null; the per-ISA kernels return a head's
+// unnormalised (acc, max, sum) and the sink joins the denominator where they are normalised or
+// merged here, the same for every ISA (SoftmaxNormalizer).
 void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
                     int64_t num_seqs, const float* q, int64_t num_heads, float scale,
-                    std::optional<int64_t> sliding_window, float* out);
+                    std::optional<int64_t> sliding_window, float* out,
+                    const float* sinks = nullptr);
 
 // Attention with SelectedCpuIsa().
 inline void PagedAttention(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                            const float* q, int64_t num_heads, float scale,
-                           std::optional<int64_t> sliding_window, float* out) {
-  PagedAttention(SelectedCpuIsa(), kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out);
+                           std::optional<int64_t> sliding_window, float* out,
+                           const float* sinks = nullptr) {
+  PagedAttention(SelectedCpuIsa(), kv, seqs, num_seqs, q, num_heads, scale, sliding_window, out,
+                 sinks);
 }
 
 }  // namespace moebatch

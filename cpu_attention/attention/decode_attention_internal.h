@@ -76,7 +76,8 @@ inline bool MlaAmxApplies(const KvLayerView& kv, int64_t num_heads) {
 // what the tests and the benchmark use to run both paths on one host.
 void PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv, const AttentionSequence* seqs,
                         int64_t num_seqs, const float* q, int64_t num_heads, float scale,
-                        std::optional<int64_t> sliding_window, float* out);
+                        std::optional<int64_t> sliding_window, float* out,
+                        const float* sinks = nullptr);
 
 // The KV append path's row conversion (kv_append.cc): n f32 -> n elements of `dtype` at dst,
 // round to nearest even, the same bits as ConvertFromF32 for every non-NaN input.

@@ -22,7 +22,8 @@ inline float LoadElement(const std::byte* p, int64_t i) {
 // Attention of one query row for one head: online softmax over the keys [first, last].
 template <DType T>
 void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_head, int64_t first,
-               int64_t last, const float* q, float scale, float* out, float* acc) {
+               int64_t last, const float* q, float scale, const float* sink, float* out,
+               float* acc) {
   const int64_t d = kv.head_dim;
   const int64_t dv = kv.value_dim > 0 ? kv.value_dim : d;
   constexpr size_t elem = DTypeSize(T);
@@ -47,7 +48,7 @@ void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_hea
     running_sum += p;
     for (int64_t i = 0; i < dv; ++i) acc[i] += p * LoadElement<T>(value, i);
   }
-  const float inv = 1.0f / running_sum;
+  const float inv = SoftmaxNormalizer(running_max, running_sum, sink);
   for (int64_t i = 0; i < dv; ++i) out[i] = acc[i] * inv;
   for (int64_t i = dv; i < d; ++i) out[i] = 0.0f;
 }
@@ -56,7 +57,8 @@ void AttendOne(const KvLayerView& kv, const int32_t* block_table, int64_t kv_hea
 
 void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                              const float* q, int64_t num_heads, float scale,
-                             std::optional<int64_t> sliding_window, float* out) {
+                             std::optional<int64_t> sliding_window, float* out,
+                             const float* sinks) {
   // Flatten (sequence, query) into rows so the parallel loop balances prefill and decode.
   std::vector<std::pair<int64_t, int64_t>> rows;  // (sequence index, query index)
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -80,7 +82,7 @@ void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seq
                     : kv.dtype == DType::kBF16 ? AttendOne<DType::kBF16>
                                                : AttendOne<DType::kF16>;
       attend(kv, seq.block_table, h / group, first, pos, q + (row * num_heads + h) * d, scale,
-             out + (row * num_heads + h) * d, acc.data());
+             sinks != nullptr ? sinks + h : nullptr, out + (row * num_heads + h) * d, acc.data());
     }
   }
 }

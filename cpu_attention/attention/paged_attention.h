@@ -9,8 +9,13 @@
 // of a sequence, head h, and its KV head g = h / (num_heads / num_kv_heads) (repeat_kv):
 //   out[h] = sum_j softmax_j(scale * q[h] . K[g][j]) V[g][j],  over keys j with
 //   max(0, p - window + 1) <= j <= p   (window = sliding_window, or unbounded when unset).
+// With attention sinks (gpt-oss, modeling_gpt_oss.py's eager_attention_forward: a learned logit
+// per query head concatenated to the scores, softmaxed with them, then dropped), the softmax's
+// denominator gets one more term exp(sink[h] - max) that carries no value:
+//   out[h] = sum_j exp(s_j - m) V[g][j] / (sum_j exp(s_j - m) + exp(sink[h] - m)).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -44,12 +49,25 @@ struct AttentionSequence {
   int64_t context_len = 0;
 };
 
+// The factor an online softmax's accumulator is multiplied by at the end, from its running max
+// `max` and sum `sum` (of exp(s - max)): 1 / sum, or with a sink logit 1 / (sum + exp(*sink -
+// max)), computed as w / (sum w + 1), w = exp(max - sink), when the sink exceeds the max (so no
+// exp overflows).
+inline float SoftmaxNormalizer(float max, float sum, const float* sink) {
+  if (sink == nullptr) return 1.0f / sum;
+  if (*sink <= max) return 1.0f / (sum + std::exp(*sink - max));
+  const float w = std::exp(max - *sink);
+  return w / (sum * w + 1.0f);
+}
+
 // q: [tokens, num_heads, head_dim] f32; out: [tokens, num_heads, head_dim] f32 (rows not named by
 // any sequence are left untouched; with kv.value_dim > 0 each head's first value_dim values are
 // the output and the rest 0). scale: usually head_dim^-0.5 (MLA: ModelConfig::attention_scale).
+// sinks: [num_heads] f32 sink logits (in the scaled scores' units), or null for none.
 // Parallel over (query, head) with OpenMP; call from one thread.
 void PagedAttentionReference(const KvLayerView& kv, const AttentionSequence* seqs, int64_t num_seqs,
                              const float* q, int64_t num_heads, float scale,
-                             std::optional<int64_t> sliding_window, float* out);
+                             std::optional<int64_t> sliding_window, float* out,
+                             const float* sinks = nullptr);
 
 }  // namespace moebatch

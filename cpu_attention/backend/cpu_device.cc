@@ -50,6 +50,21 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
     s.o_bias = f32(layer.o_bias);
     s.q_norm = f32(layer.q_norm);
     s.k_norm = f32(layer.k_norm);
+    s.sinks = f32(layer.sinks);
+    s.router_bias = f32(layer.router_linear_bias);
+    if (layer.experts_gate_up_bias != nullptr) {
+      // gate_up_proj_bias [experts, 2 inter]: gate = [..., ::2], up = [..., 1::2]
+      // (GptOssExperts.forward), split into two [experts, inter] halves.
+      const std::vector<float> gate_up = ToF32(*layer.experts_gate_up_bias);
+      const size_t half = gate_up.size() / 2;
+      s.expert_gate_bias.resize(half);
+      s.expert_up_bias.resize(half);
+      for (size_t i = 0; i < half; ++i) {
+        s.expert_gate_bias[i] = gate_up[2 * i];
+        s.expert_up_bias[i] = gate_up[2 * i + 1];
+      }
+      s.expert_down_bias = f32(layer.experts_down_bias);
+    }
     device->small_.push_back(std::move(s));
   }
   device->final_norm_ = ToF32(*weights.norm);
@@ -231,6 +246,12 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
   slot_of_.resize(static_cast<size_t>(pairs));
   if (moe) {
     if (auto st = Linear(x_, tokens, *lw.router, &router_); !st.ok()) return st;
+    if (!small.router_bias.empty()) {  // GptOssTopKRouter: F.linear with bias
+      if (auto st = cpu_ops::AddBias(router_.data(), tokens, num_experts, small.router_bias.data());
+          !st.ok()) {
+        return st;
+      }
+    }
     // DBRX's p-norm (p != 1) divides the top-k weights after the selection.
     const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
     if (c.topk_method != TopkMethod::kSoftmax) {  // DeepSeek's routers
@@ -282,7 +303,11 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
         !st.ok()) {
       return st;
     }
-    if (auto st = Ffn(lw.experts[e], n, expert_out_.data() + begin * hidden); !st.ok()) return st;
+    if (auto st = Ffn(lw.experts[e], n, expert_out_.data() + begin * hidden,
+                      small.expert_down_bias.empty() ? nullptr : &small, e);
+        !st.ok()) {
+      return st;
+    }
   }
   // The shared expert over every token: Qwen2-MoE's scaled by sigmoid(x · shared_expert_gate),
   // DeepSeek's as it is.
@@ -307,17 +332,36 @@ absl::Status CpuDevice::TaskB(int micro_batch, int64_t layer, const float* attn,
                                  shared);
 }
 
-absl::Status CpuDevice::Ffn(const ExpertWeights& ew, int64_t n, float* out) {
-  const int64_t width = ew.w1->shape[0];
+absl::Status CpuDevice::Ffn(const ExpertWeights& ew, int64_t n, float* out,
+                            const SmallTensors* bias, int64_t e) {
+  const int64_t width = ew.w1->shape[0], hidden = config_.hidden_size;
   if (auto st = Linear(expert_in_, n, *ew.w1, &gate_); !st.ok()) return st;
   if (auto st = Linear(expert_in_, n, *ew.w3, &up_); !st.ok()) return st;
-  // silu(w1 x) * (w3 x), in place into gate_.
-  if (auto st = cpu_ops::SiluMul(gate_.data(), up_.data(), DType::kF32, n, width, gate_.data(),
-                                 DType::kF32);
-      !st.ok()) {
+  if (bias != nullptr) {  // GptOssExperts: gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e]
+    if (auto st =
+            cpu_ops::AddBias(gate_.data(), n, width, bias->expert_gate_bias.data() + e * width);
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = cpu_ops::AddBias(up_.data(), n, width, bias->expert_up_bias.data() + e * width);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (config_.swiglu_limit) {  // gpt-oss's clamped SwiGLU, in place into gate_
+    if (auto st = cpu_ops::ClampedSwiglu(gate_.data(), up_.data(), n, width,
+                                         static_cast<float>(*config_.swiglu_limit), gate_.data());
+        !st.ok()) {
+      return st;
+    }
+  } else if (auto st = cpu_ops::SiluMul(gate_.data(), up_.data(), DType::kF32, n, width,
+                                        gate_.data(), DType::kF32);
+             !st.ok()) {  // silu(w1 x) * (w3 x), in place into gate_
     return st;
   }
-  return Linear(gate_.data(), n, *ew.w2, out);
+  if (auto st = Linear(gate_.data(), n, *ew.w2, out); !st.ok()) return st;
+  if (bias == nullptr) return absl::OkStatus();
+  return cpu_ops::AddBias(out, n, hidden, bias->expert_down_bias.data() + e * hidden);
 }
 
 absl::Status CpuDevice::Norm(const float* in, const std::vector<float>& weight, int64_t rows,

@@ -19,7 +19,11 @@
 // without norm_topk_prob; a dense layer's FFN as one expert of weight 1 without a router;
 // Qwen2-MoE's shared expert (its FFN over every token, ScaleBySigmoid by its gate) added to the
 // routed sum in CombineExperts; DBRX's LayerNorm without bias in place of each RmsNorm of h
-// (config.norm), and its top-k weights divided by their p-norm (NormalizeTopKWeights, p != 1). The
+// (config.norm), and its top-k weights divided by their p-norm (NormalizeTopKWeights, p != 1);
+// gpt-oss's router bias (AddBias on the router logits), expert biases (AddBias after each expert
+// GEMM; gate_up_proj_bias de-interleaved into gate and up halves at Create) and clamped SwiGLU
+// (ClampedSwiglu in place of SiluMul), and its attention sinks (AttentionSinks, which the runner's
+// CPU attention adds to each head's softmax denominator). The
 // ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B: GEMM,
 // AddResidual, RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert with
 // tokens (in id order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows, and
@@ -72,6 +76,11 @@ class CpuDevice final : public Device {
   absl::Status TaskB(int micro_batch, int64_t layer, const float* attn,
                      ForwardStats* stats) override;
   absl::Status Logits(int micro_batch, const int64_t* rows, int64_t n, float* logits) override;
+  const float* AttentionSinks(int64_t layer) const override {
+    return layer >= 0 && layer < static_cast<int64_t>(small_.size()) && !small_[layer].sinks.empty()
+               ? small_[layer].sinks.data()
+               : nullptr;
+  }
 
   // The GEMMs of bf16/f16/f32 weights (quantized ones take cpu_attention/gemm/quant_linear.h).
   const Matmul& matmul() const { return *matmul_; }
@@ -98,12 +107,19 @@ class CpuDevice final : public Device {
     std::vector<float> input_norm, post_norm;  // [hidden]
     std::vector<float> q_bias, k_bias, v_bias, o_bias;
     std::vector<float> q_norm, k_norm;
+    std::vector<float> sinks;        // [heads] (gpt-oss)
+    std::vector<float> router_bias;  // [experts] (gpt-oss's router Linear bias)
+    // gpt-oss's expert biases: gate [experts, inter] and up [experts, inter] (gate_up_proj_bias's
+    // even and odd elements), down [experts, hidden].
+    std::vector<float> expert_gate_bias, expert_up_bias, expert_down_bias;
   };
   std::vector<SmallTensors> small_;
   std::vector<float> final_norm_;
   RopeTable rope_;  // inv_freq [head_dim / 2] and the attention factor
-  // A layer's FFN: `n` rows of expert_in_ through `ew` into `out` [n, hidden].
-  absl::Status Ffn(const ExpertWeights& ew, int64_t n, float* out);
+  // A layer's FFN: `n` rows of expert_in_ through `ew` into `out` [n, hidden]; with `bias`
+  // (gpt-oss: expert e of layer `small`) each GEMM's bias is added and the SwiGLU is clamped.
+  absl::Status Ffn(const ExpertWeights& ew, int64_t n, float* out,
+                   const SmallTensors* bias = nullptr, int64_t e = 0);
   // out [rows, hidden] f32 = the config's norm (RMSNorm or LayerNorm) of in [rows, hidden] f32
   // with `weight` [hidden] f32.
   absl::Status Norm(const float* in, const std::vector<float>& weight, int64_t rows, float* out);

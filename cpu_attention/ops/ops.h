@@ -129,6 +129,12 @@ absl::Status GatherRows(const void* src, DType dtype, int64_t src_rows, int64_t 
 absl::Status SiluMul(const void* gate, const void* up, DType in_dtype, int64_t rows, int64_t inter,
                      void* out, DType out_dtype);
 
+// GptOssExperts.forward's clamped SwiGLU, in f32: g = min(gate, limit), u = clamp(up, -limit,
+// limit), out = (u + 1) * (g * sigmoid(g * 1.702)) with sigmoid(x) = 1 / (1 + expf(-x)).
+// gate, up, out [rows, inter] f32; out may be gate or up. limit > 0 (the config's swiglu_limit).
+absl::Status ClampedSwiglu(const float* gate, const float* up, int64_t rows, int64_t inter,
+                           float limit, float* out);
+
 // The end of MixtralSparseMoeBlock.forward (expert output * routing weight, index_add_) and the
 // residual add of MixtralDecoderLayer.forward, in CpuDevice's order: per token, moe = 0.0f, then
 // moe += expert_out[slot] * weight over its choices in increasing expert id order (equal ids keep

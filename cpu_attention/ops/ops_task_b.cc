@@ -165,6 +165,26 @@ absl::Status SiluMul(const void* gate, const void* up, DType in_dtype, int64_t r
   return absl::OkStatus();
 }
 
+absl::Status ClampedSwiglu(const float* gate, const float* up, int64_t rows, int64_t inter,
+                           float limit, float* out) {
+  constexpr const char* kFn = "ClampedSwiglu";
+  if (rows < 0 || inter < 1 || rows > std::numeric_limits<int64_t>::max() / inter) {
+    return Invalid(kFn, "bad sizes rows=", rows, " inter=", inter);
+  }
+  if (!(limit > 0.0f) || !std::isfinite(limit)) return Invalid(kFn, "bad limit ", limit);
+  if (rows == 0) return absl::OkStatus();
+  if (gate == nullptr || up == nullptr || out == nullptr) return Invalid(kFn, "null pointer");
+  constexpr float kAlpha = 1.702f;  // GptOssExperts.alpha
+  const int64_t n = rows * inter;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);  // gate.clamp(min=None, max=limit)
+    const float u = std::min(std::max(up[i], -limit), limit);
+    const float glu = g * (1.0f / (1.0f + std::exp(-(g * kAlpha))));
+    out[i] = (u + 1.0f) * glu;
+  }
+  return absl::OkStatus();
+}
+
 // --- Combine -------------------------------------------------------------------------------------
 
 absl::Status CombineExperts(const float* expert_out, const int32_t* slot_of, const int32_t* ids,

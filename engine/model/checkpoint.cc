@@ -31,8 +31,10 @@ class TensorChecker {
   TensorChecker(const std::string& dir, const TensorStore& store, DType dtype)
       : dir_(dir), store_(store), dtype_(dtype) {}
 
-  // Sets `*out` to tensor `name`, which must have `shape` and the config's dtype.
-  absl::Status Get(const std::string& name, std::vector<int64_t> shape, const TensorInfo** out) {
+  // Sets `*out` to tensor `name`, which must have `shape` and the config's dtype (or, with
+  // `raw_dtype`, that safetensors dtype: "U8" for MXFP4 blocks and scales).
+  absl::Status Get(const std::string& name, std::vector<int64_t> shape, const TensorInfo** out,
+                   const char* raw_dtype = nullptr) {
     const TensorInfo* info = store_.Find(name);
     if (info == nullptr) {
       return absl::NotFoundError(
@@ -43,7 +45,12 @@ class TensorChecker {
           absl::StrCat(info->file, ": tensor \"", name, "\": wrong shape: expected ",
                        ShapeString(shape), ", found ", ShapeString(info->shape)));
     }
-    if (info->dtype != dtype_) {
+    if (raw_dtype != nullptr && info->dtype_name != raw_dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(info->file, ": tensor \"", name,
+                                                     "\": wrong dtype: expected ", raw_dtype,
+                                                     ", found ", info->dtype_name));
+    }
+    if (raw_dtype == nullptr && info->dtype != dtype_) {
       return absl::InvalidArgumentError(absl::StrCat(
           info->file, ": tensor \"", name, "\": wrong dtype: expected ",
           std::string(DTypeName(dtype_)), " (config torch_dtype), found ", info->dtype_name));
@@ -69,18 +76,21 @@ class TensorChecker {
   std::set<std::string> used_;
 };
 
-// dst [cols, rows] = src [rows, cols] transposed, elements of type T; in tiles, parallel.
+// out [rows, cols] row r = column (start + step * r) of src [cols, src_cols], elements of type T,
+// in tiles, parallel: a transpose (start 0, step 1: DBRX's w2), or the rows of an expert slice
+// stored as x @ W (gpt-oss) transposed into [out, in], gate and up de-interleaved (step 2).
 template <typename T>
-void Transpose(const std::byte* src, int64_t rows, int64_t cols, std::byte* dst) {
+void TransposeColumns(const std::byte* src, int64_t src_cols, int64_t start, int64_t step,
+                      int64_t rows, int64_t cols, std::byte* dst) {
   const T* in = reinterpret_cast<const T*>(src);
   T* out = reinterpret_cast<T*>(dst);
   constexpr int64_t kTile = 64;
 #pragma omp parallel for collapse(2) schedule(static) if (rows * cols > (1 << 20))
   for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
     for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
-        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
-          out[c * rows + r] = in[r * cols + c];
+      for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) {
+        const T* row = in + c * src_cols + start;
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) out[r * cols + c] = row[r * step];
       }
     }
   }
@@ -109,13 +119,97 @@ absl::Status GetPart(const TensorSpec& t, TensorChecker& check, std::deque<Tenso
   if (t.transposed) {
     auto copy = std::make_unique<std::byte[]>(part.nbytes);
     if (elem == 2) {
-      Transpose<uint16_t>(part.data, rows, cols, copy.get());
+      TransposeColumns<uint16_t>(part.data, cols, 0, 1, cols, rows, copy.get());
     } else {
-      Transpose<uint32_t>(part.data, rows, cols, copy.get());
+      TransposeColumns<uint32_t>(part.data, cols, 0, 1, cols, rows, copy.get());
     }
     part.data = copy.get();
     copies->push_back(std::move(copy));
   }
+  *t.target = &part;
+  return absl::OkStatus();
+}
+
+// One expert's slice of a tensor holding every expert (TensorSpec::source_expert: gpt-oss's
+// experts.gate_up_proj / down_proj), copied into *copies as [rows, in]: transposed from the
+// file's float [in, out], or repacked from MXFP4 blocks and scales (transformers'
+// integrations/mxfp4.py convert_moe_packed_tensors: element 2i of a 32-block is the low nibble of
+// byte i, 2i + 1 the high one, value FP4_VALUES[nibble] * 2^(scale - 127)) into ggml's block_mxfp4
+// {e; qs[16]} (element j < 16 the low nibble of qs[j], j + 16 its high nibble, value
+// kvalues_mxfp4[nibble] * 2^(e - 128) with the E2M1 values doubled: the same value, the same e).
+absl::Status GetExpertSlice(const TensorSpec& t, TensorChecker& check,
+                            std::deque<TensorInfo>* parts,
+                            std::vector<std::unique_ptr<std::byte[]>>* copies) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t experts = t.source_shape.size() == 3 ? t.source_shape[0] : 0;
+  const int64_t out_total = t.mxfp4 ? t.source_shape[1] : t.source_shape[2];
+  const int64_t in = t.mxfp4 ? t.source_shape[2] : t.source_shape[1];
+  if (experts < 1 || t.source_expert >= experts || in != cols || t.row_step < 1 ||
+      t.row_start + t.row_step * (rows - 1) >= out_total) {
+    return absl::InternalError(absl::StrCat("tensor \"", t.name, "\": expert ", t.source_expert,
+                                            " rows of \"", t.source, "\" ",
+                                            ShapeString(t.source_shape), " do not fit"));
+  }
+  const int64_t e = t.source_expert;
+  if (!t.mxfp4) {
+    const TensorInfo* fused = nullptr;
+    if (absl::Status s = check.Get(t.source, t.source_shape, &fused); !s.ok()) return s;
+    const size_t elem = DTypeSize(*fused->dtype);
+    TensorInfo& part = parts->emplace_back(*fused);
+    part.name = t.name;
+    part.shape = t.shape;
+    part.nbytes = static_cast<size_t>(rows * cols) * elem;
+    auto copy = std::make_unique<std::byte[]>(part.nbytes);
+    const std::byte* slice = fused->data + static_cast<size_t>(e * in * out_total) * elem;
+    if (elem == 2) {
+      TransposeColumns<uint16_t>(slice, out_total, t.row_start, t.row_step, rows, cols, copy.get());
+    } else {
+      TransposeColumns<uint32_t>(slice, out_total, t.row_start, t.row_step, rows, cols, copy.get());
+    }
+    part.data = copy.get();
+    copies->push_back(std::move(copy));
+    *t.target = &part;
+    return absl::OkStatus();
+  }
+  if (cols % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.source, "_blocks\": ", cols,
+                                                   " inputs are not whole MXFP4 blocks of 32"));
+  }
+  const int64_t nb = cols / 32;
+  const TensorInfo *blocks = nullptr, *scales = nullptr;
+  if (absl::Status s = check.Get(t.source + "_blocks", {experts, out_total, nb, 16}, &blocks, "U8");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = check.Get(t.source + "_scales", {experts, out_total, nb}, &scales, "U8");
+      !s.ok()) {
+    return s;
+  }
+  TensorInfo& part = parts->emplace_back(*blocks);
+  part.name = t.name;
+  part.shape = t.shape;
+  part.dtype.reset();
+  part.quant = GgmlType::kMXFP4;
+  part.dtype_name = "MXFP4";
+  part.nbytes = static_cast<size_t>(rows * nb * 17);
+  auto copy = std::make_unique<std::byte[]>(part.nbytes);
+  const auto* bsrc = reinterpret_cast<const uint8_t*>(blocks->data);
+  const auto* ssrc = reinterpret_cast<const uint8_t*>(scales->data);
+  auto* dst = reinterpret_cast<uint8_t*>(copy.get());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t src_row = e * out_total + t.row_start + t.row_step * r;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* q = bsrc + (src_row * nb + b) * 16;
+      uint8_t* o = dst + (r * nb + b) * 17;
+      o[0] = ssrc[src_row * nb + b];
+      auto nibble = [q](int i) { return (i & 1) ? q[i >> 1] >> 4 : q[i >> 1] & 0x0F; };
+      for (int j = 0; j < 16; ++j) {
+        o[1 + j] = static_cast<uint8_t>(nibble(j) | (nibble(j + 16) << 4));
+      }
+    }
+  }
+  part.data = copy.get();
+  copies->push_back(std::move(copy));
   *t.target = &part;
   return absl::OkStatus();
 }
@@ -126,7 +220,9 @@ absl::Status LoadWeights(const ModelConfig& c, TensorChecker& check, ModelWeight
                          std::vector<std::unique_ptr<std::byte[]>>* copies) {
   for (const std::vector<TensorSpec>& region : ModelTensors(c, c.num_hidden_layers, w)) {
     for (const TensorSpec& t : region) {
-      if (!t.source_shape.empty()) {
+      if (t.source_expert >= 0) {
+        if (absl::Status s = GetExpertSlice(t, check, parts, copies); !s.ok()) return s;
+      } else if (!t.source_shape.empty()) {
         if (absl::Status s = GetPart(t, check, parts, copies); !s.ok()) return s;
       } else if (absl::Status s =
                      check.Get(t.source.empty() ? t.name : t.source, t.shape, t.target);

@@ -29,7 +29,11 @@
 // A family whose checkpoint fuses tensors (DBRX: Wqkv, the experts' w1 / v1 / w2) names its parts
 // by TensorSpec::source (engine/model/family.h): each part is a view of rows of the fused tensor in
 // the mapping, found under its shared-layout name (Find("model.layers.0.self_attn.q_proj.weight"));
-// a transposed part (DBRX's down projections) is copied into its shape at load.
+// a transposed part (DBRX's down projections) is copied into its shape at load. gpt-oss's
+// per-layer expert tensors (TensorSpec::source_expert) are copied once per expert into [out, in]
+// rows, gate and up de-interleaved from gate_up_proj; MXFP4 ones (*_blocks / *_scales, U8) are
+// repacked into ggml's MXFP4 blocks (TensorInfo::quant, 4.25 bits per weight as in the file).
+// Wrong shapes or dtypes of the blocks and scales are InvalidArgument naming the file's tensor.
 #pragma once
 
 #include <deque>
@@ -75,6 +79,14 @@ struct LayerWeights {
   const TensorInfo* shared_expert_gate = nullptr;
   // DeepSeek: the noaux_tc router's e_score_correction_bias [experts]; null otherwise.
   const TensorInfo* router_bias = nullptr;
+  // gpt-oss (ModelConfig::attention_sinks, router_linear_bias, expert_bias; null otherwise): the
+  // attention sinks [heads], the router Linear's bias [experts] (added to its logits), and the
+  // fused experts' biases: gate_up [experts, 2 * intermediate] with gate and up interleaved
+  // (gate = [..., ::2], up = [..., 1::2]) and down [experts, hidden].
+  const TensorInfo* sinks = nullptr;
+  const TensorInfo* router_linear_bias = nullptr;
+  const TensorInfo* experts_gate_up_bias = nullptr;
+  const TensorInfo* experts_down_bias = nullptr;
   // Multi-head latent attention (ModelConfig::mla; q_proj, k_proj, v_proj are then null, but
   // q_proj when q_lora_rank is 0): q_a_proj [q_lora_rank, hidden], q_a_layernorm [q_lora_rank],
   // q_b_proj [heads * qk_head_dim, q_lora_rank], kv_a_proj_with_mqa

@@ -1,7 +1,10 @@
 #include "engine/model/family.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 
 namespace moebatch {
 namespace {
@@ -28,12 +31,22 @@ void MlaTensors(const ModelConfig& c, const std::string& a, LayerWeights* lw,
 }
 
 const ModelFamily* const kFamilies[] = {
-    &families::kDbrx,     &families::kDeepseekV2, &families::kDeepseekV3, &families::kLlama,
-    &families::kMistral,  &families::kMixtral,    &families::kOlmoe,      &families::kQwen2,
-    &families::kQwen2Moe, &families::kQwen3,      &families::kQwen3Moe,
+    &families::kDbrx,  &families::kDeepseekV2, &families::kDeepseekV3, &families::kGptOss,
+    &families::kLlama, &families::kMistral,    &families::kMixtral,    &families::kOlmoe,
+    &families::kQwen2, &families::kQwen2Moe,   &families::kQwen3,      &families::kQwen3Moe,
 };
 
 }  // namespace
+
+bool SplitLayerName(const std::string& name, int64_t* layer, std::string* rest) {
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!absl::StartsWith(name, kPrefix)) return false;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos) return false;
+  if (!absl::SimpleAtoi(name.substr(kPrefix.size(), dot - kPrefix.size()), layer)) return false;
+  *rest = name.substr(dot + 1);
+  return true;
+}
 
 const ModelFamily* FindModelFamily(std::string_view model_type) {
   for (const ModelFamily* family : kFamilies) {
@@ -86,6 +99,9 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& c, int64_t 
         r.push_back({a + "v_proj.bias", {c.kv_size()}, &lw.v_bias});
       }
       if (c.o_bias) r.push_back({a + "o_proj.bias", {hidden}, &lw.o_bias});
+      if (c.attention_sinks) {
+        r.push_back({a + "sinks", {c.num_attention_heads}, &lw.sinks});
+      }
       if (c.qk_norm == QkNorm::kPerHead) {
         r.push_back({a + "q_norm.weight", {c.head_dim}, &lw.q_norm});
         r.push_back({a + "k_norm.weight", {c.head_dim}, &lw.k_norm});
@@ -109,6 +125,16 @@ std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& c, int64_t 
     }
     const std::string m = absl::StrCat(p, family->moe_prefix, ".");
     r.push_back({m + "gate.weight", {c.num_local_experts, hidden}, &lw.router});
+    if (c.router_linear_bias) {
+      r.push_back({m + "gate.bias", {c.num_local_experts}, &lw.router_linear_bias});
+    }
+    if (c.expert_bias) {  // gpt-oss: the fused experts' biases, read whole
+      r.push_back({m + "experts.gate_up_proj_bias",
+                   {c.num_local_experts, 2 * c.intermediate_size},
+                   &lw.experts_gate_up_bias});
+      r.push_back(
+          {m + "experts.down_proj_bias", {c.num_local_experts, hidden}, &lw.experts_down_bias});
+    }
     if (c.topk_method == TopkMethod::kNoauxTc) {
       r.push_back({m + "gate.e_score_correction_bias", {c.num_local_experts}, &lw.router_bias});
     }

@@ -15,6 +15,7 @@
 //   dbrx         DbrxForCausalLM               models/dbrx/modeling_dbrx.py
 //   deepseek_v2  DeepseekV2ForCausalLM         models/deepseek_v2/modeling_deepseek_v2.py
 //   deepseek_v3  DeepseekV3ForCausalLM         models/deepseek_v3/modeling_deepseek_v3.py
+//   gpt_oss      GptOssForCausalLM             models/gpt_oss/modeling_gpt_oss.py
 //
 // Threading: the registry is constant; every function here is reentrant.
 #pragma once
@@ -60,8 +61,8 @@ struct ModelFamily {
 const ModelFamily* FindModelFamily(std::string_view model_type);
 // The family whose transformers class is `architecture` ("Qwen3MoeForCausalLM"); null when none.
 const ModelFamily* FindModelFamilyByArchitecture(std::string_view architecture);
-// "dbrx, deepseek_v2, deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3,
-// qwen3_moe".
+// "dbrx, deepseek_v2, deepseek_v3, gpt_oss, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe,
+// qwen3, qwen3_moe".
 std::string SupportedModelTypes();
 
 // One tensor of a checkpoint: its name, shape, and the ModelWeights field that points at it.
@@ -78,6 +79,19 @@ struct TensorSpec {
   std::vector<int64_t> source_shape{};
   int64_t source_row = 0;
   bool transposed = false;
+  // A slice of a tensor holding every expert of a layer (gpt-oss's experts.gate_up_proj,
+  // experts.down_proj): expert `source_expert` (>= 0) of `source`, whose output features are
+  // [experts, out, in] in `source_shape` order given below; this tensor [rows, in]'s row r is the
+  // slice's output feature row_start + row_step * r (gate_up interleaves gate and up: step 2).
+  // With `transposed` the file holds the slice as [in, out] (x @ W; source_shape {experts, in,
+  // out}) and the rows are copied out transposed at load; with `mxfp4` the file holds
+  // "<source>_blocks" [experts, out, in / 32, 16] and "<source>_scales" [experts, out, in / 32]
+  // (U8; source_shape {experts, out, in}), repacked at load into ggml's MXFP4 blocks
+  // (engine/model/ggml_quants.h; 17 bytes per 32 weights, as in the file).
+  int64_t source_expert = -1;
+  int64_t row_start = 0;
+  int64_t row_step = 1;
+  bool mxfp4 = false;
 };
 
 // Every tensor of `config`'s model with `num_layers` layers, in the order WeightStore lays them
@@ -87,11 +101,16 @@ struct TensorSpec {
 std::vector<std::vector<TensorSpec>> ModelTensors(const ModelConfig& config, int64_t num_layers,
                                                   ModelWeights* w);
 
+// The layer of a shared-layout name "model.layers.<l>.<rest>" into *layer and <rest> into *rest;
+// false for a global tensor's name (for the families' map_tensors).
+bool SplitLayerName(const std::string& name, int64_t* layer, std::string* rest);
+
 namespace families {
 // Defined in engine/model/families/<family>.cc.
 extern const ModelFamily kMixtral, kLlama, kMistral, kQwen2, kQwen3, kQwen2Moe, kQwen3Moe, kOlmoe;
 extern const ModelFamily kDbrx;
 extern const ModelFamily kDeepseekV2, kDeepseekV3;  // families/deepseek.cc
+extern const ModelFamily kGptOss;                   // families/gpt_oss.cc
 }  // namespace families
 
 }  // namespace moebatch

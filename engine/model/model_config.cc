@@ -483,9 +483,26 @@ constexpr char kDeepseekV2LiteConfig[] = R"json({
   "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
   "type": "yarn"}, "attention_bias": false, "torch_dtype": "bfloat16"})json";
 
+// openai/gpt-oss-20b's config.json (its modeling keys; layer_types left to GptOssConfig's default,
+// which is the file's: sliding on even layers, full on odd ones; bos from generation_config.json).
+constexpr char kGptOss20bConfig[] = R"json({
+  "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088,
+  "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+  "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+  "num_experts_per_tok": 4, "sliding_window": 128, "max_position_embeddings": 131072,
+  "rms_norm_eps": 1e-05, "rope_theta": 150000, "rope_scaling": {"beta_fast": 32.0,
+  "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn",
+  "truncate": false}, "swiglu_limit": 7.0, "attention_bias": true, "tie_word_embeddings": false,
+  "bos_token_id": 199998, "eos_token_id": 200002, "quantization_config": {"quant_method": "mxfp4",
+  "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+  "model.embed_tokens", "lm_head"]}, "torch_dtype": "bfloat16"})json";
+
 std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
-  if (name == "deepseek-v2-lite") {  // 15.7B parameters, 2.4B active; MLA, 64 experts top-6
-    absl::StatusOr<ModelConfig> c = ParseModelConfig(kDeepseekV2LiteConfig);
+  for (auto [known, json] : {std::pair{"deepseek-v2-lite", kDeepseekV2LiteConfig},
+                             // 21B parameters, 3.6B active; 32 MXFP4 experts top-4, sinks
+                             std::pair{"gpt-oss-20b", kGptOss20bConfig}}) {
+    if (name != known) continue;
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json);
     if (c.ok()) return *c;
     return std::nullopt;
   }
@@ -633,8 +650,8 @@ std::optional<ModelConfig> KnownModelConfig(std::string_view name) {
 }
 
 std::vector<std::string> KnownModelConfigNames() {
-  return {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen2-57b-a14b",
-          "olmoe-1b-7b",  "llama-3.1-8b",  "dbrx",          "deepseek-v2-lite"};
+  return {"mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b",    "qwen2-57b-a14b", "olmoe-1b-7b",
+          "llama-3.1-8b", "dbrx",          "deepseek-v2-lite", "gpt-oss-20b"};
 }
 
 }  // namespace moebatch

@@ -2,7 +2,7 @@
 // shares (transformers' LlamaConfig / MixtralConfig names and defaults, 4.x and 5.x spellings) and
 // each family's own, which engine/model/families/<family>.cc reads (engine/model/family.h lists
 // the families: mixtral, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, olmoe, dbrx,
-// deepseek_v2, deepseek_v3).
+// deepseek_v2, deepseek_v3, gpt_oss).
 //
 // One ModelConfig describes every decoder layer: attention (GQA, optional q/k/v and o biases,
 // optional q/k RMSNorm, optional q/k/v clipping (OLMoE; DBRX's fused Wqkv), RoPE with its scaling),
@@ -146,7 +146,25 @@ struct ModelConfig {
   NormType norm = NormType::kRmsNorm;  // input, post-attention and final norms
   double rms_norm_eps = 1e-5;          // the eps of `norm` (DBRX's LayerNorm: nn.LayerNorm's 1e-5)
   std::optional<int64_t> sliding_window;  // null/absent/unused: full causal attention
-  bool tie_word_embeddings = false;       // lm_head shares model.embed_tokens.weight
+  // Per layer, whether it attends within sliding_window (gpt-oss's layer_types:
+  // "sliding_attention" / "full_attention"). Empty: every layer does when sliding_window is set
+  // (Mistral, Mixtral). Read through LayerSlidingWindow.
+  std::vector<bool> sliding_layers;
+  // gpt-oss (GptOssAttention.sinks): one learned logit per query head [num_attention_heads] that
+  // joins the softmax's denominator as exp(sink - max) with no value (eager_attention_forward).
+  bool attention_sinks = false;
+  // gpt-oss (GptOssTopKRouter): the router is a Linear with bias [experts]; top-k on the biased
+  // logits, then softmax over the k selected.
+  bool router_linear_bias = false;
+  // gpt-oss (GptOssExperts): biases on the experts' gate/up [experts, 2 * inter] and down
+  // [experts, hidden] projections, and the clamped SwiGLU: gate = min(gate, limit),
+  // up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(1.702 gate). nullopt: SiLU-mul.
+  bool expert_bias = false;
+  std::optional<double> swiglu_limit;
+  // The routed experts' weights are stored as MXFP4 (quantization_config.quant_method "mxfp4":
+  // gpt-oss's *_blocks / *_scales tensors), repacked at load into ggml's MXFP4 blocks.
+  bool mxfp4_experts = false;
+  bool tie_word_embeddings = false;  // lm_head shares model.embed_tokens.weight
   int32_t bos_token_id = 1;
   int32_t eos_token_id = 2;  // the first of config.json's eos_token_id (an id or a list)
   // Every id that ends a sequence: config.json's eos_token_id list, then generation_config.json's
@@ -167,6 +185,14 @@ struct ModelConfig {
   int64_t rope_dim() const { return mla ? mla->qk_rope_head_dim : head_dim; }
   // Whether layer l's FFN is the routed MoE (else one dense FFN of dense_intermediate_size).
   bool IsMoeLayer(int64_t layer) const;
+  // The window layer l attends within: sliding_window for a sliding layer (every layer when
+  // sliding_layers is empty), nullopt (full causal attention) otherwise.
+  std::optional<int64_t> LayerSlidingWindow(int64_t layer) const {
+    if (!sliding_window) return std::nullopt;
+    if (sliding_layers.empty()) return sliding_window;
+    if (layer < 0 || layer >= static_cast<int64_t>(sliding_layers.size())) return std::nullopt;
+    return sliding_layers[layer] ? sliding_window : std::nullopt;
+  }
 };
 
 // Parses and validates config.json text. Errors (InvalidArgument) name the key and the reason:
@@ -180,8 +206,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text);
 // bench/models/mixtral-8x7b/config.json), "mixtral-8x22b" (Mixtral-8x22B-Instruct-v0.1: vocab
 // 32768; the base v0.1 has 32000), "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b",
 // "llama-3.1-8b", "dbrx" (databricks/dbrx-base and dbrx-instruct: 132B parameters, 16 experts
-// top-4), "deepseek-v2-lite" (deepseek-ai/DeepSeek-V2-Lite: MLA, kv_lora_rank 512). nullopt for
-// any other name.
+// top-4), "deepseek-v2-lite" (deepseek-ai/DeepSeek-V2-Lite: MLA, kv_lora_rank 512), "gpt-oss-20b"
+// (openai/gpt-oss-20b: 32 experts top-4 in MXFP4, sinks, sliding layers of 128). nullopt for any
+// other name.
 std::optional<ModelConfig> KnownModelConfig(std::string_view name);
 // The names KnownModelConfig knows.
 std::vector<std::string> KnownModelConfigNames();

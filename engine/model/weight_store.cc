@@ -124,12 +124,17 @@ bool IsEmbeddingOrHead(const std::string& name) {
 }
 
 // The format WeightQuantization `q` gives a tensor from a float source in store dtype `dtype`.
+// With `mxfp4_experts` (gpt-oss's official checkpoints, ModelConfig::mxfp4_experts) a routed
+// expert's matrices not otherwise quantized are MXFP4, as the checkpoint stores them.
 void QuantizedFormat(const std::optional<WeightQuantization>& q, DType dtype, const TensorSpec& t,
-                     WeightTensor* wt) {
+                     WeightTensor* wt, bool mxfp4_experts = false) {
   wt->dtype = dtype;
   wt->quant.reset();
   if (q && Quantizable(t.name, t.shape)) {
     wt->quant = IsEmbeddingOrHead(t.name) ? GgmlType::kQ8_0 : q->type;
+  } else if (mxfp4_experts && t.shape.size() == 2 && t.shape[1] % 32 == 0 &&
+             t.name.find(".mlp.experts.") != std::string::npos) {
+    wt->quant = GgmlType::kMXFP4;
   }
 }
 
@@ -192,7 +197,7 @@ int64_t WeightStore::RequiredBytes(const ModelConfig& config, int64_t num_layers
       WeightTensor wt;
       wt.name = t.name;
       wt.shape = t.shape;
-      QuantizedFormat(quantize, dtype, t, &wt);
+      QuantizedFormat(quantize, dtype, t, &wt, config.mxfp4_experts);
       bytes = AlignUp(bytes, alignment) + TensorBytes(wt);
     }
     total += static_cast<int64_t>(bytes);
@@ -209,7 +214,7 @@ int64_t WeightStore::LayerRegionBytes(const ModelConfig& config, DType dtype, si
     WeightTensor wt;
     wt.name = t.name;
     wt.shape = t.shape;
-    QuantizedFormat(quantize, dtype, t, &wt);
+    QuantizedFormat(quantize, dtype, t, &wt, config.mxfp4_experts);
     bytes = AlignUp(bytes, alignment) + TensorBytes(wt);
   }
   return static_cast<int64_t>(bytes);
@@ -436,13 +441,28 @@ absl::StatusOr<std::unique_ptr<WeightStore>> WeightStore::Synthetic(
   // Uniform on [-a, a) with a = 0.02 * sqrt(3): standard deviation 0.02.
   const float a = 0.02f * std::sqrt(3.0f);
   const FormatFn format = [&](const TensorSpec& t, WeightTensor* wt) {
-    QuantizedFormat(options.quantize, dtype, t, wt);
+    QuantizedFormat(options.quantize, dtype, t, wt, config.mxfp4_experts);
   };
   auto store = Build(
       config, num_layers, dtype, options, format, [&](const WeightTensor& wt, std::byte* dst) {
         const int64_t n = Numel(wt.shape);
         const bool norm = IsNormName(wt.name);
         const uint64_t key = SplitMix64(seed ^ HashName(wt.name));
+        if (wt.quant == GgmlType::kMXFP4 && !options.quantize) {
+          // gpt-oss's MXFP4 experts: random nibbles under scale 2^(120 - 128) (|w| <= 0.047,
+          // standard deviation ~0.02, as the float weights), written as blocks directly.
+          const int64_t blocks = wt.shape[0] * wt.shape[1] / 32;
+          auto* b = reinterpret_cast<uint8_t*>(dst);
+#pragma omp parallel for schedule(static) if (blocks > (1 << 14))
+          for (int64_t i = 0; i < blocks; ++i) {
+            b[i * 17] = 120;
+            for (int j = 0; j < 16; j += 8) {
+              const uint64_t x = SplitMix64(key + static_cast<uint64_t>(i * 2 + j / 8));
+              std::memcpy(b + i * 17 + 1 + j, &x, 8);
+            }
+          }
+          return;
+        }
         if (wt.quant) {  // the same values, quantized
           const int64_t cols = wt.shape[1];
           QuantizeRows(

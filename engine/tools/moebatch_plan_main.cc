@@ -61,7 +61,7 @@
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory (its config.json is read)");
 ABSL_FLAG(std::string, preset, "",
           "model preset instead of --model: mixtral-8x7b | mixtral-8x22b | qwen3-30b-a3b | "
-          "qwen2-57b-a14b | olmoe-1b-7b | llama-3.1-8b | dbrx | deepseek-v2-lite");
+          "qwen2-57b-a14b | olmoe-1b-7b | llama-3.1-8b | dbrx | deepseek-v2-lite | gpt-oss-20b");
 ABSL_FLAG(std::string, gpu, "",
           "GPU preset for --pcie_gbs and --gpu_tflops: t4 | l4 | a40 | l40 | a100 (datasheet "
           "figures; explicit flags override them)");
@@ -311,6 +311,18 @@ int Run(int argc, char** argv) {
     auto parsed = ParseWeightFormat(name);
     if (!parsed.ok()) return usage(absl::StrCat("--weight_format: ", parsed.status().message()));
     format = *std::move(parsed);
+  } else if (config.mxfp4_experts) {
+    // gpt-oss's official checkpoints: the routed experts in MXFP4 (17 bytes per 32 weights: 4.25
+    // bits), everything else in torch_dtype.
+    ModelShape count = *shape;
+    count.weight_bytes_per_element = 1;
+    const double params = ModelWeightBytes(count);
+    const double expert_params = static_cast<double>(shape->num_layers) * shape->num_experts * 3 *
+                                 shape->hidden_size * shape->ffn_size;
+    format.name = absl::StrCat("MXFP4 experts + ", std::string(DTypeName(config.torch_dtype)));
+    format.bytes_per_element =
+        ((params - expert_params) * DTypeSize(config.torch_dtype) + expert_params * 17.0 / 32.0) /
+        params;
   } else if (!model_dir.empty() && IsGgufFile(model_dir)) {
     auto file = GgufFile::Open(model_dir);
     if (!file.ok()) return usage(std::string(file.status().message()));

@@ -27,6 +27,9 @@ struct Case {
   DType dtype;
   // > 0: MLA's latent cache, the value is the key row's first value_dim values (KvCacheConfig).
   int64_t value_dim = 0;
+  // gpt-oss's attention sinks: one random logit per query head (head 0's far above every score,
+  // head 1's far below) in the softmax's denominator.
+  bool sinks = false;
 };
 
 // A filled cache and the float64 answer for one Case.
@@ -39,6 +42,7 @@ struct Fixture {
   int64_t rows = 0, spare_rows = 1;
   KvLayerView view;
   float scale = 0;
+  std::vector<float> sinks;  // [heads] when Case::sinks
 };
 
 Fixture Build(const Case& tc, uint64_t seed) {
@@ -101,6 +105,11 @@ Fixture Build(const Case& tc, uint64_t seed) {
                        cache.value_offset_bytes(),
                        tc.value_dim};
   f.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  if (tc.sinks) {
+    for (int64_t h = 0; h < tc.heads; ++h) f.sinks.push_back(2.0f * normal(rng));
+    f.sinks[0] = 30.0f;  // exp(sink - max) would overflow without the rescaled form
+    if (tc.heads > 1) f.sinks[1] = -30.0f;
+  }
   const int64_t dv = tc.value_dim > 0 ? tc.value_dim : d;
 
   f.expected.assign(f.q.size(), 0.0);
@@ -122,7 +131,9 @@ Fixture Build(const Case& tc, uint64_t seed) {
           w[j] = dot * f.scale;
           mx = std::max(mx, w[j]);
         }
-        double sum = 0;
+        // eager_attention_forward (gpt-oss): the sink joins the max and the denominator.
+        if (tc.sinks) mx = std::max(mx, double(f.sinks[h]));
+        double sum = tc.sinks ? std::exp(double(f.sinks[h]) - mx) : 0.0;
         for (int64_t j = first; j <= pos; ++j) sum += (w[j] = std::exp(w[j] - mx));
         double* o = f.expected.data() + (row * tc.heads + h) * d;
         for (int64_t j = first; j <= pos; ++j) {
@@ -154,13 +165,14 @@ std::vector<Variant> Variants() {
 // Runs `variant` (or, without one, the portable reference) on a poisoned output; returns it.
 std::vector<float> Run(const Fixture& f, const Case& tc, std::optional<Variant> variant) {
   std::vector<float> out(f.q.size(), std::nanf(""));
+  const float* sinks = f.sinks.empty() ? nullptr : f.sinks.data();
   if (variant) {
     decode_attention_internal::PagedAttentionWith(variant->isa, variant->amx, f.view, f.seqs.data(),
                                                   static_cast<int64_t>(f.seqs.size()), f.q.data(),
-                                                  tc.heads, f.scale, tc.window, out.data());
+                                                  tc.heads, f.scale, tc.window, out.data(), sinks);
   } else {
     PagedAttentionReference(f.view, f.seqs.data(), static_cast<int64_t>(f.seqs.size()), f.q.data(),
-                            tc.heads, f.scale, tc.window, out.data());
+                            tc.heads, f.scale, tc.window, out.data(), sinks);
   }
   return out;
 }
@@ -262,6 +274,18 @@ TEST_CASE("decode attention, every ISA: sliding window", "[decode_attention]") {
   for (int64_t window : {1, 5, 32, 700}) {
     Check({8, 2, 64, 16, {100, 33, 7, 2000}, {100, 3, 1, 1}, window, DType::kBF16}, 50 + window);
   }
+}
+
+TEST_CASE("decode attention, every ISA: attention sinks (gpt-oss)", "[decode_attention]") {
+  Case c{6, 2, 48, 16, {1, 9, 40, 300}, {1, 9, 3, 1}, std::nullopt, DType::kF32};
+  c.sinks = true;
+  Check(c, 80);  // head_dim 48: 6 AVX2 vectors, 3 AVX-512 ones
+  c.head_dim = 64;
+  c.dtype = DType::kBF16;
+  c.window = 8;  // a sliding layer of gpt-oss
+  Check(c, 81);
+  Check({64, 8, 64, 16, {4097, 130}, {1, 2}, std::nullopt, DType::kBF16, 0, true}, 82);  // merged
+  Check({16, 1, 64, 16, {300}, {2}, std::nullopt, DType::kF16, 0, true}, 83);  // group 16 > 8
 }
 
 TEST_CASE("decode attention, every ISA: prefill chunks beside decode tokens",

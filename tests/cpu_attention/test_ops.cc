@@ -553,6 +553,36 @@ TEST_CASE("cpu_ops::SiluMul is silu(gate) * up in float64", "[ops]") {
   }
 }
 
+TEST_CASE("cpu_ops::ClampedSwiglu is GptOssExperts' clamped SwiGLU in float64", "[ops]") {
+  std::mt19937 rng(17);
+  const int64_t rows = 5, inter = 96;
+  const float limit = 7.0f;
+  std::vector<float> gate = Normal(rng, rows * inter, 5.0f), up = Normal(rng, rows * inter, 5.0f);
+  gate[0] = 9.0f;  // clamped to 7 above; not below
+  gate[1] = -60.0f;
+  up[0] = -9.0f;  // clamped to -7
+  up[1] = 8.0f;   // clamped to 7
+  int64_t clamped = 0;
+  std::vector<double> want(rows * inter);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = std::min<double>(gate[i], limit);
+    const double u = std::min<double>(std::max<double>(up[i], -limit), limit);
+    clamped += gate[i] > limit || std::abs(up[i]) > limit;
+    want[i] = (u + 1.0) * (g / (1.0 + std::exp(-1.702 * g)));
+  }
+  REQUIRE(clamped > 10);
+  std::vector<float> got(rows * inter);
+  REQUIRE(cpu_ops::ClampedSwiglu(gate.data(), up.data(), rows, inter, limit, got.data()).ok());
+  CHECK(OutsideRounding(DType::kF32, got, want, 2e-6) == 0);
+  std::vector<float> inplace = gate;  // in place into gate
+  REQUIRE(
+      cpu_ops::ClampedSwiglu(inplace.data(), up.data(), rows, inter, limit, inplace.data()).ok());
+  CHECK(inplace == got);
+  CHECK(Invalid(cpu_ops::ClampedSwiglu(gate.data(), up.data(), rows, inter, 0.0f, got.data())));
+  CHECK(Invalid(cpu_ops::ClampedSwiglu(gate.data(), up.data(), rows, 0, limit, got.data())));
+  CHECK(Invalid(cpu_ops::ClampedSwiglu(nullptr, up.data(), rows, inter, limit, got.data())));
+}
+
 TEST_CASE("cpu_ops::CombineExperts adds the weighted expert rows, in expert id order", "[ops]") {
   std::mt19937 rng(8);
   SECTION("random routing against float64") {

@@ -401,10 +401,14 @@ TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refuse
   CHECK(CreateCudaDevice(*store, options).ok());
 }
 
-// DeepSeek-V2 / V3 (MLA, DeepSeek's routers) are computed by the cpu backend only so far: the cuda
-// backend refuses them at creation with an error that names the way out.
-TEST_CASE("cuda backend: DeepSeek's MLA is refused, naming --backend=cpu", "[cuda_backend]") {
-  for (const char* fixture : {"tiny-deepseek-v2", "tiny-deepseek-v3"}) {
+// DeepSeek-V2 / V3 (MLA, DeepSeek's routers) and gpt-oss (attention sinks, per-layer windows,
+// biased router and experts, clamped SwiGLU; bf16 and MXFP4 experts) are computed by the cpu
+// backend only so far: the cuda backend refuses them at creation with an error that names the way
+// out.
+TEST_CASE("cuda backend: DeepSeek's MLA and gpt-oss are refused, naming --backend=cpu",
+          "[cuda_backend]") {
+  for (const char* fixture :
+       {"tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"}) {
     auto checkpoint = Checkpoint::Load(FixtureDir(fixture));
     REQUIRE(checkpoint.ok());
     const std::unique_ptr<WeightStore> store = PinnedStore(**checkpoint, DType::kF32);

@@ -27,9 +27,10 @@ from moebatch import Client, ClientError, state_name
 
 FIXTURES = ROOT / "tests" / "fixtures"
 FAMILIES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
-            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3"]
-SUPPORTED = ("dbrx, deepseek_v2, deepseek_v3, llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, "
-             "qwen3, qwen3_moe")
+            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3",
+            "tiny-gpt-oss"]
+SUPPORTED = ("dbrx, deepseek_v2, deepseek_v3, gpt_oss, llama, mistral, mixtral, olmoe, qwen2, "
+             "qwen2_moe, qwen3, qwen3_moe")
 LLAMA2_BPE = ROOT / ".deps" / "tokenizers" / "bpe" / "llama2"
 # A Jinja chat template no layout of moebatch's matches.
 UNKNOWN_TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] | upper }}"

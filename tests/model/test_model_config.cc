@@ -87,7 +87,7 @@ TEST_CASE("config.json: invalid values are rejected by key", "[config][errors]")
     j["model_type"] = "gpt_neox";
     check(j,
           "key \"model_type\" is \"gpt_neox\", which moebatch does not run; it runs dbrx, "
-          "deepseek_v2, deepseek_v3, llama, ");
+          "deepseek_v2, deepseek_v3, gpt_oss, llama, ");
   }
   SECTION("no model_type and an unknown architecture") {
     j.erase("model_type");

@@ -145,6 +145,23 @@ TEST_CASE("Model sizes of the families: shared experts and dense layers counted"
   }
 }
 
+// gpt-oss-20b: 20.9B parameters (openai/gpt-oss-20b's model card: 21B), 19.1B of them the experts',
+// which the store (and the official files) keep in MXFP4: 17 bytes per 32 weights.
+TEST_CASE("Model size of gpt-oss-20b: MXFP4 experts at 4.25 bits", "[perf_model]") {
+  const std::optional<ModelConfig> c = KnownModelConfig("gpt-oss-20b");
+  REQUIRE(c.has_value());
+  REQUIRE(c->mxfp4_experts);
+  auto m = ModelShapeFromConfig(*c, DType::kBF16);
+  REQUIRE(m.ok());
+  const double params = ModelWeightBytes(*m) / 2;
+  CHECK(std::abs(RelDiff(params, 20.91e9)) < 0.01);
+  const double experts = 24.0 * 32 * 3 * 2880 * 2880;
+  const double want = experts * 17 / 32 + (params - experts) * 2;  // 13.76 GB
+  const double store =
+      static_cast<double>(WeightStore::RequiredBytes(*c, c->num_hidden_layers, DType::kBF16));
+  CHECK(std::abs(RelDiff(store, want)) < 0.005);
+}
+
 // KV bytes per token of each family's preset against Mixtral-8x7B's (docs/performance.md):
 // 2 (K, V) x layers x KV heads x head_dim x 2 bytes (bf16).
 TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
@@ -152,7 +169,8 @@ TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
        {std::pair{"mixtral-8x7b", 131072}, std::pair{"mixtral-8x22b", 229376},
         std::pair{"qwen3-30b-a3b", 98304}, std::pair{"qwen2-57b-a14b", 57344},
         std::pair{"olmoe-1b-7b", 131072}, std::pair{"llama-3.1-8b", 131072},
-        std::pair{"dbrx", 163840}, std::pair{"deepseek-v2-lite", 31104}}) {
+        std::pair{"dbrx", 163840}, std::pair{"deepseek-v2-lite", 31104},
+        std::pair{"gpt-oss-20b", 49152}}) {
     INFO(name);
     const std::optional<ModelConfig> c = KnownModelConfig(name);
     REQUIRE(c.has_value());

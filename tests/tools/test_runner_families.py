@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 FAMILIES = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
-            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3"]
-SUPPORTED = ["dbrx", "deepseek_v2", "deepseek_v3", "llama", "mistral", "mixtral", "olmoe",
-             "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
+            "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2", "tiny-deepseek-v3",
+            "tiny-gpt-oss"]
+SUPPORTED = ["dbrx", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama", "mistral", "mixtral",
+             "olmoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
 # "[INST] Hello [/INST]" with Mixtral's sentencepiece model: BOS + 8 pieces.
 CHAT_PROMPT_TOKENS = 9
 

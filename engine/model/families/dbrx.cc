@@ -159,17 +159,6 @@ absl::Status Parse(const Json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-// The layer of "model.layers.<l>.<rest>" into *layer and <rest> into *rest; false for a global.
-bool SplitLayer(const std::string& name, int64_t* layer, std::string* rest) {
-  constexpr absl::string_view kPrefix = "model.layers.";
-  if (!absl::StartsWith(name, kPrefix)) return false;
-  const size_t dot = name.find('.', kPrefix.size());
-  if (dot == std::string::npos) return false;
-  if (!absl::SimpleAtoi(name.substr(kPrefix.size(), dot - kPrefix.size()), layer)) return false;
-  *rest = name.substr(dot + 1);
-  return true;
-}
-
 void MapTensors(const ModelConfig& c, std::vector<std::vector<TensorSpec>>* regions) {
   const int64_t hidden = c.hidden_size, q = c.q_size(), kv = c.kv_size();
   const int64_t ffn = c.intermediate_size, experts = c.num_local_experts;
@@ -182,7 +171,7 @@ void MapTensors(const ModelConfig& c, std::vector<std::vector<TensorSpec>>* regi
       }
       int64_t l = 0;
       std::string rest;
-      if (!SplitLayer(t.name, &l, &rest)) continue;
+      if (!SplitLayerName(t.name, &l, &rest)) continue;
       const std::string p = absl::StrCat("transformer.blocks.", l, ".");
       const std::string attn = p + "norm_attn_norm.attn.";
       auto wqkv_rows = [&](int64_t row) {
