@@ -15,6 +15,7 @@
 #include "engine/model/family.h"
 #include "engine/model/gguf_config.h"
 #include "engine/model/gguf_tensors.h"
+#include "engine/model/safetensors.h"
 #include "engine/model/weight_check.h"
 #include "spdlog/spdlog.h"
 
@@ -123,6 +124,7 @@ absl::Status GetPart(const TensorSpec& t, TensorChecker& check, std::deque<Tenso
     } else {
       TransposeColumns<uint32_t>(part.data, cols, 0, 1, cols, rows, copy.get());
     }
+    DropMappedPages(part.data, part.nbytes);  // the copy is the tensor from now on
     part.data = copy.get();
     copies->push_back(std::move(copy));
   }
@@ -168,6 +170,9 @@ absl::Status GetExpertSlice(const TensorSpec& t, TensorChecker& check,
     }
     part.data = copy.get();
     copies->push_back(std::move(copy));
+    // The expert's rows of the file are not read again (its other slice, gate or up, faults
+    // them back in from the page cache): the copy is what stays resident.
+    DropMappedPages(slice, static_cast<size_t>(in * out_total) * elem);
     *t.target = &part;
     return absl::OkStatus();
   }
@@ -210,6 +215,11 @@ absl::Status GetExpertSlice(const TensorSpec& t, TensorChecker& check,
   }
   part.data = copy.get();
   copies->push_back(std::move(copy));
+  // As for float experts: the repacked copy is what stays resident, not the file's blocks.
+  DropMappedPages(blocks->data + static_cast<size_t>(e * out_total * nb * 16),
+                  static_cast<size_t>(out_total * nb * 16));
+  DropMappedPages(scales->data + static_cast<size_t>(e * out_total * nb),
+                  static_cast<size_t>(out_total * nb));
   *t.target = &part;
   return absl::OkStatus();
 }

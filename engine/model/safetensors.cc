@@ -320,4 +320,11 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string
   return store;
 }
 
+void DropMappedPages(const std::byte* data, size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace moebatch

@@ -68,6 +68,14 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
 };
 
+// Drops the pages of a read-only file mapping (a TensorInfo::data of a SafetensorsFile or GGUF
+// file) that hold [data, data + bytes) from the process's resident set (madvise MADV_DONTNEED; a
+// later read faults them in again from the file, so bytes sharing those pages stay readable). For
+// tensors whose bytes were copied (repacked, transposed) and are not read again: the copy is then
+// the only resident form. Never pass memory that is not a file mapping (anonymous memory would
+// read back as zeros).
+void DropMappedPages(const std::byte* data, size_t bytes);
+
 // The parsers SafetensorsFile::Open and TensorStore::Open apply to the bytes they read, exposed for
 // tests and fuzzing (tests/fuzz).
 

@@ -35,17 +35,6 @@ class Pageable final : public HostAllocator {
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Drops the pages of a read-only file mapping that hold [data, data + bytes) from the process's
-// resident set once the tensor is copied (MADV_DONTNEED; a later read faults them in again from
-// the file, so a tensor sharing a page stays readable). Copying a checkpoint then holds one tensor
-// of it at a time besides the copy, not the whole file: the peak RSS of loading is the store's.
-void DropMappedPages(const std::byte* data, size_t bytes) {
-  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(data) / page * page;
-  const auto end = AlignUp(reinterpret_cast<uintptr_t>(data) + bytes, page);
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 std::string GiB(int64_t bytes) {
   if (bytes < (int64_t{1} << 30)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
   return absl::StrFormat("%.2f GiB", bytes / double(1 << 30));
