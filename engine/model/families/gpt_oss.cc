@@ -13,16 +13,15 @@
 //   - per-layer sliding window (GptOssAttention.sliding_window from layer_types);
 //   - the router, mlp.router: a Linear with bias, top-k on the logits, softmax over the k
 //     (GptOssTopKRouter.forward);
-//   - the experts (GptOssExperts.forward), fused per layer with biases: gate_up = x @
-//   gate_up_proj[e]
-//     + gate_up_proj_bias[e] with gate = gate_up[..., ::2] and up = gate_up[..., 1::2]; clamped
-//     SwiGLU (up + 1) * gate * sigmoid(1.702 gate) after gate = min(gate, 7), up = clamp(up, +-7);
-//     out = glu @ down_proj[e] + down_proj_bias[e].
+//   - the experts (GptOssExperts.forward), fused per layer with biases:
+//     gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e], gate = gate_up[..., ::2] and
+//     up = gate_up[..., 1::2]; the clamped SwiGLU (up + 1) * gate * sigmoid(1.702 gate) after
+//     gate = min(gate, 7), up = clamp(up, -7, 7); out = glu @ down_proj[e] + down_proj_bias[e].
 //
 // The checkpoint's tensors map onto the shared layout's (engine/model/family.h; "mlp." is the MoE
 // prefix):
-//   model.layers.{l}.mlp.router.{weight,bias}       mlp.gate.{weight,bias} (router [E, hidden],
-//   [E]) model.layers.{l}.mlp.experts.gate_up_proj       [E, hidden, 2 inter] (x @ W): expert e's
+//   model.layers.{l}.mlp.router.{weight,bias}: mlp.gate.{weight,bias} (router [E, hidden], [E]).
+//   model.layers.{l}.mlp.experts.gate_up_proj [E, hidden, 2 inter] (x @ W): expert e's
 //       gate_proj (w1, [inter, hidden]) = the even columns of slice e transposed, up_proj (w3) the
 //       odd ones; copied once at load into [out, in] rows (Checkpoint::Load), never kept twice.
 //   model.layers.{l}.mlp.experts.down_proj          [E, inter, hidden]: expert e's down_proj (w2,
