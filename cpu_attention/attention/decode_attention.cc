@@ -187,26 +187,19 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
         const int64_t n = sub_heads * d;
         const float* uq = unit.q + h0 * d;
         for (int64_t x = 0; x < n; ++x) qs[x] = uq[x] * scale;
+        const bool direct = chunk.partial < 0;
+        float* p = direct ? nullptr : partials.data() + chunk.partial;
+        // Accumulators, max and sum: straight into `out` (normalised below) or the partial.
+        float* o0 = direct ? unit.out + h0 * d : p + 2 * q_heads + h0 * d;
+        float* mo = direct ? m : p + h0;
+        float* lo = direct ? l : p + q_heads + h0;
         if (use_amx) {
-          const bool direct = chunk.partial < 0;
-          float* p = direct ? nullptr : partials.data() + chunk.partial;
-          float* o0 = direct ? unit.out + h0 * d : p + 2 * q_heads + h0 * d;
-          dai::AttendMlaAmx(kv, unit.block_table, chunk.first, chunk.last, qs.data(), o0,
-                            direct ? m : p + h0, direct ? l : p + q_heads + h0);
-          if (direct) {
-            const float* unit_sinks =
-                sinks != nullptr ? sinks + unit.kv_head * unit.group + h0 : nullptr;
-            for (int64_t h = 0; h < sub_heads; ++h) {
-              const float inv =
-                  SoftmaxNormalizer(m[h], l[h], unit_sinks != nullptr ? unit_sinks + h : nullptr);
-              float* o = o0 + h * d;
-              for (int64_t x = 0; x < d; ++x) o[x] *= inv;
-            }
-          }
-        } else if (chunk.partial < 0) {
-          float* o0 = unit.out + h0 * d;
+          dai::AttendMlaAmx(kv, unit.block_table, chunk.first, chunk.last, qs.data(), o0, mo, lo);
+        } else {
           kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
-                 qs.data(), sub, o0, m, l);
+                 qs.data(), sub, o0, mo, lo);
+        }
+        if (direct) {
           // The unit's first query head of this subgroup: kv_head * group + h0.
           const float* unit_sinks =
               sinks != nullptr ? sinks + unit.kv_head * unit.group + h0 : nullptr;
@@ -216,10 +209,6 @@ void dai::PagedAttentionWith(CpuIsa isa, bool amx, const KvLayerView& kv,
             float* o = o0 + h * d;
             for (int64_t x = 0; x < d; ++x) o[x] *= inv;
           }
-        } else {
-          float* p = partials.data() + chunk.partial;
-          kernel(kv, unit.block_table, unit.kv_head, unit.num_kv_heads, chunk.first, chunk.last,
-                 qs.data(), sub, p + 2 * q_heads + h0 * d, p + h0, p + q_heads + h0);
         }
       }
     }
