@@ -268,9 +268,9 @@ TEST_CASE("QuantLinear: a row's bits do not depend on M, the other rows or the t
 TEST_CASE("QuantLinear refuses unsupported types and bad shapes, naming the type and the reason") {
   std::vector<float> x(512, 1.0f), y(64, 0.0f);
   std::vector<std::byte> w(1 << 16);
-  auto refused = [&](GgmlType type, int64_t m, int64_t k, int64_t n, const std::string& what) {
-    const absl::Status st =
-        QuantLinear(CpuIsa::kPortable, x.data(), m, k, w.data(), type, n, y.data());
+  auto refused = [&](GgmlType type, int64_t m, int64_t k, int64_t n, const std::string& what,
+                     CpuIsa isa = CpuIsa::kPortable) {
+    const absl::Status st = QuantLinear(isa, x.data(), m, k, w.data(), type, n, y.data());
     INFO(st);
     CHECK(st.code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(st.message()).find(what) != std::string::npos);
@@ -285,7 +285,9 @@ TEST_CASE("QuantLinear refuses unsupported types and bad shapes, naming the type
   for (GgmlType type : kTypes) CHECK(QuantLinearSupports(type));
   CHECK(!QuantLinearSupports(GgmlType::kF16));
   CHECK(!QuantLinearSupports(GgmlType::kQ8_K));
-  if (!HasIsa(CpuIsa::kAvx512)) refused(GgmlType::kQ4_0, 1, 64, 1, "ISA level avx512");
+  if (!HasIsa(CpuIsa::kAvx512)) {
+    refused(GgmlType::kQ4_0, 1, 64, 1, "ISA level avx512", CpuIsa::kAvx512);
+  }
 }
 
 TEST_CASE("QuantLinear: m or n 0 writes nothing, k 0 writes zeros") {
