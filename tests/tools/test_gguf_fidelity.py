@@ -9,7 +9,8 @@ tests/fixtures/smollm2-reference/ (tests/fixtures/make_smollm2_reference.py: lla
    lines, temperature 0, ignore_eos, 32 tokens), through moebatch-run. Two implementations of the
    same quantized model round differently (llama.cpp's Q8_1 activations, f16 KV cache and flash
    attention; moebatch's int8 activations and f32 attention): measured, their logits differ by up
-   to ~0.3. So a prompt's tokens must be llama.cpp's up to its first difference, and that
+   to ~0.4 (first differences at llama.cpp margins up to 0.29 on an AVX-512 Xeon, 0.374 on an AVX2
+   AMD EPYC, whose kernels sum in other orders). So a prompt's tokens must be llama.cpp's up to its first difference, and that
    difference must be llama.cpp's runner-up token at a step whose top-2 logits llama.cpp found
    nearer than NEAR_TIE (after it the two continue from different texts). The same prompts as chat
    lines (messages laid out by the GGUF's chat template and tokenizer) must give llama.cpp's
@@ -31,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-NEAR_TIE = 0.35  # logits
+NEAR_TIE = 0.45  # logits
 CHUNKS = 8  # ctest's default: 2,040 tokens scored in ~10 s; --chunks 98 scores all 24,990
 
 
