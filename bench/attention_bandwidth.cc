@@ -55,6 +55,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cpu_attention/attention/decode_attention.h"
 #include "cpu_attention/attention/decode_attention_internal.h"
@@ -65,6 +66,12 @@
 #include "engine/tools/program_flags.h"
 
 ABSL_FLAG(int64_t, repeats, 7, "timed calls per figure (best and median reported)");
+ABSL_FLAG(bool, baselines, true,
+          "time the auto-vectorised -O3 baselines (the single-thread bound needs them; "
+          "--nobaselines compares the kernels with the triad and the read-only probes only)");
+ABSL_FLAG(std::string, kernels, "",
+          "comma-separated kernels to time (portable, avx2, avx512, avx512+amx); empty: every one "
+          "the CPU runs");
 ABSL_FLAG(int64_t, triad_mib, 512, "size of each of the three triad arrays, MiB");
 ABSL_FLAG(std::string, shapes, "256x512,64x4096", "comma-separated SEQUENCESxTOKENS decode shapes");
 ABSL_FLAG(int64_t, num_heads, 32, "query heads (Mixtral: 32)");
@@ -421,10 +428,10 @@ int main(int argc, char** argv) {
     BaselineFn fn;
   };
   std::vector<Baseline> baselines;  // the one with the widest ISA first
-  if (has_avx512) {
+  if (has_avx512 && absl::GetFlag(FLAGS_baselines)) {
     baselines.push_back({"baseline -O3 avx512", CpuIsa::kAvx512, PagedAttentionBaselineAvx512});
   }
-  if (has_avx2)
+  if (has_avx2 && absl::GetFlag(FLAGS_baselines))
     baselines.push_back({"baseline -O3 avx2", CpuIsa::kAvx2, PagedAttentionBaselineAvx2});
 
   const int all_threads = omp_get_max_threads();
@@ -442,6 +449,24 @@ int main(int argc, char** argv) {
                       0, absl::GetFlag(FLAGS_value_dim)},
           num_heads);
   if (amx_applies) kernels.emplace_back(CpuIsa::kAvx512, true);
+  if (const std::string only = absl::GetFlag(FLAGS_kernels); !only.empty()) {
+    const std::vector<std::string> wanted = absl::StrSplit(only, ',');
+    std::vector<std::pair<CpuIsa, bool>> kept;
+    for (const std::string& name : wanted) {
+      bool found = false;
+      for (const auto& k : kernels) {
+        if (KernelName(k.first, k.second) == name) {
+          kept.push_back(k);
+          found = true;
+        }
+      }
+      if (!found) {
+        std::fprintf(stderr, "--kernels: '%s' is not a kernel this CPU runs\n", name.c_str());
+        return 1;
+      }
+    }
+    kernels = kept;
+  }
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
   std::printf(
@@ -533,6 +558,7 @@ int main(int argc, char** argv) {
                                                         p->out.data());
         });
         add_row(KernelName(isa, amx), isa, false, t);
+        if (reference_out.empty()) reference_out = p->out;  // --nobaselines: the first kernel's
       }
       for (int interleave : {1, 8}) {
         uint64_t sink = 0;
@@ -587,12 +613,13 @@ int main(int argc, char** argv) {
           r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3, r.t.worst * 1e3);
       continue;
     }
+    // Speed-ups: "-" without a baseline to divide by (--nobaselines).
+    auto times = [](double x) { return x > 0 ? absl::StrFormat("%.2fx", x) : std::string("-"); };
     std::printf(
-        "| %s | %s | %d | %.3g M | %.2f | %.1f%% | %.2fx | %.2fx | %.2f [%.2f; %.2f-%.2f] | %.1e "
-        "|\n",
+        "| %s | %s | %d | %.3g M | %.2f | %.1f%% | %s | %s | %.2f [%.2f; %.2f-%.2f] | %.1e |\n",
         r.shape.c_str(), r.impl.c_str(), r.threads, r.tokens_per_s / 1e6, r.gbs, r.pct_triad,
-        r.speedup, r.speedup_fastest, r.t.best * 1e3, r.t.median * 1e3, r.t.best * 1e3,
-        r.t.worst * 1e3, r.rel_diff);
+        times(r.speedup).c_str(), times(r.speedup_fastest).c_str(), r.t.best * 1e3,
+        r.t.median * 1e3, r.t.best * 1e3, r.t.worst * 1e3, r.rel_diff);
   }
   const std::string best_isa = KernelName(kernels.back().first, kernels.back().second);
   std::printf("\nbounds, kernel %s, %s KV:\n", best_isa.c_str(),
@@ -623,7 +650,7 @@ int main(int argc, char** argv) {
             100.0 * r.gbs / read_only);
       }
     }
-    if (r.threads == 1 && absl::GetFlag(FLAGS_value_dim) == 0) {
+    if (r.threads == 1 && absl::GetFlag(FLAGS_value_dim) == 0 && !baselines.empty()) {
       const bool ok = r.speedup >= 3.0;
       all_ok &= ok;
       std::printf(
