@@ -76,16 +76,24 @@ struct Avx2Ops {
 // widened by a shift and a mask into "pair order" (per 16 elements the even ones, then the odd
 // ones; the queries and accumulators are kept in that order), q . K for R key rows at once, the
 // 8 partial-sum vectors of 8 key rows reduced to one vector of 8 scores by a hadd tree, the online
-// softmax on registers with one vector exp for every head's rescale factor, p.V with each V row
-// widened once per tile, at most 4 query heads of accumulators at a time (16 registers), and the
-// heads-inner walk with the paced prefetch of decode_attention_tiled.h.
+// softmax on registers (every head's running max in one vector, one vector exp for every head's
+// rescale factor), p.V over two query heads x 32 floats at a time (8 accumulators of 16
+// registers), and the heads-inner walk with the paced prefetch of decode_attention_tiled.h.
+// What limits it is the core, not memory: a key row of Mixtral's 4 heads x 128 is 128 FMAs, 64
+// cycles at Zen 3's two FMAs per cycle, and the loads and widening around them; on AMD Zen 3 the
+// loop was held back by its two vector load ports (hence q in registers and no folded second load
+// of a row) and by broadcasts (hence two heads x 32 floats in p.V): 91-99 cycles per key row from
+// L1 instead of 99-122 (docs/performance.md).
 
 // 16 elements of type T at p -> two f32 vectors in pair order: for bf16 the even elements then the
-// odd ones; for f16 and f32 the first 8 then the next 8.
+// odd ones; for f16 and f32 the first 8 then the next 8. The bf16 row is loaded once: the empty asm
+// keeps the compiler from folding a second load of it into the AND (free on Intel, but AMD's two
+// vector load ports are what the q . K and p.V loops run short of).
 template <DType T>
 inline void LoadPair8(const std::byte* p, __m256& lo, __m256& hi) {
   if constexpr (T == DType::kBF16) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    __asm__("" : "+x"(x));
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
     hi = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   } else if constexpr (T == DType::kF16) {
@@ -108,6 +116,33 @@ inline __m256 TransposeReduce8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
+// r[g] = max of the 8 lanes of v[g] for g < G <= 8 (exact: any order gives the same value);
+// lanes >= G: pad's.
+template <int G>
+inline __m256 TransposeReduceMax(const __m256* v, __m256 pad) {
+  // Lane pairs (0, 2) and (1, 3) of each 128-bit half, then the 4 lanes, then the two halves.
+  auto pair = [&](int a, int b) {
+    const __m256 x = a < G ? v[a] : pad;
+    const __m256 y = b < G ? v[b] : pad;
+    return _mm256_max_ps(_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+  };
+  auto quad = [&](int a) {  // heads a..a+3, per half: [a, a+1, a+2, a+3]
+    const __m256 x01 = pair(a, a + 1);
+    const __m256 x23 = pair(a + 2, a + 3);
+    return _mm256_max_ps(_mm256_shuffle_ps(x01, x23, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(x01, x23, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  const __m256 q0 = quad(0);
+  if constexpr (G <= 4) {
+    const __m256 r = _mm256_max_ps(q0, _mm256_permute2f128_ps(q0, q0, 0x01));
+    return _mm256_blend_ps(r, pad, 0xf0);
+  } else {
+    const __m256 q1 = quad(4);
+    return _mm256_max_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+  }
+}
+
 // Dot products of R key rows with G queries (pair order), into dots[g][t0 + r]; one prefetch step
 // of pq per 32 elements.
 template <DType T, int G, int R>
@@ -125,8 +160,11 @@ inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int6
                    klo[r], khi[r]);
     }
     for (int g = 0; g < G; ++g) {
-      const __m256 qlo = _mm256_loadu_ps(qp + g * d + c);
-      const __m256 qhi = _mm256_loadu_ps(qp + g * d + c + 8);
+      // Loaded once for the R rows (the asm keeps them out of the FMAs' memory operands, which
+      // would load each R times).
+      __m256 qlo = _mm256_loadu_ps(qp + g * d + c);
+      __m256 qhi = _mm256_loadu_ps(qp + g * d + c + 8);
+      if constexpr (R > 1) __asm__("" : "+x"(qlo), "+x"(qhi));
       for (int r = 0; r < R; ++r) {
         acc[r][g] = _mm256_fmadd_ps(qlo, klo[r], acc[r][g]);
         acc[r][g] = _mm256_fmadd_ps(qhi, khi[r], acc[r][g]);
@@ -137,33 +175,79 @@ inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int6
     for (int g = 0; g < G; ++g) dots[g][t0 + r] = acc[r][g];
 }
 
-// acc[g][c..c+16) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows, for
-// GH <= 4 query heads; one prefetch step of pq per row when `issue`.
-template <DType T, int GH>
+// acc[g][c..c+16W) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows, for
+// GH query heads and W/2 pairs of 8-float vectors per head (GH * W <= 8 accumulators); one
+// prefetch step of pq per row when Issue. Two heads of 32 floats each (W = 4) take one broadcast
+// of p per 4 FMAs; four heads of 16 floats took one per 2, and the broadcasts were what held the
+// loop back on AMD Zen 3 (35-42 instead of 50 cycles per key row of 4 heads x 128, against the
+// FMAs' 32; docs/performance.md). Each accumulator sums its terms in the same order
+// whatever GH and W are, so every choice gives the same bits.
+template <DType T, int GH, int W, bool Issue>
 inline void AccumulateValues8(const std::byte* values, size_t row_bytes, int64_t n, int64_t c,
                               const float (*p)[kTile], const float* corr, int64_t d, float* acc,
-                              PrefetchQueue& pq, bool issue) {
+                              PrefetchQueue& pq) {
+  static_assert(W == 2 || W == 4, "W: 16 or 32 floats per head");
   constexpr size_t elem = DTypeSize(T);
-  __m256 a[GH][2];
+  __m256 a[GH][W];
   for (int g = 0; g < GH; ++g) {
     const __m256 cg = _mm256_set1_ps(corr[g]);
-    a[g][0] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * d + c), cg);
-    a[g][1] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * d + c + 8), cg);
+    for (int w = 0; w < W; ++w)
+      a[g][w] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * d + c + 8 * w), cg);
   }
   for (int64_t t = 0; t < n; ++t) {
-    if (issue) pq.Step();
-    __m256 v0, v1;
-    LoadPair8<T>(values + static_cast<size_t>(t) * row_bytes + static_cast<size_t>(c) * elem, v0,
-                 v1);
+    if constexpr (Issue) pq.Step();
+    const std::byte* row =
+        values + static_cast<size_t>(t) * row_bytes + static_cast<size_t>(c) * elem;
+    __m256 v[W];
+    LoadPair8<T>(row, v[0], v[1]);
+    if constexpr (W == 4) LoadPair8<T>(row + 16 * elem, v[2], v[3]);
     for (int g = 0; g < GH; ++g) {
       const __m256 pg = _mm256_set1_ps(p[g][t]);
-      a[g][0] = _mm256_fmadd_ps(pg, v0, a[g][0]);
-      a[g][1] = _mm256_fmadd_ps(pg, v1, a[g][1]);
+      for (int w = 0; w < W; ++w) a[g][w] = _mm256_fmadd_ps(pg, v[w], a[g][w]);
     }
   }
   for (int g = 0; g < GH; ++g) {
-    _mm256_storeu_ps(acc + g * d + c, a[g][0]);
-    _mm256_storeu_ps(acc + g * d + c + 8, a[g][1]);
+    for (int w = 0; w < W; ++w) _mm256_storeu_ps(acc + g * d + c + 8 * w, a[g][w]);
+  }
+}
+
+// p.V of one tile for G query heads: pairs of heads over 32 floats at a time where the head dim
+// allows (a last odd head alone), else up to 4 heads over 16 floats; one prefetch step per row of
+// each 32 floats' first pass.
+template <DType T, int G>
+inline void AccumulateTileValues8(const std::byte* values, size_t row_bytes, int64_t n,
+                                  const float (*p)[kTile], const float* corr, int64_t d, float* acc,
+                                  PrefetchQueue& pq) {
+  if (d % 32 == 0) {
+    for (int64_t c = 0; c < d; c += 32) {
+      if constexpr (G >= 2) {
+        AccumulateValues8<T, 2, 4, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
+        for (int g = 2; g + 2 <= G; g += 2) {
+          AccumulateValues8<T, 2, 4, false>(values, row_bytes, n, c, p + g, corr + g, d,
+                                            acc + g * d, pq);
+        }
+        if constexpr (G % 2 == 1) {
+          AccumulateValues8<T, 1, 4, false>(values, row_bytes, n, c, p + G - 1, corr + G - 1, d,
+                                            acc + (G - 1) * d, pq);
+        }
+      } else {
+        AccumulateValues8<T, 1, 4, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
+      }
+    }
+    return;
+  }
+  for (int64_t c = 0; c < d; c += 16) {
+    const bool issue = (c & 31) == 0;
+    constexpr int first = G < 4 ? G : 4;
+    if (issue) {
+      AccumulateValues8<T, first, 2, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
+    } else {
+      AccumulateValues8<T, first, 2, false>(values, row_bytes, n, c, p, corr, d, acc, pq);
+    }
+    if constexpr (G > 4) {
+      AccumulateValues8<T, G - 4, 2, false>(values, row_bytes, n, c, p + 4, corr + 4, d,
+                                            acc + 4 * d, pq);
+    }
   }
 }
 
@@ -196,39 +280,34 @@ struct Avx2Tile {
         _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n) - 8), lane));
     const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
 
-    // Online softmax update (as in the AVX-512 kernel).
-    __m256 s_lo[G], s_hi[G];
-    alignas(32) float old_max[8] = {}, new_max[8] = {};
+    // Online softmax update (as in the AVX-512 kernel), every head's running max in one vector
+    // (lane g: head g), so that no value makes a trip through memory between the scores and the
+    // exps.
+    __m256 s_lo[G], s_hi[G], tile_max[G];
     for (int g = 0; g < G; ++g) {
       s_lo[g] = _mm256_blendv_ps(neg_inf, TransposeReduce8(dots[g]), valid_lo);
       s_hi[g] = _mm256_blendv_ps(neg_inf, TransposeReduce8(dots[g] + 8), valid_hi);
-      const float tile_max = Avx2Ops::ReduceMax(_mm256_max_ps(s_lo[g], s_hi[g]));
-      old_max[g] = m[g];
-      new_max[g] = tile_max > m[g] ? tile_max : m[g];
-      m[g] = new_max[g];
+      tile_max[g] = _mm256_max_ps(s_lo[g], s_hi[g]);
     }
-    _mm256_store_ps(corr,
-                    Avx2Ops::Exp(_mm256_sub_ps(_mm256_load_ps(old_max), _mm256_load_ps(new_max))));
+    const __m256i heads = _mm256_cmpgt_epi32(_mm256_set1_epi32(G), lane);
+    const __m256 old_max = _mm256_maskload_ps(m, heads);  // lanes >= G: 0
+    // new = tile > old ? tile : old per head; lanes >= G: max(-inf, 0) = 0, so their corr is 1.
+    const __m256 new_max = _mm256_max_ps(TransposeReduceMax<G>(tile_max, neg_inf), old_max);
+    _mm256_maskstore_ps(m, heads, new_max);
+    const __m256 corr_v = Avx2Ops::Exp(_mm256_sub_ps(old_max, new_max));
+    _mm256_store_ps(corr, corr_v);
     for (int g = 0; g < G; ++g) {
-      const __m256 mx = _mm256_set1_ps(new_max[g]);
+      const __m256i at = _mm256_set1_epi32(g);
+      const __m256 mx = _mm256_permutevar8x32_ps(new_max, at);
       const __m256 e_lo = Avx2Ops::Exp(_mm256_sub_ps(s_lo[g], mx));
       const __m256 e_hi = Avx2Ops::Exp(_mm256_sub_ps(s_hi[g], mx));
       _mm256_store_ps(p[g], e_lo);
       _mm256_store_ps(p[g] + 8, e_hi);
-      l[g] = _mm256_add_ps(_mm256_fmadd_ps(l[g], _mm256_set1_ps(corr[g]), e_lo), e_hi);
+      l[g] = _mm256_add_ps(_mm256_fmadd_ps(l[g], _mm256_permutevar8x32_ps(corr_v, at), e_lo), e_hi);
     }
 
-    // Values, at most 4 query heads of accumulators at a time.
-    for (int64_t c = 0; c < d; c += 16) {
-      const bool issue = (c & 31) == 0;
-      if constexpr (G > 4) {
-        AccumulateValues8<T, 4>(values, row_bytes, n, c, p, corr, d, acc, pq, issue);
-        AccumulateValues8<T, G - 4>(values, row_bytes, n, c, p + 4, corr + 4, d, acc + 4 * d, pq,
-                                    false);
-      } else {
-        AccumulateValues8<T, G>(values, row_bytes, n, c, p, corr, d, acc, pq, issue);
-      }
-    }
+    // Values.
+    AccumulateTileValues8<T, G>(values, row_bytes, n, p, corr, d, acc, pq);
     pq.IssueRest();
   }
 };

@@ -293,6 +293,10 @@ TEST_CASE("decode attention, every ISA: prefill chunks beside decode tokens",
   // 0: a whole prompt of 37; 1: a chunk of 20 after 50 cached; 2, 3: decode at 129 and 1000.
   Check({32, 8, 128, 16, {37, 70, 130, 1001}, {37, 20, 1, 1}, std::nullopt, DType::kBF16}, 60);
   Check({16, 4, 64, 32, {5, 600}, {5, 1}, std::nullopt, DType::kF32}, 61);
+  // SmolLM2-135M's shape (9 heads over 3 KV heads, head_dim 64): a 43-token prompt, then decode.
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Check({9, 3, 64, 16, {43, 44}, {43, 1}, std::nullopt, dtype}, 62);
+  }
 }
 
 TEST_CASE("decode attention, every ISA: other shapes (group > 8, odd head dims, block sizes)",
