@@ -80,10 +80,10 @@ struct Avx2Ops {
 // rescale factor), p.V over two query heads x 32 floats at a time (8 accumulators of 16
 // registers), and the heads-inner walk with the paced prefetch of decode_attention_tiled.h.
 // What limits it is the core, not memory: a key row of Mixtral's 4 heads x 128 is 128 FMAs, 64
-// cycles at Zen 3's two FMAs per cycle, and the loads and widening around them; on AMD Zen 3 the
-// loop was held back by its two vector load ports (hence q in registers and no folded second load
-// of a row) and by broadcasts (hence two heads x 32 floats in p.V): 91-99 cycles per key row from
-// L1 instead of 99-122 (docs/performance.md).
+// cycles at two FMAs per cycle (AMD Zen 3, Intel alike), plus the loads and widening around
+// them. On Zen 3 the two vector load ports and the broadcasts of p are the next limits, hence
+// the queries held in registers, each row loaded once, and p.V two heads x 32 floats at a time
+// (cycles per key row in docs/performance.md, "AVX2 decode attention on an AMD EPYC").
 
 // 16 elements of type T at p -> two f32 vectors in pair order: for bf16 the even elements then the
 // odd ones; for f16 and f32 the first 8 then the next 8. The bf16 row is loaded once: the empty asm
@@ -177,11 +177,9 @@ inline void ScoreRows8(const std::byte* keys, size_t row_bytes, int64_t t0, int6
 
 // acc[g][c..c+16W) (pair order) = acc * corr[g] + sum_t p[g][t] V_t over the tile's n rows, for
 // GH query heads and W/2 pairs of 8-float vectors per head (GH * W <= 8 accumulators); one
-// prefetch step of pq per row when Issue. Two heads of 32 floats each (W = 4) take one broadcast
-// of p per 4 FMAs; four heads of 16 floats took one per 2, and the broadcasts were what held the
-// loop back on AMD Zen 3 (35-42 instead of 50 cycles per key row of 4 heads x 128, against the
-// FMAs' 32; docs/performance.md). Each accumulator sums its terms in the same order
-// whatever GH and W are, so every choice gives the same bits.
+// prefetch step of pq per row when Issue. With W = 4 a broadcast of p feeds 4 FMAs (2 with
+// W = 2): broadcasts share the load ports with the V rows. Each accumulator sums its terms in the
+// same order whatever GH and W are, so every choice gives the same bits.
 template <DType T, int GH, int W, bool Issue>
 inline void AccumulateValues8(const std::byte* values, size_t row_bytes, int64_t n, int64_t c,
                               const float (*p)[kTile], const float* corr, int64_t d, float* acc,
@@ -219,19 +217,16 @@ inline void AccumulateTileValues8(const std::byte* values, size_t row_bytes, int
                                   const float (*p)[kTile], const float* corr, int64_t d, float* acc,
                                   PrefetchQueue& pq) {
   if (d % 32 == 0) {
+    constexpr int first = G >= 2 ? 2 : 1;  // heads of the pass that issues the prefetch steps
     for (int64_t c = 0; c < d; c += 32) {
-      if constexpr (G >= 2) {
-        AccumulateValues8<T, 2, 4, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
-        for (int g = 2; g + 2 <= G; g += 2) {
-          AccumulateValues8<T, 2, 4, false>(values, row_bytes, n, c, p + g, corr + g, d,
-                                            acc + g * d, pq);
-        }
-        if constexpr (G % 2 == 1) {
-          AccumulateValues8<T, 1, 4, false>(values, row_bytes, n, c, p + G - 1, corr + G - 1, d,
-                                            acc + (G - 1) * d, pq);
-        }
-      } else {
-        AccumulateValues8<T, 1, 4, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
+      AccumulateValues8<T, first, 4, true>(values, row_bytes, n, c, p, corr, d, acc, pq);
+      for (int g = first; g + 2 <= G; g += 2) {
+        AccumulateValues8<T, 2, 4, false>(values, row_bytes, n, c, p + g, corr + g, d, acc + g * d,
+                                          pq);
+      }
+      if constexpr (G >= 2 && G % 2 == 1) {
+        AccumulateValues8<T, 1, 4, false>(values, row_bytes, n, c, p + G - 1, corr + G - 1, d,
+                                          acc + (G - 1) * d, pq);
       }
     }
     return;
