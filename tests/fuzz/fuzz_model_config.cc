@@ -1,12 +1,13 @@
-// libFuzzer target: config.json text through ParseModelConfig (engine/model/model_config.h). Bad input
-// must give InvalidArgument; an accepted config must satisfy what the parser promises, and the
-// sizes derived from it (ModelConfig::q_size, kv_size) must be computable.
+// libFuzzer target: config.json text through ParseModelConfig (engine/model/model_config.h). Bad
+// input must give InvalidArgument; an accepted config must satisfy what the parser promises, and
+// the sizes derived from it (ModelConfig::q_size, kv_size) must be computable.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "engine/model/family.h"
 #include "engine/model/model_config.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -20,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const ModelConfig& c = *parsed;
-  FUZZ_CHECK(c.architecture == "MixtralForCausalLM", "%s", c.architecture.c_str());
+  // Any supported family (config.json's model_type, else its architectures), named consistently.
+  const moebatch::ModelFamily* family = moebatch::FindModelFamily(c.model_type);
+  FUZZ_CHECK(family != nullptr && c.architecture == family->architecture, "%s / %s",
+             c.model_type.c_str(), c.architecture.c_str());
   for (const int64_t v : {c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
                           c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                           c.num_local_experts, c.num_experts_per_tok, c.max_position_embeddings}) {
