@@ -14,8 +14,13 @@
 // Shapes and types: x [m, k] f32 row-major contiguous; w [n, k] row-major (PyTorch's Linear weight
 // layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or
 // k may be 0 (k 0: y is zeros).
+// Paths (same bits): few rows, a dot product per element over the weights in place
+// (invariant_linear_kernel.h); on AVX2, calls of 10 or more rows lane by lane, register-blocked
+// over packed copies (invariant_linear_lanes.h).
 // Threading: parallel over (row tile, weight-row tile) on the calling thread's OpenMP pool; each
-// output element is computed whole by one thread. Reentrant; no state.
+// output element is computed whole by one thread. Reentrant. Memory: per thread, scratch for one
+// tile's packed weights and partial sums (under 2 MB at K 14,336); on the lane path, a lane-major
+// f32 copy of x per calling thread (m·k·4 bytes), kept for the next call.
 #pragma once
 
 #include <cstdint>

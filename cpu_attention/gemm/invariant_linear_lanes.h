@@ -1,0 +1,153 @@
+// InvariantLinear for calls of many rows, lane by lane (invariant_linear.h's steps 1-3, same
+// bits): step 1's lane j of an output element y[r, c] is a chain of fused multiply-adds over the
+// K/16 products x[r, t]·w[c, t] with t ≡ j (mod 16), in increasing t. Block
+// (invariant_linear_kernel.h) keeps the 16 lanes of an element in one vector, so every FMA needs a
+// fresh weight vector and activation vector: a dot-product kernel, load-bound at about a third of
+// the FMA peak on AVX2. Here the 16 lanes become 16 independent GEMMs of depth K/16, each
+// vectorised across output columns as a register-blocked outer product (MR rows x NR columns of
+// accumulators; one weight vector load and one activation broadcast feed a row or a column of
+// FMAs), the BLIS micro-kernel shape (Van Zee and van de Geijn, "BLIS: A Framework for Rapidly
+// Instantiating BLAS Functionality", 2015). Each accumulator lane still sees the same FMAs in the
+// same order, so the partial sums are the same bits; step 2's tree then adds the 16 lane results
+// with the same pairs (vectorised across columns) and step 3 fuses the K % 16 tail in increasing t,
+// as Block does.
+//
+// Packed data (exact copies):
+//   xp  [rows / MR][16 lanes][K/16 steps][MR] f32: x's rows, lane-major, zero rows padding the
+//       last block; packed once per call by the caller (invariant_linear.cc), shared by all tiles;
+//   wp  [16 lanes][K/16 steps][NR] f32: one panel of NR weight rows, widened from bf16/f16, zero
+//       columns padding it; per tile and panel, thread_local;
+//   acc [16 lanes][rows][NR] f32: each lane's partial sums, parked between K slices; thread_local.
+// Lanes are LaneStride(...) floats apart (invariant_linear_internal.h), a little more than their
+// size.
+// Bytes: xp rows·K·4 (a copy of x), per thread NR·K·4 + rows·NR·64 (NR 16, K 14,336, 256 rows:
+// 0.9 + 0.3 MB).
+//
+// The including ISA file defines MOEBATCH_INVARIANT_ISA (as for invariant_linear_kernel.h) and a
+// column-vector type CV of CV::kWidth f32 lanes with Zero(), Load(const float*), Store(float*, CV),
+// Broadcast(const float*), Fma(a, b, acc) (one rounding of a·b + acc per lane), Add(a, b), and the
+// packing:
+//   template <int MR> PackRows(const float* x, int64_t rows, int64_t k, float* xp): the blocks of
+//     xp for rows [0, rows) of x (row stride k), zero rows padding the last;
+//   template <DType WD, int NR> PackWeights(const WElem<WD>* w, int64_t cols, int64_t k,
+//     float* wp): wp from weight rows [0, cols) of w (row stride k, cols <= NR), zero columns
+//     after them.
+#pragma once
+
+#ifndef MOEBATCH_INVARIANT_ISA
+#error "define MOEBATCH_INVARIANT_ISA (the per-ISA namespace) before including this file"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_attention/gemm/invariant_linear_kernel.h"
+
+namespace moebatch {
+namespace invariant_linear_internal {
+namespace MOEBATCH_INVARIANT_ISA {
+
+// Steps per K slice: a lane's weight slice (kLaneSteps x NR f32, 8 KiB at NR 16) stays in L1 while
+// every row block of the tile passes over it.
+constexpr int64_t kLaneSteps = 128;
+
+// acc[r][0:NR] (row stride NR) += the FMAs of steps [0, steps) of one lane, MR rows x NRV vectors:
+// xp [steps][MR], wp [steps][NR]. first: the accumulators start at zero instead of acc's values.
+template <class CV, int MR, int NRV>
+inline void LaneMicroKernel(const float* xp, const float* wp, int64_t steps, float* acc,
+                            bool first) {
+  constexpr int W = CV::kWidth, NR = NRV * W;
+  CV a[MR][NRV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NRV; ++v) a[r][v] = first ? CV::Zero() : CV::Load(acc + r * NR + v * W);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    CV b[NRV];
+    for (int v = 0; v < NRV; ++v) b[v] = CV::Load(wp + s * NR + v * W);
+    for (int r = 0; r < MR; ++r) {
+      const CV xr = CV::Broadcast(xp + s * MR + r);
+      for (int v = 0; v < NRV; ++v) a[r][v] = CV::Fma(xr, b[v], a[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NRV; ++v) CV::Store(acc + r * NR + v * W, a[r][v]);
+  }
+}
+
+// y[m0:m1, n0:n1] (a LaneTileFn): x rows m0.. (stride k), xp the packed rows of the whole call (m0
+// a multiple of MR), w rows n0.. (stride k), y row stride ldy.
+template <class CV, DType WD, int MR, int NRV>
+void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k,
+              const void* w_void, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  constexpr int NR = NRV * CV::kWidth;
+  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
+  const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16, steps = k16 / 16;
+  const int64_t blocks = (rows + MR - 1) / MR, rows_pad = blocks * MR;
+  const int64_t xs = LaneStride(steps * MR), ws = LaneStride(steps * NR);
+  const int64_t as = LaneStride(rows_pad * NR);
+  x += m0 * k;
+  xp += m0 / MR * 16 * xs;
+  y += m0 * ldy + n0;
+  thread_local std::vector<float> wp, acc;
+  wp.resize(static_cast<size_t>(16 * ws));
+  acc.resize(static_cast<size_t>(16 * as));
+  if (steps == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+  for (int64_t c0 = 0; c0 < cols; c0 += NR) {
+    const int64_t nc = std::min<int64_t>(NR, cols - c0);
+    CV::template PackWeights<WD, NR>(w + c0 * k, nc, k, wp.data());
+    // Step 1, lane by lane, K sliced so that the lane's weight slice stays in L1.
+    for (int64_t s0 = 0; s0 < steps; s0 += kLaneSteps) {
+      const int64_t len = std::min(kLaneSteps, steps - s0);
+      for (int j = 0; j < 16; ++j) {
+        const float* wj = wp.data() + j * ws + s0 * NR;
+        for (int64_t rb = 0; rb < blocks; ++rb) {
+          LaneMicroKernel<CV, MR, NRV>(xp + (rb * 16 + j) * xs + s0 * MR, wj, len,
+                                       acc.data() + j * as + rb * MR * NR, s0 == 0);
+        }
+      }
+    }
+    // Steps 2 and 3 per row: the tree over the 16 lanes, across the panel's columns, then the
+    // K % 16 tail (straight into y when there is none and the panel is whole).
+    for (int64_t r = 0; r < rows; ++r) {
+      float tree[NR];
+      float* out = nc == NR && k16 == k ? y + r * ldy + c0 : tree;
+      for (int v = 0; v < NRV; ++v) {
+        const int64_t off = v * CV::kWidth;
+        CV l[16];
+        for (int j = 0; j < 16; ++j) l[j] = CV::Load(acc.data() + j * as + r * NR + off);
+        for (int s = 8; s >= 1; s >>= 1) {
+          for (int i = 0; i < s; ++i) l[i] = CV::Add(l[i], l[i + s]);
+        }
+        CV::Store(out + off, l[0]);
+      }
+      if (out != tree) continue;
+      for (int64_t c = 0; c < nc; ++c) {
+        y[r * ldy + c0 + c] = Finish<WD>(tree[c], x + r * k, w + (c0 + c) * k, k16, k);
+      }
+    }
+  }
+}
+
+// The lane path of weight type w_dtype with MR x (NRV vectors) micro-kernels.
+template <class CV, int MR, int NRV>
+LaneKernel LaneKernelFor(DType w_dtype) {
+  LaneKernel kernel{MR, CV::template PackRows<MR>, nullptr};
+  switch (w_dtype) {
+    case DType::kF32:
+      kernel.tile = LaneTile<CV, DType::kF32, MR, NRV>;
+      break;
+    case DType::kBF16:
+      kernel.tile = LaneTile<CV, DType::kBF16, MR, NRV>;
+      break;
+    case DType::kF16:
+      kernel.tile = LaneTile<CV, DType::kF16, MR, NRV>;
+      break;
+  }
+  return kernel;
+}
+
+}  // namespace MOEBATCH_INVARIANT_ISA
+}  // namespace invariant_linear_internal
+}  // namespace moebatch
