@@ -97,10 +97,20 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   for (int64_t c0 = 0; c0 < cols; c0 += NR) {
     const int64_t nc = std::min<int64_t>(NR, cols - c0);
     CV::template PackWeights<WD, NR>(w + c0 * k, nc, k, wp.data());
+    // The next panel's weight rows (contiguous) are prefetched into L2 while this one computes, a
+    // share per lane and slice, so that its packing does not wait on memory.
+    const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * k);
+    const int64_t next_bytes = std::min<int64_t>(NR, std::max<int64_t>(0, cols - c0 - NR)) * k *
+                               static_cast<int64_t>(sizeof(WElem<WD>));
+    const int64_t share = (next_bytes / ((steps + kLaneSteps - 1) / kLaneSteps * 16) + 63) / 64;
+    int64_t fetched = 0;
     // Step 1, lane by lane, K sliced so that the lane's weight slice stays in L1.
     for (int64_t s0 = 0; s0 < steps; s0 += kLaneSteps) {
       const int64_t len = std::min(kLaneSteps, steps - s0);
       for (int j = 0; j < 16; ++j) {
+        for (int64_t i = 0; i < share && fetched < next_bytes; ++i, fetched += 64) {
+          __builtin_prefetch(next + fetched, 0, 2);
+        }
         const float* wj = wp.data() + j * ws + s0 * NR;
         for (int64_t rb = 0; rb < blocks; ++rb) {
           LaneMicroKernel<CV, MR, NRV>(xp + (rb * 16 + j) * xs + s0 * MR, wj, len,
