@@ -1,6 +1,7 @@
 // InvariantLinear's tiles with AVX2+FMA+F16C (compiled with those flags only; run where CPUID has
-// them). The 16 lanes are two ymm registers; 2x2 blocks keep 8 accumulators + 4 weight vectors +
-// 2 activation vectors in the 16 registers.
+// them). Few rows (invariant_linear_kernel.h): the 16 lanes are two ymm registers; 2x2 blocks keep
+// 8 accumulators + 4 weight vectors + 2 activation vectors in the 16 registers. Many rows
+// (invariant_linear_lanes.h): a ymm holds one lane of 8 output columns, 6 x 16 blocks.
 #define MOEBATCH_INVARIANT_ISA avx2
 #include <immintrin.h>
 
