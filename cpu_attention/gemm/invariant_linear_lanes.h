@@ -40,7 +40,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "cpu_attention/gemm/invariant_linear_kernel.h"
@@ -55,9 +54,11 @@ constexpr int64_t kLaneSteps = 128;
 
 // acc[r][0:NR] (row stride NR) += the FMAs of steps [0, steps) of one lane, MR rows x NRV vectors:
 // xp [steps][MR], wp [steps][NR]. first: the accumulators start at zero instead of acc's values.
+// Always inlined: GCC 12 keeps the accumulator array in registers only then (called out of line,
+// it stores them to the stack at every step, a third of the speed).
 template <class CV, int MR, int NRV>
-inline void LaneMicroKernel(const float* xp, const float* wp, int64_t steps, float* acc,
-                            bool first) {
+__attribute__((always_inline)) inline void LaneMicroKernel(const float* xp, const float* wp,
+                                                           int64_t steps, float* acc, bool first) {
   constexpr int W = CV::kWidth, NR = NRV * W;
   CV a[MR][NRV];
   for (int r = 0; r < MR; ++r) {
@@ -76,8 +77,8 @@ inline void LaneMicroKernel(const float* xp, const float* wp, int64_t steps, flo
   }
 }
 
-// y[m0:m1, n0:n1] (a LaneTileFn): x rows m0.. (stride k), xp the packed rows of the whole call (m0
-// a multiple of MR), w rows n0.. (stride k), y row stride ldy.
+// y[m0:m1, n0:n1] (LaneKernel::tile): x rows m0.. (stride k), xp the packed rows of the whole call
+// (m0 a multiple of MR), w rows n0.. (stride k), y row stride ldy.
 template <class CV, DType WD, int MR, int NRV>
 void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k,
               const void* w_void, int64_t n0, int64_t n1, float* y, int64_t ldy) {
@@ -102,7 +103,8 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
     const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * k);
     const int64_t next_bytes = std::min<int64_t>(NR, std::max<int64_t>(0, cols - c0 - NR)) * k *
                                static_cast<int64_t>(sizeof(WElem<WD>));
-    const int64_t share = (next_bytes / ((steps + kLaneSteps - 1) / kLaneSteps * 16) + 63) / 64;
+    const int64_t visits = (steps + kLaneSteps - 1) / kLaneSteps * 16;  // 0 when K < 16
+    const int64_t share = visits == 0 ? 0 : (next_bytes / visits + 63) / 64;
     int64_t fetched = 0;
     // Step 1, lane by lane, K sliced so that the lane's weight slice stays in L1.
     for (int64_t s0 = 0; s0 < steps; s0 += kLaneSteps) {

@@ -88,7 +88,8 @@ TEST_CASE("Matmul::Create refuses a compute dtype it does not have") {
 // tiles of 16+ rows with K > 512 (K sliced, partial sums parked between slices); on AVX2 the calls
 // of 10+ rows go lane by lane (invariant_linear_lanes.h): rows not a multiple of its 6-row blocks,
 // columns not a multiple of its 16-column panels, whole panels with no tail (stored straight),
-// K over 2,048 (lane sums parked between K slices), more than one tile of rows (over 256).
+// K over 2,048 (lane sums parked between K slices), more than one tile of rows (over 256), K
+// under 16 (no lane steps at all).
 TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA level") {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -98,7 +99,8 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
   const Shape shapes[] = {{1, 1, 1},      {3, 15, 5},     {5, 17, 7},     {4, 64, 4},
                           {9, 100, 13},   {70, 64, 300},  {2, 4096, 9},   {130, 33, 67},
                           {40, 1040, 37}, {17, 1300, 21},  // these two: K in slices
-                          {10, 16, 16},   {23, 4100, 40}, {48, 2048, 64}, {300, 48, 20}};
+                          {10, 16, 16},   {23, 4100, 40}, {48, 2048, 64}, {300, 48, 20},
+                          {12, 7, 40},    {11, 0, 17}};  // these two: K < 16, only the tail
   for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       std::vector<float> x(s.m * s.k), w32(s.n * s.k);
