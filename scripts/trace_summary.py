@@ -100,7 +100,7 @@ def main() -> int:
         shares = [g["parts"].get(p, 0) / us for p in parts]
         rest = 1 - sum(shares) - sum(v for k, v in g["parts"].items() if k not in parts) / us
         bound = ", ".join(f"{k} {v}" for k, v in sorted(g["bounds"].items())) or "-"
-        of_bound = f"{g['bound_us'] / us:.2f}" if g["bound_us"] else "-"
+        of_bound = f"{g['bound_us'] / us:.3g}" if g["bound_us"] else "-"
         print(f"| {name} | {g['passes']} | {g['tokens']} | {us / 1e6:.2f} | {us / total:.1%} | "
               f"{g['tokens'] / (us / 1e6):.1f} | " + " | ".join(f"{s:.1%}" for s in shares)
               + f" | {rest:.1%} | {bound} | {of_bound} |")
