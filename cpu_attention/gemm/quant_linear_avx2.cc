@@ -67,19 +67,25 @@ struct Policy {
     *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
   }
 
-  template <bool kFull>
+  // Block by block over the rows: block i's weights and scales stay in registers for all MR rows
+  // (row after row, each row reloaded the group's 24 vectors from L1: the loads, not the
+  // multipliers, bounded a prefill-sized call).
+  template <bool kFull, int MR>
   __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
-                                                        const XRow& x) {
-    if (kFull) {
-      for (int i = 0; i < kGroupBlocks; i += 2) {
-        Block(&acc->lo, dg, i, x);
-        Block(&acc->hi, dg, i + 1, x);
-      }
-    } else {
-      for (int i = 0; i < nblk; ++i) Block(i % 2 ? &acc->hi : &acc->lo, dg, i, x);
+                                                        const XRow* x) {
+    const int blocks = kFull ? kGroupBlocks : nblk;
+#pragma GCC unroll 8
+    for (int i = 0; i < blocks; ++i) {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) Block(i % 2 ? &acc[r].hi : &acc[r].lo, dg, i, x[r]);
     }
     // The missing blocks of a short group have c = 0 and s = 0: adding 0 · 0 changes nothing.
-    if constexpr (kHasC) acc->e = _mm256_fmadd_ps(dg.c, _mm256_loadu_ps(x.s), acc->e);
+    if constexpr (kHasC) {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        acc[r].e = _mm256_fmadd_ps(dg.c, _mm256_loadu_ps(x[r].s), acc[r].e);
+      }
+    }
   }
 
   static float Finish(const Acc& acc) {
@@ -147,9 +153,15 @@ struct PolicyK {
     return _mm256_madd_epi16(p16, dg.sc[j]);
   }
 
+  template <bool kFull, int MR>
+  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
+                                                        const XRow* x) {
+    RowAfterRow<PolicyK, kFull, MR>(acc, dg, nblk, x);
+  }
+
   template <bool kFull>
-  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/,
-                                                        const XRow& x) {
+  __attribute__((always_inline)) static void AccumulateRow(Acc* acc, const DG& dg, int /*nblk*/,
+                                                           const XRow& x) {
     __m256i s0 = Block(dg, 0, x), s1 = Block(dg, 1, x);
     for (int j = 2; j < kGroupBlocks; j += 2) {
       s0 = _mm256_add_epi32(s0, Block(dg, j, x));

@@ -179,9 +179,15 @@ struct Policy {
     *a = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(sum), *a);
   }
 
-  template <bool kFull>
+  template <bool kFull, int MR>
   __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
-                                                        const XRow& x) {
+                                                        const XRow* x) {
+    RowAfterRow<Policy, kFull, MR>(acc, dg, nblk, x);
+  }
+
+  template <bool kFull>
+  __attribute__((always_inline)) static void AccumulateRow(Acc* acc, const DG& dg, int nblk,
+                                                           const XRow& x) {
     const int pairs = kFull ? kPairs : (nblk + 1) / 2;
     for (int p = 0; p < pairs; ++p) Pair(&acc->a, dg, p, x);
     // The missing blocks of a short group have c = 0 and s = 0: adding 0 · 0 changes nothing.
@@ -295,9 +301,15 @@ struct PolicyK {
     return _mm512_dpwssd_epi32(sum, p16, dg.sc[p]);
   }
 
+  template <bool kFull, int MR>
+  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
+                                                        const XRow* x) {
+    RowAfterRow<PolicyK, kFull, MR>(acc, dg, nblk, x);
+  }
+
   template <bool kFull>
-  __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/,
-                                                        const XRow& x) {
+  __attribute__((always_inline)) static void AccumulateRow(Acc* acc, const DG& dg, int /*nblk*/,
+                                                           const XRow& x) {
     __m512i s0 = Pair(_mm512_setzero_si512(), dg, 0, x);
     __m512i s1 = Pair(_mm512_setzero_si512(), dg, 1, x);
     s0 = Pair(s0, dg, 2, x);

@@ -14,8 +14,10 @@
 //           of a weight row (nblk < 8 only in the last group of a row of 32-blocks); the blocks
 //           of a group past nblk must get finite scales and c = 0 (their activations are zero);
 //   static Acc Zero();
-//   template <bool kFull> static void Accumulate(Acc*, const DG&, int nblk, const XRow&): steps
-//           1-3 for the group's blocks into *Acc; kFull: nblk is 8;
+//   template <bool kFull, int MR> static void Accumulate(Acc* acc, const DG&, int nblk,
+//           const XRow* x): steps 1-3 for the group's blocks, row x[r] into acc[r], r < MR (the
+//           policy picks the order: block by block over the rows reuses the weights in registers);
+//           kFull: nblk is 8;
 //   static float Finish(const Acc&)  (step 4).
 #pragma once
 
@@ -146,6 +148,16 @@ int BlocksInGroup(const QuantizedRows& xq, int64_t g) {
   return static_cast<int>(std::min<int64_t>(kGroupBlocks, xq.blocks - g * kGroupBlocks));
 }
 
+// A policy's Accumulate<kFull, MR> as its AccumulateRow<kFull>(Acc*, const DG&, int nblk, const
+// XRow&) row after row (for policies whose registers cannot hold a block's weights for all rows).
+template <class K, bool kFull, int MR>
+__attribute__((always_inline)) inline void RowAfterRow(typename K::Acc* acc,
+                                                       const typename K::DG& dg, int nblk,
+                                                       const XRow* x) {
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) K::template AccumulateRow<kFull>(&acc[r], dg, nblk, x[r]);
+}
+
 // Steps 1-3 for MR rows of x (from row r0) and one weight row over groups [g0, g1): the weight row
 // packed at wrow (kPacked: unpacked here, group by group) or unpacked at drow (indexed by group).
 // The partial sums start at zero (first, or no park) or from park[0..MR) and end in park (!last)
@@ -173,16 +185,13 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
     } else {
       dg = drow + g;
     }
+    XRow x[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) x[r] = RowAt<K>(xq, r0 + r, g);
     if (nblk == kGroupBlocks) {
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        K::template Accumulate<true>(&acc[r], *dg, nblk, RowAt<K>(xq, r0 + r, g));
-      }
+      K::template Accumulate<true, MR>(acc, *dg, nblk, x);
     } else {
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        K::template Accumulate<false>(&acc[r], *dg, nblk, RowAt<K>(xq, r0 + r, g));
-      }
+      K::template Accumulate<false, MR>(acc, *dg, nblk, x);
     }
   }
   if (!last && park != nullptr) {

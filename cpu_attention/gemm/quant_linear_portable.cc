@@ -264,8 +264,13 @@ struct Policy {
 
   static Acc Zero() { return Acc{}; }
 
+  template <bool kFull, int MR>
+  static void Accumulate(Acc* acc, const DG& dg, int nblk, const XRow* x) {
+    RowAfterRow<Policy, kFull, MR>(acc, dg, nblk, x);
+  }
+
   template <bool kFull>
-  static void Accumulate(Acc* acc, const DG& dg, int nblk, const XRow& x) {
+  static void AccumulateRow(Acc* acc, const DG& dg, int nblk, const XRow& x) {
     for (int i = 0; i < nblk; ++i) {
       const int8_t* q = x.q + i * kBlock;
       const float d = x.d8[i * 8];
@@ -306,8 +311,13 @@ struct PolicyK {
 
   static Acc Zero() { return Acc{}; }
 
+  template <bool kFull, int MR>
+  static void Accumulate(Acc* acc, const DG& dg, int nblk, const XRow* x) {
+    RowAfterRow<PolicyK, kFull, MR>(acc, dg, nblk, x);
+  }
+
   template <bool kFull>
-  static void Accumulate(Acc* acc, const DG& dg, int /*nblk*/, const XRow& x) {
+  static void AccumulateRow(Acc* acc, const DG& dg, int /*nblk*/, const XRow& x) {
     int32_t lane[8] = {};  // step 1: exact integers
     for (int b = 0; b < kGroupBlocks; ++b) {
       const int8_t* q = x.q + KSlot(false, b) * kBlock;
