@@ -67,9 +67,8 @@ struct Policy {
     *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
   }
 
-  // Block by block over the rows: block i's weights and scales stay in registers for all MR rows
-  // (row after row, each row reloaded the group's 24 vectors from L1: the loads, not the
-  // multipliers, bounded a prefill-sized call).
+  // Block by block over the rows: block i's weights, |w| and scales are loaded once for all MR
+  // rows (2.75 loads per block and row at MR 4, against 5 taking the rows one after another).
   template <bool kFull, int MR>
   __attribute__((always_inline)) static void Accumulate(Acc* acc, const DG& dg, int nblk,
                                                         const XRow* x) {
