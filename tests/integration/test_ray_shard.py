@@ -306,9 +306,11 @@ def test_a_daemon_restarted_within_the_grace_period_resumes_its_jobs(ray_cluster
 
 def test_a_lost_daemon_that_comes_back_is_used_again(ray_cluster, daemons, batch_file,
                                                      tmp_path):
-    """The two other daemons are paused (SIGSTOP) from the moment the victim is lost until the
+    """The two other daemons are paused (SIGSTOP) from the moment the victim is killed until the
     driver uses it again, so shards are still waiting when it comes back however fast the host
-    is. A pause shorter than the gRPC deadline (30 s) fails no call: they do not look down."""
+    is (paused only once the victim was lost, they could finish every shard in the seconds the
+    driver takes to declare it lost). A pause shorter than the gRPC deadline (30 s) fails no
+    call: they do not look down."""
     output, work = tmp_path / "out.jsonl", tmp_path / "work"
     victim, others = daemons[0], daemons[1:]
     thread, box = run_in_thread(
@@ -316,18 +318,18 @@ def test_a_lost_daemon_that_comes_back_is_used_again(ray_cluster, daemons, batch
         shard_requests=SHARD_REQUESTS, in_flight=2, lost_after=3, poll_interval=0.2,
         ray_address=ray_cluster, progress=sys.stderr, interval=5)
     wait_for_results(work, 3, stop=lambda: not thread.is_alive())
-    victim.kill9()
 
     def lost():
         return json.loads((work / "state.json").read_text())["lost"]
 
-    deadline = time.time() + 60
-    while victim.addr not in lost():
-        assert time.time() < deadline and thread.is_alive(), "the daemon was not declared lost"
-        time.sleep(0.05)
     for d in others:
         os.kill(d.proc.pid, signal.SIGSTOP)
     try:
+        victim.kill9()
+        deadline = time.time() + 20
+        while victim.addr not in lost():
+            assert time.time() < deadline and thread.is_alive(), "the daemon was not declared lost"
+            time.sleep(0.05)
         back_at = time.time()
         victim.start()
         deadline = time.time() + 20
