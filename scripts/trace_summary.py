@@ -69,12 +69,12 @@ def main() -> int:
     i = 0
     for p in passes:
         start, end = p["ts"], p["ts"] + p["dur"]
-        tokens = int(p.get("args", {}).get("tokens", 0))
+        a = p.get("args", {})
+        tokens = int(a.get("tokens", 0))
         g = groups[group_of(tokens)]
         g["passes"] += 1
         g["tokens"] += tokens
         g["us"] += p["dur"]
-        a = p.get("args", {})
         if "bound_ms" in a:
             g["bound_us"] += a["bound_ms"] * 1e3
             g["bounds"][a.get("bound", "?")] += 1

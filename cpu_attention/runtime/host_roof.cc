@@ -30,9 +30,9 @@ __attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iterations) {
   return sum;
 }
 
-// 12 chains, not 16: with a and b, 16 accumulators do not fit AVX2's 16 registers, and the spills
-// halve the rate (Zen 3: 3.1 instead of 6.2 G FMAs/s per core). 12 cover the FMA latency (4-5
-// cycles) at two FMAs a cycle.
+// 12 independent chains: they cover the FMA latency (4-5 cycles) at two FMAs a cycle and, with a
+// and b, fit AVX2's 16 registers (16 chains would spill and measure half the rate: on Zen 3 3.1
+// instead of 6.2 G FMAs/s per core).
 constexpr int kAvx2Chains = 12;
 
 __attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
