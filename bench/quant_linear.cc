@@ -50,7 +50,7 @@ ABSL_FLAG(std::string, shapes, "5632x2048,2048x5632", "comma-separated NxK weigh
 ABSL_FLAG(std::string, m, "1,4,64,256", "comma-separated token counts M");
 ABSL_FLAG(int64_t, reps, 10, "timed calls per point (after one warm-up call)");
 ABSL_FLAG(int64_t, triad_mib, 512, "size of each of the three triad arrays, MiB");
-ABSL_FLAG(int64_t, footprint_mib, 0,
+ABSL_FLAG(double, footprint_mib, 0,
           "bytes of weight copies the calls cycle through, MiB (0: four times the LLC, >= 1024)");
 
 namespace moebatch {
@@ -194,8 +194,8 @@ int Main() {
     std::vector<std::string> parts = absl::StrSplit(s, 'x');
     int64_t n = 0, k = 0;
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &n) || !absl::SimpleAtoi(parts[1], &k) ||
-        n <= 0 || k <= 0 || k % 256 != 0) {
-      std::fprintf(stderr, "bad shape '%s' (want NxK, K a multiple of 256)\n",
+        n <= 0 || k <= 0 || k % 32 != 0) {
+      std::fprintf(stderr, "bad shape '%s' (want NxK, K a multiple of 32)\n",
                    std::string(s).c_str());
       return 2;
     }
@@ -213,7 +213,7 @@ int Main() {
   }
   const int64_t reps = std::max<int64_t>(1, absl::GetFlag(FLAGS_reps));
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  int64_t footprint = absl::GetFlag(FLAGS_footprint_mib) << 20;
+  int64_t footprint = static_cast<int64_t>(absl::GetFlag(FLAGS_footprint_mib) * 1048576.0);
   if (footprint <= 0) footprint = std::max<int64_t>(int64_t{1} << 30, 4 * int64_t{llc});
   __builtin_cpu_init();
   std::printf(
@@ -268,6 +268,11 @@ int Main() {
     }
     for (GgmlType type : types) {
       const GgmlTypeTraits tr = *GgmlTypeInfo(static_cast<uint32_t>(type));
+      if (k % tr.block_size != 0) {
+        std::printf("  %-22s skipped: K %lld is not a multiple of its block size %lld\n", tr.name,
+                    static_cast<long long>(k), static_cast<long long>(tr.block_size));
+        continue;
+      }
       const int64_t bytes = n * (k / tr.block_size) * tr.type_size;
       const int64_t copies = std::max<int64_t>(1, footprint / bytes);
       HugeBytes w(static_cast<size_t>(bytes * copies));

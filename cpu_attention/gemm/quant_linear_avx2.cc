@@ -39,7 +39,7 @@ struct Policy {
   __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int nblk,
                                                     DG* dg) {
     Unpacked u;
-    U::Group(row, g, nblk, &u);
+    UnpackGroup<U>(row, g, nblk, &u);
     for (int i = 0; i < kGroupBlocks; ++i) {
       dg->w[i] = u.w[i];
       if constexpr (kSign) dg->abs_w[i] = _mm256_abs_epi8(u.w[i]);

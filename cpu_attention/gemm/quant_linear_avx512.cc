@@ -151,7 +151,7 @@ struct Policy {
       FullGroup<T>::Group(row + g * U::kGroupBytes, dg->w, &scales, &dg->c);
     } else {  // the last group of a row of 32-blocks (K-quant rows have whole groups only)
       Unpacked u;
-      U::Group(row, g, nblk, &u);
+      UnpackGroup<U>(row, g, nblk, &u);
       scales = _mm512_castps256_ps512(u.scale);
       for (int p = 0; p < kPairs; ++p) {
         dg->w[p] = _mm512_inserti64x4(_mm512_castsi256_si512(u.w[2 * p]), u.w[2 * p + 1], 1);
