@@ -120,12 +120,20 @@ struct PolicyK {
     if constexpr (T == GgmlType::kQ6_K) {
       WeightsQ6K(b, dg->w);
       dg->mins = _mm_setzero_si128();
-      // Block j: scales 2j (int16 0-7 of the product vector) and 2j + 1 (8-15).
-      alignas(32) int16_t s[16];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(s), ScalesQ6K(b));
+      // Block j: scales 2j (int16 0-7 of the product vector) and 2j + 1 (8-15), each picked by one
+      // vpshufb from the scales' low or high half in both lanes (extracting words to general
+      // registers and broadcasting them took ~3 instructions per block).
+      const __m256i s = ScalesQ6K(b);
+      const __m256i halves[2] = {_mm256_permute2x128_si256(s, s, 0x00),
+                                 _mm256_permute2x128_si256(s, s, 0x11)};
       for (int j = 0; j < kGroupBlocks; ++j) {
-        dg->sc[j] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[2 * j])),
-                                            _mm_set1_epi16(s[2 * j + 1]), 1);
+        const int lo = (2 * j) % 8, hi = (2 * j + 1) % 8;  // word indices within the half
+        const __m256i pick = _mm256_setr_epi8(
+            2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo,
+            2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * hi,
+            2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi,
+            2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1);
+        dg->sc[j] = _mm256_shuffle_epi8(halves[j / 4], pick);
       }
     } else {
       if constexpr (T == GgmlType::kQ4_K) {
@@ -133,9 +141,12 @@ struct PolicyK {
       } else {
         WeightsQ5K(b, dg->w);
       }
-      alignas(16) int16_t s[8];
-      _mm_store_si128(reinterpret_cast<__m128i*>(s), ScalesK4(b, &dg->mins));
-      for (int j = 0; j < kGroupBlocks; ++j) dg->sc[j] = _mm256_set1_epi16(s[j]);
+      // Block j's scale in every word: one vpshufb of the 8 scales in both lanes.
+      const __m256i s = _mm256_broadcastsi128_si256(ScalesK4(b, &dg->mins));
+      for (int j = 0; j < kGroupBlocks; ++j) {
+        dg->sc[j] = _mm256_shuffle_epi8(
+            s, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (2 * j + 1) + 2 * j)));
+      }
     }
     dg->dmin = Q::DMin(b);
   }
