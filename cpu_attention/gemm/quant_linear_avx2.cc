@@ -87,6 +87,48 @@ struct Policy {
     }
   }
 
+  // One row of x (decode at batch 1): a loop over the group's blocks two at a time, each block
+  // unpacked where it is used and its scale broadcast from a stack copy of the group's 8 scales.
+  // Decode's whole DG (17-25 vectors) does not fit the 16 registers: GCC spilled most of the
+  // unpacked blocks and rebuilt a vpermps index per block.
+  static constexpr int kStreamedRows = 1;
+
+  __attribute__((always_inline)) static void Stream(Acc* acc, const uint8_t* row, int64_t g,
+                                                    int nblk, const XRow* x) {
+    const uint8_t* b = row + g * kGroupBytes;
+    alignas(32) float scale[kGroupBlocks];
+    _mm256_store_ps(scale, U::Scales(b, nblk));
+    const XRow& xr = x[0];
+    auto block = [&](int i, __m256* a) {
+      const __m256i w = U::Weights(b + i * U::kBytes);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.q + i * kBlock));
+      __m256i p16;
+      if constexpr (kSign) {
+        p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+      } else {
+        p16 = _mm256_maddubs_epi16(w, q);
+      }
+      __m256i p = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+      if constexpr (kBias != 0) {
+        p = _mm256_add_epi32(p,
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr.corr + i * 8)));
+      }
+      const __m256 s =
+          _mm256_mul_ps(_mm256_broadcast_ss(&scale[i]), _mm256_loadu_ps(xr.d8 + i * 8));
+      *a = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), *a);
+    };
+    int i = 0;
+#pragma GCC unroll 1
+    for (; i + 1 < nblk; i += 2) {
+      block(i, &acc[0].lo);
+      block(i + 1, &acc[0].hi);
+    }
+    if (i < nblk) block(i, &acc[0].lo);
+    if constexpr (kHasC) {
+      acc[0].e = _mm256_fmadd_ps(U::C(b, nblk), _mm256_loadu_ps(xr.s), acc[0].e);
+    }
+  }
+
   static float Finish(const Acc& acc) {
     const float a = TreeSum8(_mm256_add_ps(acc.lo, acc.hi));
     if constexpr (kHasC) return a + TreeSum8(acc.e);
@@ -114,53 +156,67 @@ struct PolicyK {
   };
   using Acc = KAcc;
 
-  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
-                                                    DG* dg) {
-    const uint8_t* b = row + g * kGroupBytes;
-    if constexpr (T == GgmlType::kQ6_K) {
-      WeightsQ6K(b, dg->w);
-      dg->mins = _mm_setzero_si128();
-      // Block j: scales 2j (int16 0-7 of the product vector) and 2j + 1 (8-15), each picked by one
-      // vpshufb from the scales' low or high half in both lanes (extracting words to general
-      // registers and broadcasting them took ~3 instructions per block).
-      const __m256i s = ScalesQ6K(b);
-      const __m256i halves[2] = {_mm256_permute2x128_si256(s, s, 0x00),
-                                 _mm256_permute2x128_si256(s, s, 0x11)};
-      for (int j = 0; j < kGroupBlocks; ++j) {
+  // A super-block's int16 scales, each block's picked by one vpshufb (extracting words to general
+  // registers and broadcasting them took ~3 instructions per block). Q4_K / Q5_K: the 8 scales in
+  // both lanes; Q6_K: block j takes scales 2j (int16 0-7 of the product vector) and 2j + 1 (8-15),
+  // from the 16 scales' low or high half in both lanes.
+  struct Scales {
+    __m256i half[T == GgmlType::kQ6_K ? 2 : 1];
+    __m128i mins;  // Q4_K / Q5_K: int16 m_b; Q6_K: zero
+
+    __attribute__((always_inline)) explicit Scales(const uint8_t* b) {
+      if constexpr (T == GgmlType::kQ6_K) {
+        const __m256i s = ScalesQ6K(b);
+        half[0] = _mm256_permute2x128_si256(s, s, 0x00);
+        half[1] = _mm256_permute2x128_si256(s, s, 0x11);
+        mins = _mm_setzero_si128();
+      } else {
+        half[0] = _mm256_broadcastsi128_si256(ScalesK4(b, &mins));
+      }
+    }
+
+    __attribute__((always_inline)) __m256i Of(int j) const {
+      if constexpr (T == GgmlType::kQ6_K) {
         const int lo = (2 * j) % 8, hi = (2 * j + 1) % 8;  // word indices within the half
         const __m256i pick = _mm256_setr_epi8(
             2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo,
             2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * hi,
             2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi,
             2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1);
-        dg->sc[j] = _mm256_shuffle_epi8(halves[j / 4], pick);
-      }
-    } else {
-      if constexpr (T == GgmlType::kQ4_K) {
-        WeightsQ4K(b, dg->w);
+        return _mm256_shuffle_epi8(half[j / 4], pick);
       } else {
-        WeightsQ5K(b, dg->w);
-      }
-      // Block j's scale in every word: one vpshufb of the 8 scales in both lanes.
-      const __m256i s = _mm256_broadcastsi128_si256(ScalesK4(b, &dg->mins));
-      for (int j = 0; j < kGroupBlocks; ++j) {
-        dg->sc[j] = _mm256_shuffle_epi8(
-            s, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (2 * j + 1) + 2 * j)));
+        return _mm256_shuffle_epi8(
+            half[0], _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (2 * j + 1) + 2 * j)));
       }
     }
+  };
+
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
+                                                    DG* dg) {
+    const uint8_t* b = row + g * kGroupBytes;
+    Weights<T>(b, dg->w);
+    const Scales sc(b);
+    for (int j = 0; j < kGroupBlocks; ++j) dg->sc[j] = sc.Of(j);
+    dg->mins = sc.mins;
     dg->dmin = Q::DMin(b);
   }
 
   static Acc Zero() { return Acc{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 
-  __attribute__((always_inline)) static __m256i Block(const DG& dg, int j, const XRow& x) {
+  // Block j's integer lanes: its weights w and int16 scales sc against row x.
+  __attribute__((always_inline)) static __m256i BlockOf(__m256i w, __m256i sc, int j,
+                                                        const XRow& x) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + j * kBlock));
-    __m256i p16 = _mm256_maddubs_epi16(dg.w[j], q);
+    __m256i p16 = _mm256_maddubs_epi16(w, q);
     if constexpr (kBias != 0) {
       p16 = _mm256_add_epi16(
           p16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr16 + j * kBlock / 2)));
     }
-    return _mm256_madd_epi16(p16, dg.sc[j]);
+    return _mm256_madd_epi16(p16, sc);
+  }
+
+  __attribute__((always_inline)) static __m256i Block(const DG& dg, int j, const XRow& x) {
+    return BlockOf(dg.w[j], dg.sc[j], j, x);
   }
 
   template <bool kFull, int MR>
@@ -178,6 +234,29 @@ struct PolicyK {
       s1 = _mm256_add_epi32(s1, Block(dg, j + 1, x));
     }
     KStep<kHasC>(acc, _mm256_add_epi32(s0, s1), dg.dmin, dg.mins, x);
+  }
+
+  // One row of x (decode at batch 1): the super-block unpacked 4 blocks at a time and used at
+  // once (Decode's DG is 16 vectors and more: GCC spilled it). The integer sums are exact, so
+  // their order does not change the lanes.
+  static constexpr int kStreamedRows = 1;
+
+  __attribute__((always_inline)) static void Stream(Acc* acc, const uint8_t* row, int64_t g,
+                                                    int /*nblk*/, const XRow* x) {
+    const uint8_t* b = row + g * kGroupBytes;
+    const XRow& xr = x[0];
+    const Scales sc(b);
+    __m256i w[kGroupBlocks];
+    Quad<T, 0>(b, w);
+    __m256i s0 = BlockOf(w[0], sc.Of(0), 0, xr), s1 = BlockOf(w[1], sc.Of(1), 1, xr);
+    s0 = _mm256_add_epi32(s0, BlockOf(w[2], sc.Of(2), 2, xr));
+    s1 = _mm256_add_epi32(s1, BlockOf(w[3], sc.Of(3), 3, xr));
+    Quad<T, 1>(b, w);
+    s0 = _mm256_add_epi32(s0, BlockOf(w[4], sc.Of(4), 4, xr));
+    s1 = _mm256_add_epi32(s1, BlockOf(w[5], sc.Of(5), 5, xr));
+    s0 = _mm256_add_epi32(s0, BlockOf(w[6], sc.Of(6), 6, xr));
+    s1 = _mm256_add_epi32(s1, BlockOf(w[7], sc.Of(7), 7, xr));
+    KStep<kHasC>(acc, _mm256_add_epi32(s0, s1), Q::DMin(b), sc.mins, xr);
   }
 
   static float Finish(const Acc& acc) { return KFinish<kHasC>(acc); }

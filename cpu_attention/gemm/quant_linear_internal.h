@@ -19,6 +19,12 @@
 //           policy picks the order: block by block over the rows reuses the weights in registers);
 //           kFull: nblk is 8;
 //   static float Finish(const Acc&)  (step 4).
+// and optionally, for the streamed path (m <= kStreamRows):
+//   kStreamedRows  the number of rows of x (1: decode at batch 1) for which Micro's streamed path
+//           calls Stream instead of Decode and Accumulate;
+//   static void Stream(Acc* acc, const uint8_t* row, int64_t g, int nblk, const XRow* x): Decode
+//           then Accumulate's arithmetic (the same operations per output, so the same bits) for
+//           rows x[0..kStreamedRows), each block unpacked where it is used (no DG in memory).
 #pragma once
 
 #if defined(MOEBATCH_QUANT_ISA)
@@ -29,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "engine/model/ggml_type.h"
@@ -158,6 +165,13 @@ __attribute__((always_inline)) inline void RowAfterRow(typename K::Acc* acc,
   for (int r = 0; r < MR; ++r) K::template AccumulateRow<kFull>(&acc[r], dg, nblk, x[r]);
 }
 
+// K::kStreamedRows, or 0 for a policy without Stream.
+template <class K, class = void>
+struct StreamedRows : std::integral_constant<int, 0> {};
+template <class K>
+struct StreamedRows<K, std::void_t<decltype(K::kStreamedRows)>>
+    : std::integral_constant<int, K::kStreamedRows> {};
+
 // Steps 1-3 for MR rows of x (from row r0) and one weight row over groups [g0, g1): the weight row
 // packed at wrow (kPacked: unpacked here, group by group) or unpacked at drow (indexed by group).
 // The partial sums start at zero (first, or no park) or from park[0..MR) and end in park (!last)
@@ -180,6 +194,13 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
       // fault).
       const uint8_t* ahead = wrow + g * K::kGroupBytes + kPrefetchBytes;
       for (int64_t line = 0; line < K::kGroupBytes; line += 64) __builtin_prefetch(ahead + line);
+      if constexpr (MR == StreamedRows<K>::value) {
+        XRow x[MR];
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) x[r] = RowAt<K>(xq, r0 + r, g);
+        K::Stream(acc, wrow, g, nblk, x);
+        continue;
+      }
       K::Decode(wrow, g, nblk, &local);
       dg = &local;
     } else {
@@ -494,14 +515,15 @@ __attribute__((always_inline)) inline void UnpackGroup(const uint8_t* row, int64
 }
 
 // The K-quant types' weights as unsigned integers u (Q4_K, Q5_K: u = q; Q6_K: u = q + 32, the
-// stored 6 bits), one block of 32 per ymm, blocks in natural order.
-inline void WeightsQ4K(const uint8_t* b, __m256i* w) {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
+// stored 6 bits), one block of 32 per ymm, blocks in natural order. Quad<T, h>(b, w) writes blocks
+// 4h..4h+3 of the super-block at b into w[4h..4h+3]; Weights<T> all 8.
+template <int j>
+inline void PairQ4K(const uint8_t* b, __m256i* w) {  // {f16 d, dmin; u8 scales[12]; u8 qs[128]}
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int j = 0; j < 4; ++j) {  // 32 bytes: the low nibbles are block 2j, the high 2j + 1
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
-    w[2 * j] = _mm256_and_si256(q, low4);
-    w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-  }
+  // 32 bytes: the low nibbles are block 2j, the high 2j + 1.
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
+  w[2 * j] = _mm256_and_si256(q, low4);
+  w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
 }
 
 template <int j>
@@ -513,30 +535,44 @@ inline void PairQ5K(const uint8_t* b, __m256i qh, __m256i* w) {
       _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4), BitTo4<2 * j + 1>(qh));
 }
 
-// {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
-inline void WeightsQ5K(const uint8_t* b, __m256i* w) {
-  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-  PairQ5K<0>(b, qh, w);
-  PairQ5K<1>(b, qh, w);
-  PairQ5K<2>(b, qh, w);
-  PairQ5K<3>(b, qh, w);
+// {u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d}: 128 elements from ql[64h, 64h + 64), qh[32h, 32h +
+// 32).
+template <int h>
+inline void QuadQ6K(const uint8_t* b, __m256i* w) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+  w[4 * h] =
+      _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
+  w[4 * h + 1] =
+      _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
+  w[4 * h + 2] =
+      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(qh, top2));
+  w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                 _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
 }
 
-inline void WeightsQ6K(const uint8_t* b, __m256i* w) {  // {u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d}
-  const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
-  for (int h = 0; h < 2; ++h) {  // 128 elements: ql[64h, 64h + 64), qh[32h, 32h + 32)
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-    w[4 * h] = _mm256_or_si256(_mm256_and_si256(a, low4),
-                               _mm256_and_si256(_mm256_slli_epi16(qh, 4), top2));
-    w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(c, low4),
-                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), top2));
-    w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
-                                   _mm256_and_si256(qh, top2));
-    w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), top2));
+template <GgmlType T, int h>
+inline void Quad(const uint8_t* b, __m256i* w) {
+  if constexpr (T == GgmlType::kQ4_K) {
+    PairQ4K<2 * h>(b, w);
+    PairQ4K<2 * h + 1>(b, w);
+  } else if constexpr (T ==
+                       GgmlType::kQ5_K) {  // {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    PairQ5K<2 * h>(b, qh, w);
+    PairQ5K<2 * h + 1>(b, qh, w);
+  } else {
+    static_assert(T == GgmlType::kQ6_K, "a K-quant type");
+    QuadQ6K<h>(b, w);
   }
+}
+
+template <GgmlType T>
+inline void Weights(const uint8_t* b, __m256i* w) {
+  Quad<T, 0>(b, w);
+  Quad<T, 1>(b, w);
 }
 
 // A Q4_K / Q5_K super-block's scales as 8 int16 (block b at b) and its mins (*mins, likewise).
