@@ -33,7 +33,11 @@
 #        env: MOEBATCH_DEPS_DIR (default .deps), MOEBATCH_BUILD_DIR (default build),
 #             PYTHON_FIXTURES (default .venv-fixtures/bin/python),
 #             WORKLOADS (default "1:128:64 64:128:128 64:512:16", each B:PP:TG),
-#             BATCHES (instead of WORKLOADS: "B ..." with PP = TG = 128)
+#             BATCHES (instead of WORKLOADS: "B ..." with PP = TG = 128),
+#             REPEATS (default 1): pairs of runs per workload, llama.cpp and moebatch alternated;
+#               the table then gives each side's median and the ratio of the medians, and the
+#               range of the pairs' own ratios (a VM whose speed drifts by a fifth between
+#               identical runs needs 3 or more)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="${MOEBATCH_DEPS_DIR:-$root/.deps}"
@@ -53,6 +57,8 @@ for w in "${workloads[@]}"; do
     { echo "bad workload '$w' (want B:PP:TG, e.g. 64:512:16)" >&2; exit 2; }
 done
 py="${PYTHON_FIXTURES:-$root/.venv-fixtures/bin/python}"
+repeats="${REPEATS:-1}"
+[[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "bad REPEATS '$repeats' (want a positive count)" >&2; exit 2; }
 
 bash "$root/scripts/fetch_llama_cpp.sh" > /dev/null
 llama="$deps/llama.cpp/bin/llama-batched-bench"
@@ -101,40 +107,58 @@ for f in "${formats[@]}"; do
   for w in "${workloads[@]}"; do
     IFS=: read -r npl pp tg <<< "$w"
     ctx=$(( npl * (pp + tg) ))
-    log="$results/batched-bench-$f-b$npl-p$pp-g$tg.log"
-    "$llama" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" \
-      -npl "$npl" --output-format jsonl > "$log" 2>&1 ||
-      { echo "llama-batched-bench failed on $f, $w (log: $log)" >&2; tail -5 "$log" >&2
-        exit 1; }
-    llama_line="$(grep '^{"n_kv_max"' "$log" | tail -1)"
-    mlog="$results/moebatch-$f-b$npl-p$pp-g$tg.log"
-    mjson="$results/moebatch-$f-b$npl-p$pp-g$tg.json"
-    OMP_NUM_THREADS=$threads "$moebatch" --model "$model" --batch "$npl" --prompt_tokens "$pp" \
-      --gen_tokens "$tg" --reps 1 --compute_dtype "$compute" --mem_gbs "$triad" \
-      --json_out "$mjson" > "$mlog" 2>&1 ||
-      { echo "bench_engine_throughput failed on $f, $w (log: $mlog)" >&2
-        tail -5 "$mlog" >&2; exit 1; }
-    python3 - "$llama_line" "$mjson" "$label" "$f" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-      "$jsonl" <<'PY'
-import json, sys
-llama = json.loads(sys.argv[1])
-with open(sys.argv[2]) as f:
-    mb = json.load(f)
-label, fmt, cpu, load, out = sys.argv[3:8]
-def pair(a, b):
-    return "%8.1f / %8.1f %4.2fx" % (a, b, b / a)
-workload = "%d x (%d + %d)" % (llama["pl"], llama["pp"], llama["tg"])
+    pairs=()
+    for rep in $(seq "$repeats"); do
+      log="$results/batched-bench-$f-b$npl-p$pp-g$tg-r$rep.log"
+      "$llama" -m "$model" -t "$threads" -c "$ctx" -b 2048 -ub 512 -npp "$pp" -ntg "$tg" \
+        -npl "$npl" --output-format jsonl > "$log" 2>&1 ||
+        { echo "llama-batched-bench failed on $f, $w (log: $log)" >&2; tail -5 "$log" >&2
+          exit 1; }
+      mlog="$results/moebatch-$f-b$npl-p$pp-g$tg-r$rep.log"
+      mjson="$results/moebatch-$f-b$npl-p$pp-g$tg-r$rep.json"
+      OMP_NUM_THREADS=$threads "$moebatch" --model "$model" --batch "$npl" --prompt_tokens "$pp" \
+        --gen_tokens "$tg" --reps 1 --compute_dtype "$compute" --mem_gbs "$triad" \
+        --json_out "$mjson" > "$mlog" 2>&1 ||
+        { echo "bench_engine_throughput failed on $f, $w (log: $mlog)" >&2
+          tail -5 "$mlog" >&2; exit 1; }
+      pairs+=("$log" "$mjson")
+    done
+    python3 - "$label" "$f" "$cpu" "$(cut -d' ' -f1-3 /proc/loadavg)" "$jsonl" "${pairs[@]}" \
+      <<'PY'
+import json, statistics, sys
+label, fmt, cpu, load, out = sys.argv[1:6]
+runs = []  # (llama.cpp's JSONL line, moebatch's JSON), one per pair of runs
+files = sys.argv[6:]
+for log, mjson in zip(files[0::2], files[1::2]):
+    with open(log) as f:
+        llama = json.loads([l for l in f if l.startswith('{"n_kv_max"')][-1])
+    with open(mjson) as f:
+        runs.append((llama, json.load(f)))
+def pair(lkey, mkey):
+    a = statistics.median(l[lkey] for l, _ in runs)
+    b = statistics.median(m[mkey] for _, m in runs)
+    cell = "%8.1f / %8.1f %4.2fx" % (a, b, b / a)
+    if len(runs) > 1:
+        ratios = [m[mkey] / l[lkey] for l, m in runs]
+        cell += " (%.2f-%.2f)" % (min(ratios), max(ratios))
+    return cell
+llama0 = runs[0][0]
+workload = "%d x (%d + %d)" % (llama0["pl"], llama0["pp"], llama0["tg"])
+med = lambda key: statistics.median(m[key] for _, m in runs)
 print("| %-20s | %-15s | %s | %s | %s | %6.1f / %6.1f | %9.2f |" % (
-    label, workload, pair(llama["speed_tg"], mb["decode_tokens_per_s"]),
-    pair(llama["speed"], mb["engine_total_tokens_per_s"]),
-    pair(llama["speed_pp"], mb["prefill_tokens_per_s"]), mb["decode_tokens_per_s"],
-    mb["decode_bound_tokens_per_s"], mb["peak_rss_bytes"] / 2**30))
+    label, workload, pair("speed_tg", "decode_tokens_per_s"),
+    pair("speed", "engine_total_tokens_per_s"), pair("speed_pp", "prefill_tokens_per_s"),
+    med("decode_tokens_per_s"), med("decode_bound_tokens_per_s"),
+    max(m["peak_rss_bytes"] for _, m in runs) / 2**30))
 with open(out, "a") as f:
-    f.write(json.dumps({"format": fmt, "cpu": cpu, "loadavg": load, "llama_cpp": llama,
-                        "moebatch": mb}) + "\n")
+    for llama, mb in runs:
+        f.write(json.dumps({"format": fmt, "cpu": cpu, "loadavg": load, "llama_cpp": llama,
+                            "moebatch": mb}) + "\n")
 PY
   done
 done
-echo "(llama / mb = llama.cpp / moebatch, then moebatch's ratio to llama.cpp; decode / bound ="
+echo "(llama / mb = llama.cpp / moebatch, then moebatch's ratio to llama.cpp; with REPEATS > 1"
+echo " each side's median over $repeats alternated pairs, then the range of the pairs' ratios;"
+echo " decode / bound ="
 echo " moebatch's decode tok/s / the bound of its decode passes at the highest triad seen by then;"
 echo " the highest triad of the run: $triad GB/s; raw: $jsonl)"

@@ -53,7 +53,7 @@
 // [m, n] f32 row-major. m or n may be 0 (nothing written); k 0 writes zeros.
 // Work split: m <= 8 (decode) streams each weight row once from memory and unpacks each group of 8
 // blocks once for all m rows (AVX2 keeps 4 rows in registers: m 5..8 unpacks a row twice, the
-// second time from L1); larger m unpacks a tile of weight rows once into a ~256 KiB buffer (L2)
+// second time from L1; at m = 1 AVX2 unpacks each block where it is used instead); larger m unpacks a tile of weight rows once into a ~256 KiB buffer (L2)
 // and runs 8 rows of x at a time (AVX2: 4) over it in K slices of 1024 that stay in L1 (as
 // InvariantLinear); AVX2's types of 32-blocks take those rows block by block, each block's unpacked
 // weights loaded once for all of them (the order of each output's operations is unchanged).
