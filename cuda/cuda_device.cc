@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cuda/cublas_loader.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_memory.h"
 #include "cuda/kernels.h"
@@ -207,6 +208,7 @@ class CudaDevice final : public Device {
   std::vector<Guard> guards_;
   cudaStream_t compute_ = nullptr, transfer_ = nullptr;
   cudaEvent_t computed_ = nullptr, transferred_ = nullptr;
+  const gpu::CublasApi* blas_ = nullptr;  // gpu::Cublas(): set before cublas_
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaCopyEngine> copy_engine_;
   std::unique_ptr<DataMover> mover_;
@@ -393,13 +395,16 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
       CudaError(cudaEventCreateWithFlags(&d->computed_, cudaEventDisableTiming), "event"));
   MB_RETURN_IF_ERROR(
       CudaError(cudaEventCreateWithFlags(&d->transferred_, cudaEventDisableTiming), "event"));
-  MB_RETURN_IF_ERROR(CublasError(cublasCreate(&d->cublas_), "cublasCreate"));
-  MB_RETURN_IF_ERROR(CublasError(cublasSetStream(d->cublas_, d->compute_), "cublasSetStream"));
-  MB_RETURN_IF_ERROR(CublasError(cublasSetWorkspace(d->cublas_, d->workspace_, workspace_bytes),
-                                 "cublasSetWorkspace"));
+  absl::StatusOr<const gpu::CublasApi*> blas = gpu::Cublas();
+  if (!blas.ok()) return blas.status();
+  d->blas_ = *blas;
+  MB_RETURN_IF_ERROR(CublasError(d->blas_->create(&d->cublas_), "cublasCreate"));
+  MB_RETURN_IF_ERROR(CublasError(d->blas_->set_stream(d->cublas_, d->compute_), "cublasSetStream"));
+  MB_RETURN_IF_ERROR(CublasError(
+      d->blas_->set_workspace(d->cublas_, d->workspace_, workspace_bytes), "cublasSetWorkspace"));
   // f32 means f32: no TF32 tensor-core rounding in the exactness mode.
   MB_RETURN_IF_ERROR(
-      CublasError(cublasSetMathMode(d->cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+      CublasError(d->blas_->set_math_mode(d->cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
 
   // Resident weights: lm_head and the final norm; the RoPE inverse frequencies as the CPU has them.
   const ModelWeights& w = store.weights();
@@ -482,7 +487,7 @@ CudaDevice::~CudaDevice() {
   copy_engine_.reset();
   if (compute_ != nullptr) cudaStreamSynchronize(compute_);
   if (transfer_ != nullptr) cudaStreamSynchronize(transfer_);
-  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (cublas_ != nullptr) blas_->destroy(cublas_);
   if (computed_ != nullptr) cudaEventDestroy(computed_);
   if (transferred_ != nullptr) cudaEventDestroy(transferred_);
   if (compute_ != nullptr) cudaStreamDestroy(compute_);
@@ -533,10 +538,10 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
   const float alpha = 1.0f, beta = 0.0f;
   const cudaDataType_t t = CudaType(dtype_);
   return CublasError(
-      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                   static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t,
-                   static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(n),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t,
+                     static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(n),
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
 }
 
