@@ -2,7 +2,7 @@
 // sees only a Device (engine/device.h), so no engine logic includes a CUDA header. Builds without
 // nvcc link cuda_backend_none.cc, where every function says so (Unavailable).
 //
-// What the backend is (cuda/cuda_device.cc; MoE-Lens §6.4-6.5):
+// What the backend is (cuda/cuda_device_internal.h; MoE-Lens §6.4-6.5):
 //  * one cudaMalloc of the GpuMemoryPlan (engine/offload/gpu_memory_plan.h) for the budget, carved
 //  into
 //    the two-slot weight buffer, the resident lm_head and final norm, the activations of

@@ -187,6 +187,9 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
   for (int r = 0; r < MR; ++r) acc[r] = first || park == nullptr ? K::Zero() : park[r];
   for (int64_t g = g0; g < g1; ++g) {
     const int nblk = BlocksInGroup<K>(xq, g);
+    XRow x[MR];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) x[r] = RowAt<K>(xq, r0 + r, g);
     const typename K::DG* dg;
     typename K::DG local;
     if constexpr (kPacked) {
@@ -195,9 +198,6 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
       const uint8_t* ahead = wrow + g * K::kGroupBytes + kPrefetchBytes;
       for (int64_t line = 0; line < K::kGroupBytes; line += 64) __builtin_prefetch(ahead + line);
       if constexpr (MR == StreamedRows<K>::value) {
-        XRow x[MR];
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) x[r] = RowAt<K>(xq, r0 + r, g);
         K::Stream(acc, wrow, g, nblk, x);
         continue;
       }
@@ -206,9 +206,6 @@ void Micro(const QuantizedRows& xq, int64_t r0, const uint8_t* wrow, const typen
     } else {
       dg = drow + g;
     }
-    XRow x[MR];
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) x[r] = RowAt<K>(xq, r0 + r, g);
     if (nblk == kGroupBlocks) {
       K::template Accumulate<true, MR>(acc, *dg, nblk, x);
     } else {

@@ -1,0 +1,411 @@
+// The cuda backend's passes (cuda/cuda_device_internal.h): the embedding, task A (norm, q/k/v,
+// RoPE, prefill attention over the segments), task B (O projection, norm, router, experts, shared
+// expert, residual), lm_head, logits and greedy tokens, on the compute stream with cuda/kernels.h
+// and cuBLAS, each layer's weights awaited from their resident region or weight slot.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_device_internal.h"
+#include "engine/model/ggml_type.h"
+
+namespace moebatch {
+namespace cuda_device_internal {
+namespace {
+
+// out [rows, hidden] (dtype) = the config's norm of the hidden states in [rows, hidden] f32 with
+// weight [hidden] (dtype): RMSNorm, or DBRX's LayerNorm without bias.
+absl::Status HiddenNorm(const ModelConfig& c, const float* in, const void* weight, GpuDType dtype,
+                        int64_t rows, void* out, cudaStream_t stream) {
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (c.norm == NormType::kLayerNorm) {
+    return gpu::LayerNorm(in, weight, dtype, rows, c.hidden_size, eps, out, dtype, stream);
+  }
+  return gpu::RmsNorm(in, weight, dtype, rows, c.hidden_size, eps, out, dtype, stream);
+}
+
+}  // namespace
+
+absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
+                              float* y) {
+  if (m == 0) return absl::OkStatus();
+  // Row-major y[m, n] = x[m, k] w[n, k]ᵀ is column-major yᵀ[n, m] = w (k x n, transposed) x ...:
+  // cuBLAS C = op(A) op(B) with A = w (lda k, op T) and B = x (ldb k, op N).
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t t = CudaType(dtype_);
+  return CublasError(
+      blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t,
+                     static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(n),
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+absl::Status CudaDevice::Gemm(const void* x, const std::byte* slot, int64_t layer,
+                              const TensorInfo* t, int64_t m, int64_t n, int64_t k, float* y) {
+  if (m == 0) return absl::OkStatus();
+  const void* w = Tensor(slot, layer, t);
+  if (t->quant) {
+    MB_RETURN_IF_ERROR(gpu::DequantizeRows(w, *t->quant, n, k, dequant_, dtype_, compute_));
+    w = dequant_;
+  }
+  return Gemm(x, w, m, n, k, y);
+}
+
+absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot, int64_t layer,
+                                          int64_t from, int64_t to) {
+  if (to <= from) return absl::OkStatus();
+  const ModelConfig& c = config();
+  const int64_t q_row = c.q_size(), hidden = c.hidden_size, rows = to - from;
+  std::byte* attn_c = static_cast<std::byte*>(attn_c_) + from * q_row * elem_;
+  MB_RETURN_IF_ERROR(
+      gpu::ConvertF32To(attn_f_ + from * q_row, rows * q_row, attn_c, dtype_, compute_));
+  const LayerWeights& lw = store_.weights().layers[layer];
+  MB_RETURN_IF_ERROR(
+      Gemm(attn_c, slot, layer, lw.o_proj, rows, hidden, q_row, proj_ + from * hidden));
+  if (lw.o_bias != nullptr) {
+    MB_RETURN_IF_ERROR(gpu::AddBias(proj_ + from * hidden, rows, hidden,
+                                    Tensor(slot, layer, lw.o_bias), dtype_, compute_));
+  }
+  return gpu::AddResidual(h_[micro_batch] + from * hidden, proj_ + from * hidden, rows * hidden,
+                          compute_);
+}
+
+absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
+                                  const int64_t* positions, int64_t tokens) {
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  prefill_segments_[micro_batch] = 0;
+  const ModelConfig& c = config();
+  const TensorInfo& table = *store_.weights().embed_tokens;
+  // A quantized table's rows are gathered in their blocks and decoded on the device.
+  const size_t row_bytes =
+      table.quant ? static_cast<size_t>(GgmlRowBytes(GgmlTypeInfoOf(*table.quant), c.hidden_size))
+                  : static_cast<size_t>(c.hidden_size) * DTypeSize(*table.dtype);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (token_ids[t] < 0 || token_ids[t] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", token_ids[t], " outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  // The embedding table stays in host memory: gather the rows here, widen on the GPU.
+  embed_rows_.resize(static_cast<size_t>(tokens) * row_bytes);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(embed_rows_.data() + t * row_bytes, table.data + token_ids[t] * row_bytes,
+                row_bytes);
+  }
+  tokens_[micro_batch] = tokens;
+  if (tokens == 0) return absl::OkStatus();
+  // Stage the rows in the (not yet used) expert-input buffer, which is large enough:
+  // [T k, hidden] >= [T, hidden] in the compute dtype (2 or 4 bytes an element; ggml blocks take
+  // at most 34 bytes per 32).
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(expert_in_, embed_rows_.data(), embed_rows_.size(),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "embedding rows H2D"));
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(positions_[micro_batch], positions,
+                                               static_cast<size_t>(tokens) * sizeof(int64_t),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "positions H2D"));
+  if (table.quant) {
+    MB_RETURN_IF_ERROR(gpu::DequantizeRows(expert_in_, *table.quant, tokens, c.hidden_size,
+                                           h_[micro_batch], GpuDType::kF32, compute_));
+  } else {
+    MB_RETURN_IF_ERROR(gpu::ConvertToF32(expert_in_, ToGpu(*table.dtype), tokens * c.hidden_size,
+                                         h_[micro_batch], compute_));
+  }
+  MB_RETURN_IF_ERROR(weight_slots_->StartPass());
+  return CudaError(cudaStreamSynchronize(compute_), "embedding");
+}
+
+absl::Status CudaDevice::RunSetPrefillSegments(int micro_batch, const int32_t* cu_rows,
+                                               int64_t num_segments) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  if (num_segments < 0 || num_segments > tokens || (num_segments > 0 && cu_rows == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill segments: ", num_segments, " segments in a micro-batch of ", tokens, " tokens"));
+  }
+  for (int64_t s = 0; s < num_segments + (num_segments > 0 ? 1 : 0); ++s) {
+    if (cu_rows[s] < 0 || cu_rows[s] > tokens || (s > 0 && cu_rows[s] < cu_rows[s - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefill segments: cu_rows[", s, "] = ", cu_rows[s],
+                       " is out of order or outside [0, ", tokens, "]"));
+    }
+  }
+  prefill_segments_[micro_batch] = num_segments;
+  if (num_segments == 0) return absl::OkStatus();
+  prefill_first_[micro_batch] = cu_rows[0];
+  prefill_last_[micro_batch] = cu_rows[num_segments];
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(prefill_cu_[micro_batch], cu_rows,
+                                static_cast<size_t>(num_segments + 1) * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, compute_),
+                "prefill segments H2D"));
+  return CudaError(cudaStreamSynchronize(compute_), "prefill segments");
+}
+
+absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
+                                  float* attn) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
+  const ModelConfig& c = config();
+  auto slot = AwaitLayer(layer);
+  if (!slot.ok()) return slot.status();
+  if (tokens == 0) return absl::OkStatus();
+  const std::byte* s = *slot;
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerWeights& lw = store_.weights().layers[layer];
+  MB_RETURN_IF_ERROR(HiddenNorm(c, h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
+                                tokens, x_, compute_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_proj, tokens, c.q_size(), hidden, q_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.k_proj, tokens, c.kv_size(), hidden, k_));
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.v_proj, tokens, c.kv_size(), hidden, v_));
+  // The families' attention inputs, in CpuDevice::TaskA's order: q/k/v biases, the q/k norms
+  // (per head: Qwen3; over the projection: OLMoE), clip_qkv (OLMoE), then RoPE.
+  if (lw.q_bias != nullptr) {
+    for (auto [x, bias, n] :
+         {std::tuple{q_, lw.q_bias, c.q_size()}, std::tuple{k_, lw.k_bias, c.kv_size()},
+          std::tuple{v_, lw.v_bias, c.kv_size()}}) {
+      MB_RETURN_IF_ERROR(gpu::AddBias(x, tokens, n, Tensor(s, layer, bias), dtype_, compute_));
+    }
+  }
+  if (c.qk_norm != QkNorm::kNone) {
+    const bool per_head = c.qk_norm == QkNorm::kPerHead;
+    const int64_t d = c.head_dim;
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(q_, Tensor(s, layer, lw.q_norm), dtype_,
+                                    per_head ? tokens * c.num_attention_heads : tokens,
+                                    per_head ? d : c.q_size(), eps, q_, GpuDType::kF32, compute_));
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(k_, Tensor(s, layer, lw.k_norm), dtype_,
+                                    per_head ? tokens * c.num_key_value_heads : tokens,
+                                    per_head ? d : c.kv_size(), eps, k_, GpuDType::kF32, compute_));
+  }
+  if (c.clip_qkv) {
+    const float limit = static_cast<float>(*c.clip_qkv);
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(q_, tokens * c.q_size(), limit, compute_));
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(k_, tokens * c.kv_size(), limit, compute_));
+    MB_RETURN_IF_ERROR(gpu::ClampAbs(v_, tokens * c.kv_size(), limit, compute_));
+  }
+  MB_RETURN_IF_ERROR(gpu::ApplyRope(q_, tokens, c.num_attention_heads, c.head_dim,
+                                    positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
+  MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
+                                    positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
+  // Prefill attention of the segments, and what task B would do with it: the O projection and
+  // the residual, with this layer's weights (device.h: a device that attends prefill may apply it
+  // itself). The segments' attention never leaves the GPU, and task B moves only the rows the CPU
+  // attended: per prefill token and layer, q_size f32 less each way over PCIe (16 KiB for
+  // Mixtral), the H2D half of which would compete with the weight stream.
+  const int64_t segments = prefill_segments_[micro_batch];
+  const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
+  const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
+  if (segments > 0) {
+    MB_RETURN_IF_ERROR(gpu::PrefillAttention(
+        q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
+        c.num_key_value_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+        c.sliding_window.value_or(0), attn_f_, compute_));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
+  }
+  // q (rows outside the segments: the CPU attends them), k and v to the host on the transfer
+  // stream, after the compute stream's work.
+  MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
+  const int64_t q_row = c.q_size();
+  const size_t kvb = static_cast<size_t>(tokens * c.kv_size()) * sizeof(float);
+  auto rows_d2h = [&](float* host, const float* device, int64_t from, int64_t to,
+                      const char* what) {
+    if (to <= from) return absl::OkStatus();
+    return CudaError(cudaMemcpyAsync(host + from * q_row, device + from * q_row,
+                                     static_cast<size_t>((to - from) * q_row) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, transfer_),
+                     what);
+  };
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, 0, first, "q D2H"));
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, last, tokens, "q D2H"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(v, v_, kvb, cudaMemcpyDeviceToHost, transfer_), "v D2H"));
+  return CudaError(cudaStreamSynchronize(transfer_), "task A");
+}
+
+absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* attn,
+                                  ForwardStats* stats) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
+  const ModelConfig& c = config();
+  auto slot = AwaitLayer(layer);
+  if (!slot.ok()) return slot.status();
+  const std::byte* s = *slot;
+  const int64_t hidden = c.hidden_size;
+  float* h = h_[micro_batch];
+  if (tokens > 0) {
+    // The attention output of the rows the CPU attended (all but the prefill segments', which
+    // task A applied) to the device on the transfer stream; the compute stream waits for it.
+    const int64_t segments = prefill_segments_[micro_batch];
+    const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
+    const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
+    const int64_t q_row = c.q_size();
+    for (auto [from, to] : {std::pair{int64_t{0}, first}, std::pair{last, tokens}}) {
+      if (to <= from) continue;
+      MB_RETURN_IF_ERROR(
+          CudaError(cudaMemcpyAsync(attn_f_ + from * q_row, attn + from * q_row,
+                                    static_cast<size_t>((to - from) * q_row) * sizeof(float),
+                                    cudaMemcpyHostToDevice, transfer_),
+                    "attention H2D"));
+    }
+    MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(transferred_, transfer_), "event"));
+    MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(compute_, transferred_, 0), "event wait"));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, 0, first));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, last, tokens));
+    const LayerWeights& lw = store_.weights().layers[layer];
+    MB_RETURN_IF_ERROR(HiddenNorm(c, h, Tensor(s, layer, lw.post_attention_layernorm), dtype_,
+                                  tokens, x_, compute_));
+    if (lw.router == nullptr) {
+      // A dense layer: its FFN over every token, added to the residual (CpuDevice's one expert
+      // with weight 1 gives the same f32 sums: 0 + out * 1, then h + that).
+      MB_RETURN_IF_ERROR(Ffn(s, layer, lw.experts[0], x_, tokens, expert_out_));
+      MB_RETURN_IF_ERROR(gpu::AddResidual(h, expert_out_, tokens * hidden, compute_));
+      if (stats != nullptr) {
+        stats->expert_token_pairs += tokens;
+        stats->experts_touched += 1;
+      }
+    } else {
+      MB_RETURN_IF_ERROR(RoutedExperts(s, layer, lw, tokens, h, stats));
+    }
+  }
+  // The layer's weights are done with once every micro-batch ran its task B.
+  MB_RETURN_IF_ERROR(weight_slots_->TaskBDone(layer));
+  return CudaError(cudaStreamSynchronize(compute_), "task B");
+}
+
+absl::Status CudaDevice::Ffn(const std::byte* slot, int64_t layer, const ExpertWeights& ew,
+                             const void* in, int64_t n, float* out) {
+  const int64_t hidden = config().hidden_size, width = ew.w1->shape[0];
+  MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w1, n, width, hidden, gate_));
+  MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w3, n, width, hidden, up_));
+  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, n, width, act_, dtype_, compute_));
+  return Gemm(act_, slot, layer, ew.w2, n, hidden, width, out);
+}
+
+absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const LayerWeights& lw,
+                                       int64_t tokens, float* h, ForwardStats* stats) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
+  const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.router, tokens, E, hidden, router_));
+  // DBRX's p-norm (p != 1) divides the top-k weights after the selection, as CpuDevice::TaskB.
+  const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
+  MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_,
+                                     c.norm_topk_prob && !p_norm, compute_));
+  if (p_norm) {
+    MB_RETURN_IF_ERROR(gpu::NormalizeTopKWeights(route_w_, tokens, top_k,
+                                                 static_cast<float>(c.topk_norm_p), compute_));
+  }
+  MB_RETURN_IF_ERROR(gpu::BuildExpertPermutation(ids_, tokens, top_k, E, offsets_, sorted_token_,
+                                                 slot_of_, compute_));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(host_offsets_.data(), offsets_, (E + 1) * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, compute_),
+                "expert offsets D2H"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "router"));
+  const int64_t rows = host_offsets_[E];
+  MB_RETURN_IF_ERROR(
+      gpu::GatherRows(x_, dtype_, tokens, hidden, sorted_token_, rows, expert_in_, compute_));
+  const auto* in = static_cast<const std::byte*>(expert_in_);
+  auto* act = static_cast<std::byte*>(act_);
+  int64_t touched = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+    if (n == 0) continue;
+    ++touched;
+    const void* x = in + r0 * hidden * elem_;
+    const ExpertWeights& ew = lw.experts[e];
+    MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w1, n, ffn, hidden, gate_ + r0 * ffn));
+    MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w3, n, ffn, hidden, up_ + r0 * ffn));
+  }
+  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
+    if (n == 0) continue;
+    MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, s, layer, lw.experts[e].w2, n, hidden, ffn,
+                            expert_out_ + r0 * hidden));
+  }
+  // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate), after
+  // the routed experts (it reuses their gate/up/act buffers).
+  const float* shared = nullptr;
+  if (lw.shared_expert_gate != nullptr) {
+    MB_RETURN_IF_ERROR(Ffn(s, layer, lw.shared_expert, x_, tokens, shared_out_));
+    MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.shared_expert_gate, tokens, 1, hidden, shared_gate_));
+    MB_RETURN_IF_ERROR(gpu::ScaleBySigmoid(shared_out_, tokens, hidden, shared_gate_, compute_));
+    shared = shared_out_;
+  }
+  MB_RETURN_IF_ERROR(gpu::CombineExperts(expert_out_, slot_of_, ids_, route_w_, tokens, top_k,
+                                         hidden, h, shared, compute_));
+  if (stats != nullptr) {
+    stats->expert_token_pairs += rows;
+    stats->experts_touched += touched;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::LmHead(int micro_batch, const int64_t* rows, int64_t n) {
+  const int64_t tokens =
+      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
+  const ModelConfig& c = config();
+  if (n < 1 || n > tokens) {  // the row buffers hold the micro-batch's tokens
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits: ", n, " rows of a micro-batch of ", tokens, " tokens"));
+  }
+  std::vector<int32_t> host_rows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits row ", rows[i], " outside the micro-batch's ", tokens, " tokens"));
+    }
+    host_rows[i] = static_cast<int32_t>(rows[i]);
+  }
+  MB_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(rows_, host_rows.data(), n * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, compute_),
+                               "rows H2D"));
+  // The rows' hidden states (f32) into proj_, normed into x_ (compute dtype), then lm_head.
+  MB_RETURN_IF_ERROR(gpu::GatherRows(h_[micro_batch], GpuDType::kF32, tokens, c.hidden_size, rows_,
+                                     n, proj_, compute_));
+  MB_RETURN_IF_ERROR(HiddenNorm(c, proj_, final_norm_, dtype_, n, x_, compute_));
+  return Gemm(x_, lm_head_, n, c.vocab_size, c.hidden_size, logits_);
+}
+
+absl::Status CudaDevice::RunLogits(int micro_batch, const int64_t* rows, int64_t n, float* logits) {
+  if (n == 0) return CheckCall(micro_batch, 0, 0);
+  MB_RETURN_IF_ERROR(LmHead(micro_batch, rows, n));
+  MB_RETURN_IF_ERROR(CudaError(
+      cudaMemcpyAsync(logits, logits_, static_cast<size_t>(n * config().vocab_size) * sizeof(float),
+                      cudaMemcpyDeviceToHost, compute_),
+      "logits D2H"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "logits"));
+  return CheckGuards();
+}
+
+absl::Status CudaDevice::RunGreedyTokens(int micro_batch, const int64_t* rows, int64_t n,
+                                         int32_t* token_ids) {
+  if (n == 0) return CheckCall(micro_batch, 0, 0);
+  MB_RETURN_IF_ERROR(LmHead(micro_batch, rows, n));
+  // The argmax into the top-k ids buffer ([T k] int32, free between passes' task B).
+  MB_RETURN_IF_ERROR(gpu::ArgmaxRows(logits_, n, config().vocab_size, ids_, compute_));
+  MB_RETURN_IF_ERROR(CudaError(
+      cudaMemcpyAsync(token_ids, ids_, n * sizeof(int32_t), cudaMemcpyDeviceToHost, compute_),
+      "greedy tokens D2H"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamSynchronize(compute_), "greedy tokens"));
+  return CheckGuards();
+}
+
+}  // namespace cuda_device_internal
+}  // namespace moebatch
