@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/offload/data_mover.h"
 #include "engine/device.h"
 #include "engine/model/dtype.h"
 #include "engine/model/weight_store.h"
+#include "engine/offload/data_mover.h"
 
 namespace moebatch {
 

@@ -26,17 +26,15 @@ namespace cuda_device_internal {
 absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& store,
                                                            const CudaBackendOptions& options) {
   const ModelConfig& c = store.config();
-  if (c.mla || c.topk_method != TopkMethod::kSoftmax) {
-    return absl::UnimplementedError(
-        absl::StrCat("the cuda backend does not compute ", c.model_type,
-                     "'s multi-head latent attention and routing yet (run it with --backend=cpu)"));
-  }
-  if (c.attention_sinks || c.swiglu_limit || c.expert_bias || c.router_linear_bias ||
-      !c.sliding_layers.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the cuda backend does not compute ", c.model_type,
-        "'s attention sinks, per-layer sliding windows, router and expert biases and clamped "
-        "SwiGLU yet (run it with --backend=cpu)"));
+  if (c.mla) {
+    for (const LayerWeights& lw : store.weights().layers) {
+      if (lw.kv_b_proj->quant) {  // as CpuDevice::PrepareMla
+        return absl::UnimplementedError(absl::StrCat(
+            lw.kv_b_proj->name,
+            ": MLA's kv_b_proj must be f32, f16 or bf16 (its W_UK and W_UV are multiplied per "
+            "head, not dequantized)"));
+      }
+    }
   }
   if (c.num_local_experts > gpu::kMaxRouterExperts ||
       c.num_experts_per_tok > gpu::kMaxCombineTopK) {
@@ -96,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
     }
     d->guard_bytes_ = static_cast<size_t>(guard);
   }
-  constexpr size_t kMaxCarves = 40;
+  constexpr size_t kMaxCarves = 48;
   const size_t arena_bytes =
       static_cast<size_t>(d->plan_.total_bytes) +
       (d->guard_bytes_ > 0
@@ -118,6 +116,7 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_, "lm_head");
   d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_, "final_norm");
   d->inv_freq_ = d->Carve<float>(c.head_dim / 2, "inv_freq");
+  if (c.attention_sinks) d->sinks_ = d->Carve<float>(c.num_attention_heads, "sinks");
   for (int mb = 0; mb < kMaxMicroBatches; ++mb) {
     d->h_[mb] = d->Carve<float>(T * hidden, "h");
     d->positions_[mb] = d->Carve<int64_t>(T, "positions");
@@ -145,6 +144,20 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
     d->shared_out_ = d->Carve<float>(T * hidden, "shared_out");
     d->shared_gate_ = d->Carve<float>(T, "shared_gate");
   }
+  if (c.mla) {
+    const MlaConfig& m = *c.mla;
+    const int64_t q_cols = c.num_attention_heads * m.qk_head_dim();
+    const int64_t v_cols = c.num_attention_heads * m.v_head_dim;
+    d->mla_q_ = d->Carve<float>(T * q_cols, "mla_q");
+    d->mla_q_c_ = d->Carve<std::byte>(T * q_cols * d->elem_, "mla_q_c");
+    if (m.q_lora_rank > 0) {
+      d->mla_a_ = d->Carve<float>(T * m.q_lora_rank, "mla_a");
+      d->mla_a_c_ = d->Carve<std::byte>(T * m.q_lora_rank * d->elem_, "mla_a_c");
+    }
+    d->mla_v_ = d->Carve<float>(T * v_cols, "mla_v");
+    d->mla_v_c_ = d->Carve<std::byte>(T * v_cols * d->elem_, "mla_v_c");
+  }
+  if (c.topk_method == TopkMethod::kNoauxTc) d->router_bias_ = d->Carve<float>(E, "router_bias");
   d->logits_ = d->Carve<float>(T * c.vocab_size, "logits");
   d->rows_ = d->Carve<int32_t>(T, "rows");
   if (d->plan_.dequant_bytes > 0) {
@@ -215,6 +228,13 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
     MB_RETURN_IF_ERROR(CudaError(
         cudaMemcpy(d->resident_layers_[l], region.data, region.bytes, cudaMemcpyHostToDevice),
         "resident layer H2D"));
+  }
+  // gpt-oss's sinks in f32 on the host too, for the CPU's decode attention (AttentionSinks).
+  for (const LayerWeights& lw : w.layers) {
+    std::vector<float>& sinks = d->host_sinks_.emplace_back();
+    if (lw.sinks == nullptr) continue;
+    sinks.resize(static_cast<size_t>(lw.sinks->numel()));
+    ConvertToF32(*lw.sinks->dtype, lw.sinks->data, sinks.data(), sinks.size());
   }
   const RopeTable rope = ComputeRope(c);
   d->rope_scaling_ = rope.attention_scaling;

@@ -112,6 +112,13 @@ class CudaDevice final : public Device {
     if (failed_) ResetAfterFailure();
     weight_slots_->BeginPass(micro_batches);
   }
+  // gpt-oss's sinks [heads] f32 of `layer` for the CPU's decode attention; null without sinks.
+  const float* AttentionSinks(int64_t layer) const override {
+    return layer >= 0 && layer < static_cast<int64_t>(host_sinks_.size()) &&
+                   !host_sinks_[layer].empty()
+               ? host_sinks_[layer].data()
+               : nullptr;
+  }
   HostAllocator* host_buffer_allocator() const override { return buffer_allocator_.get(); }
   DeviceCounters counters() const override {
     const DataMoverStats s = mover_->stats();
@@ -164,6 +171,11 @@ class CudaDevice final : public Device {
   absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
   // y[m, n] (f32) = x[m, k] (dtype_) wᵀ with w [n, k] (dtype_) on the compute stream.
   absl::Status Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y);
+  // The same over strided rows: y (rows ldy apart) = x (rows ldx apart) times wᵀ for w [n, k]
+  // (w_rows_out true) or times w for w [k, n] (false), w's rows ldw apart; MLA's per-head
+  // products with slices of kv_b_proj.
+  absl::Status GemmStrided(const void* x, int64_t ldx, const void* w, int64_t ldw, bool w_rows_out,
+                           int64_t m, int64_t n, int64_t k, float* y, int64_t ldy);
   // The same with the weight matrix `t` of `layer` in `slot` [n, k]: when it is in ggml blocks,
   // dequantized into dequant_ (compute dtype) first, on the compute stream. Nothing for m = 0.
   absl::Status Gemm(const void* x, const std::byte* slot, int64_t layer, const TensorInfo* t,
@@ -173,10 +185,26 @@ class CudaDevice final : public Device {
   const void* Tensor(const std::byte* slot, int64_t layer, const TensorInfo* t) const {
     return t == nullptr ? nullptr : slot + (t->data - store_.layer(layer).data);
   }
+  // Task A's q_, k_, v_ [T, heads or kv_heads, head_dim] f32 of a layer of standard attention
+  // from x_: q/k/v projections, then the families' biases, q/k norms, clip_qkv and RoPE.
+  absl::Status StandardQkv(int micro_batch, const std::byte* slot, int64_t layer, int64_t tokens);
+  // Task A of a multi-head latent attention layer (CpuDevice::TaskAMla's math): q_ = the
+  // absorbed queries [T, heads, latent], k_ = the latent rows [T, latent].
+  absl::Status MlaQueryAndLatent(int micro_batch, const std::byte* slot, int64_t layer,
+                                 int64_t tokens);
+  // MLA's W_UV: mla_v_c_ [rows, heads * v_head_dim] (dtype_) = per head attn_c_'s first
+  // kv_lora_rank values of rows [from, to) times W_UV[h]ᵀ, the o_proj input.
+  absl::Status MlaValueUp(const std::byte* slot, int64_t layer, int64_t from, int64_t to);
   // One FFN of `width` over `n` rows of `in` (compute dtype): out [n, hidden] f32 =
-  // w2(silu(w1 x) * w3 x), through gate_, up_ and act_.
+  // w2(silu(w1 x) * w3 x) (gpt-oss: the clamped SwiGLU), through gate_, up_ and act_.
   absl::Status Ffn(const std::byte* slot, int64_t layer, const ExpertWeights& ew, const void* in,
                    int64_t n, float* out);
+  // act [rows, width] (dtype_) = silu(gate) * up, or gpt-oss's clamped SwiGLU, of gate and up
+  // [rows, width] f32.
+  absl::Status Activation(const float* gate, const float* up, int64_t rows, int64_t width,
+                          void* act);
+  // The element type of a float tensor of the store (its biases, norms and sinks).
+  static GpuDType TensorDType(const TensorInfo* t) { return ToGpu(*t->dtype); }
   // A MoE layer's FFN over x_ (the normed hidden state of `tokens` rows): the router's top-k, the
   // experts over their rows, the shared expert when the model has one; h += their weighted sum.
   absl::Status RoutedExperts(const std::byte* slot, int64_t layer, const LayerWeights& lw,
@@ -216,6 +244,10 @@ class CudaDevice final : public Device {
   void* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;
   float rope_scaling_ = 1.0f;  // RopeTable::attention_scaling
+  // gpt-oss's attention sinks: the layer's [heads] f32 on the device (converted in task A before
+  // the prefill attention; null without sinks), and every layer's on the host.
+  float* sinks_ = nullptr;
+  std::vector<std::vector<float>> host_sinks_;
   // Per micro-batch.
   float* h_[kMaxMicroBatches] = {};
   int64_t* positions_[kMaxMicroBatches] = {};
@@ -235,6 +267,12 @@ class CudaDevice final : public Device {
   float *gate_ = nullptr, *up_ = nullptr, *expert_out_ = nullptr;  // [T, ffn columns] f32
   void* act_ = nullptr;  // [T, ffn columns] dtype (GpuFfnColumnsPerToken)
   float *shared_out_ = nullptr, *shared_gate_ = nullptr;  // [T, hidden], [T] f32
+  // Multi-head latent attention: q projected [T, heads * qk_head_dim], the low-rank q [T,
+  // q_lora_rank] and the heads' values after W_UV [T, heads * v_head_dim], each in f32 and in
+  // dtype_ (a GEMM input).
+  float *mla_q_ = nullptr, *mla_a_ = nullptr, *mla_v_ = nullptr;
+  void *mla_q_c_ = nullptr, *mla_a_c_ = nullptr, *mla_v_c_ = nullptr;
+  float* router_bias_ = nullptr;  // DeepSeek-V3's e_score_correction_bias [E] f32
   float* logits_ = nullptr;
   int32_t* rows_ = nullptr;
   std::byte* workspace_ = nullptr;

@@ -47,6 +47,22 @@ absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n
       "cublasGemmEx");
 }
 
+absl::Status CudaDevice::GemmStrided(const void* x, int64_t ldx, const void* w, int64_t ldw,
+                                     bool w_rows_out, int64_t m, int64_t n, int64_t k, float* y,
+                                     int64_t ldy) {
+  if (m == 0) return absl::OkStatus();
+  // Column-major yᵀ [n, m] (ldc ldy) = op(w) [n, k] xᵀ [k, m] (ldb ldx): w [n, k] row-major is
+  // column-major k x n (op T), w [k, n] is column-major n x k (op N), both with lda ldw.
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t t = CudaType(dtype_);
+  return CublasError(
+      blas_->gemm_ex(cublas_, w_rows_out ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N,
+                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, w, t,
+                     static_cast<int>(ldw), x, t, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
+                     static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx (strided)");
+}
+
 absl::Status CudaDevice::Gemm(const void* x, const std::byte* slot, int64_t layer,
                               const TensorInfo* t, int64_t m, int64_t n, int64_t k, float* y) {
   if (m == 0) return absl::OkStatus();
@@ -67,8 +83,15 @@ absl::Status CudaDevice::OutputProjection(int micro_batch, const std::byte* slot
   MB_RETURN_IF_ERROR(
       gpu::ConvertF32To(attn_f_ + from * q_row, rows * q_row, attn_c, dtype_, compute_));
   const LayerWeights& lw = store_.weights().layers[layer];
-  MB_RETURN_IF_ERROR(
-      Gemm(attn_c, slot, layer, lw.o_proj, rows, hidden, q_row, proj_ + from * hidden));
+  if (c.mla) {  // the absorbed attention's W_UV before o_proj
+    MB_RETURN_IF_ERROR(MlaValueUp(slot, layer, from, to));
+    const int64_t v_row = c.num_attention_heads * c.mla->v_head_dim;
+    MB_RETURN_IF_ERROR(Gemm(static_cast<std::byte*>(mla_v_c_) + from * v_row * elem_, slot, layer,
+                            lw.o_proj, rows, hidden, v_row, proj_ + from * hidden));
+  } else {
+    MB_RETURN_IF_ERROR(
+        Gemm(attn_c, slot, layer, lw.o_proj, rows, hidden, q_row, proj_ + from * hidden));
+  }
   if (lw.o_bias != nullptr) {
     MB_RETURN_IF_ERROR(gpu::AddBias(proj_ + from * hidden, rows, hidden,
                                     Tensor(slot, layer, lw.o_bias), dtype_, compute_));
@@ -160,11 +183,71 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   if (!slot.ok()) return slot.status();
   if (tokens == 0) return absl::OkStatus();
   const std::byte* s = *slot;
-  const int64_t hidden = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   const LayerWeights& lw = store_.weights().layers[layer];
   MB_RETURN_IF_ERROR(HiddenNorm(c, h_[micro_batch], Tensor(s, layer, lw.input_layernorm), dtype_,
                                 tokens, x_, compute_));
+  if (c.mla) {
+    MB_RETURN_IF_ERROR(MlaQueryAndLatent(micro_batch, s, layer, tokens));
+  } else {
+    MB_RETURN_IF_ERROR(StandardQkv(micro_batch, s, layer, tokens));
+  }
+  // Prefill attention of the segments, and what task B would do with it: the O projection and
+  // the residual, with this layer's weights (device.h: a device that attends prefill may apply it
+  // itself). The segments' attention never leaves the GPU, and task B moves only the rows the CPU
+  // attended: per prefill token and layer, q_size f32 less each way over PCIe (16 KiB for
+  // Mixtral), the H2D half of which would compete with the weight stream.
+  const int64_t segments = prefill_segments_[micro_batch];
+  const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
+  const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
+  if (segments > 0 && c.mla) {
+    MB_RETURN_IF_ERROR(gpu::PrefillAttentionLatent(
+        q_, k_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads, c.head_dim,
+        c.attention_value_dim(), c.attention_scale(), attn_f_, compute_));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
+  } else if (segments > 0) {
+    // The layer's own window (gpt-oss alternates sliding and full layers) and sinks.
+    const float* sinks = nullptr;
+    if (lw.sinks != nullptr) {
+      MB_RETURN_IF_ERROR(gpu::ConvertToF32(Tensor(s, layer, lw.sinks), TensorDType(lw.sinks),
+                                           c.num_attention_heads, sinks_, compute_));
+      sinks = sinks_;
+    }
+    MB_RETURN_IF_ERROR(gpu::PrefillAttention(
+        q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
+        c.num_key_value_heads, c.head_dim, c.attention_scale(),
+        c.LayerSlidingWindow(layer).value_or(0), sinks, attn_f_, compute_));
+    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
+  }
+  // q (rows outside the segments: the CPU attends them), k and v to the host on the transfer
+  // stream, after the compute stream's work. Under MLA the latent rows are k and, again, v (the
+  // CpuDevice's layout; a cache with value_dim does not read v).
+  MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
+  MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
+  const int64_t q_row = c.q_size();
+  const size_t kvb = static_cast<size_t>(tokens * c.kv_size()) * sizeof(float);
+  auto rows_d2h = [&](float* host, const float* device, int64_t from, int64_t to,
+                      const char* what) {
+    if (to <= from) return absl::OkStatus();
+    return CudaError(cudaMemcpyAsync(host + from * q_row, device + from * q_row,
+                                     static_cast<size_t>((to - from) * q_row) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, transfer_),
+                     what);
+  };
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, 0, first, "q D2H"));
+  MB_RETURN_IF_ERROR(rows_d2h(q, q_, last, tokens, "q D2H"));
+  MB_RETURN_IF_ERROR(
+      CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
+  MB_RETURN_IF_ERROR(CudaError(
+      cudaMemcpyAsync(v, c.mla ? k_ : v_, kvb, cudaMemcpyDeviceToHost, transfer_), "v D2H"));
+  return CudaError(cudaStreamSynchronize(transfer_), "task A");
+}
+
+absl::Status CudaDevice::StandardQkv(int micro_batch, const std::byte* s, int64_t layer,
+                                     int64_t tokens) {
+  const ModelConfig& c = config();
+  const int64_t hidden = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const LayerWeights& lw = store_.weights().layers[layer];
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_proj, tokens, c.q_size(), hidden, q_));
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.k_proj, tokens, c.kv_size(), hidden, k_));
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.v_proj, tokens, c.kv_size(), hidden, v_));
@@ -195,44 +278,75 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
   }
   MB_RETURN_IF_ERROR(gpu::ApplyRope(q_, tokens, c.num_attention_heads, c.head_dim,
                                     positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
-  MB_RETURN_IF_ERROR(gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim,
-                                    positions_[micro_batch], inv_freq_, rope_scaling_, compute_));
-  // Prefill attention of the segments, and what task B would do with it: the O projection and
-  // the residual, with this layer's weights (device.h: a device that attends prefill may apply it
-  // itself). The segments' attention never leaves the GPU, and task B moves only the rows the CPU
-  // attended: per prefill token and layer, q_size f32 less each way over PCIe (16 KiB for
-  // Mixtral), the H2D half of which would compete with the weight stream.
-  const int64_t segments = prefill_segments_[micro_batch];
-  const int64_t first = segments > 0 ? prefill_first_[micro_batch] : tokens;
-  const int64_t last = segments > 0 ? prefill_last_[micro_batch] : tokens;
-  if (segments > 0) {
-    MB_RETURN_IF_ERROR(gpu::PrefillAttention(
-        q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
-        c.num_key_value_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-        c.sliding_window.value_or(0), attn_f_, compute_));
-    MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
+  return gpu::ApplyRope(k_, tokens, c.num_key_value_heads, c.head_dim, positions_[micro_batch],
+                        inv_freq_, rope_scaling_, compute_);
+}
+
+absl::Status CudaDevice::MlaQueryAndLatent(int micro_batch, const std::byte* s, int64_t layer,
+                                           int64_t tokens) {
+  const ModelConfig& c = config();
+  const MlaConfig& m = *c.mla;
+  const LayerWeights& lw = store_.weights().layers[layer];
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, lora = m.kv_lora_rank;
+  const int64_t qk = m.qk_head_dim(), latent = m.latent_dim(), vd = m.v_head_dim;
+  constexpr float kLowRankNormEps = 1e-6f;  // DeepseekV2RMSNorm's default: q_a / kv_a_layernorm
+  // q [T, heads, qk] f32: q_proj, or q_b_proj(q_a_layernorm(q_a_proj(x))).
+  if (m.q_lora_rank == 0) {
+    MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_proj, tokens, heads * qk, hidden, mla_q_));
+  } else {
+    MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.q_a_proj, tokens, m.q_lora_rank, hidden, mla_a_));
+    MB_RETURN_IF_ERROR(gpu::RmsNorm(mla_a_, Tensor(s, layer, lw.q_a_layernorm),
+                                    TensorDType(lw.q_a_layernorm), tokens, m.q_lora_rank,
+                                    kLowRankNormEps, mla_a_c_, dtype_, compute_));
+    MB_RETURN_IF_ERROR(
+        Gemm(mla_a_c_, s, layer, lw.q_b_proj, tokens, heads * qk, m.q_lora_rank, mla_q_));
   }
-  // q (rows outside the segments: the CPU attends them), k and v to the host on the transfer
-  // stream, after the compute stream's work.
-  MB_RETURN_IF_ERROR(CudaError(cudaEventRecord(computed_, compute_), "event"));
-  MB_RETURN_IF_ERROR(CudaError(cudaStreamWaitEvent(transfer_, computed_, 0), "event wait"));
-  const int64_t q_row = c.q_size();
-  const size_t kvb = static_cast<size_t>(tokens * c.kv_size()) * sizeof(float);
-  auto rows_d2h = [&](float* host, const float* device, int64_t from, int64_t to,
-                      const char* what) {
-    if (to <= from) return absl::OkStatus();
-    return CudaError(cudaMemcpyAsync(host + from * q_row, device + from * q_row,
-                                     static_cast<size_t>((to - from) * q_row) * sizeof(float),
-                                     cudaMemcpyDeviceToHost, transfer_),
-                     what);
-  };
-  MB_RETURN_IF_ERROR(rows_d2h(q, q_, 0, first, "q D2H"));
-  MB_RETURN_IF_ERROR(rows_d2h(q, q_, last, tokens, "q D2H"));
-  MB_RETURN_IF_ERROR(
-      CudaError(cudaMemcpyAsync(k, k_, kvb, cudaMemcpyDeviceToHost, transfer_), "k D2H"));
-  MB_RETURN_IF_ERROR(
-      CudaError(cudaMemcpyAsync(v, v_, kvb, cudaMemcpyDeviceToHost, transfer_), "v D2H"));
-  return CudaError(cudaStreamSynchronize(transfer_), "task A");
+  // The latent rows [c_kv | k_pe] into k_: kv_a_proj_with_mqa, c_kv normed, k_pe rotated.
+  const int64_t* positions = positions_[micro_batch];
+  MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.kv_a_proj, tokens, latent, hidden, k_));
+  MB_RETURN_IF_ERROR(gpu::RmsNormStrided(k_, latent, Tensor(s, layer, lw.kv_a_layernorm),
+                                         TensorDType(lw.kv_a_layernorm), tokens, lora,
+                                         kLowRankNormEps, compute_));
+  MB_RETURN_IF_ERROR(gpu::MlaRope(k_ + lora, latent, k_ + lora, latent, tokens, 1, rope, positions,
+                                  inv_freq_, rope_scaling_, m.rope_interleave, compute_));
+  // Each head's q_pe, rotated, into the tail of its absorbed query row [T, heads, latent].
+  MB_RETURN_IF_ERROR(gpu::MlaRope(mla_q_ + nope, qk, q_ + lora, latent, tokens, heads, rope,
+                                  positions, inv_freq_, rope_scaling_, m.rope_interleave,
+                                  compute_));
+  // The absorbed q_nope: per head, q_nope[h] [T, nope] times W_UK[h] [nope, lora] (rows
+  // [h (nope + v), + nope) of kv_b_proj) into the head's first kv_lora_rank values.
+  MB_RETURN_IF_ERROR(gpu::ConvertF32To(mla_q_, tokens * heads * qk, mla_q_c_, dtype_, compute_));
+  const auto* kv_b = static_cast<const std::byte*>(Tensor(s, layer, lw.kv_b_proj));
+  for (int64_t h = 0; h < heads; ++h) {
+    MB_RETURN_IF_ERROR(GemmStrided(static_cast<const std::byte*>(mla_q_c_) + h * qk * elem_,
+                                   heads * qk, kv_b + h * (nope + vd) * lora * elem_, lora,
+                                   /*w_rows_out=*/false, tokens, lora, nope, q_ + h * latent,
+                                   heads * latent));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::MlaValueUp(const std::byte* slot, int64_t layer, int64_t from,
+                                    int64_t to) {
+  const ModelConfig& c = config();
+  const MlaConfig& m = *c.mla;
+  const int64_t heads = c.num_attention_heads, lora = m.kv_lora_rank, vd = m.v_head_dim;
+  const int64_t nope = m.qk_nope_head_dim, latent = m.latent_dim(), rows = to - from;
+  const auto* attn_c = static_cast<const std::byte*>(attn_c_) + from * heads * latent * elem_;
+  const auto* kv_b =
+      static_cast<const std::byte*>(Tensor(slot, layer, store_.weights().layers[layer].kv_b_proj));
+  float* out = mla_v_ + from * heads * vd;
+  // Per head: attention output [rows, lora] times W_UV[h]ᵀ, W_UV[h] [v, lora] being rows
+  // [h (nope + v) + nope, + v) of kv_b_proj.
+  for (int64_t h = 0; h < heads; ++h) {
+    MB_RETURN_IF_ERROR(GemmStrided(attn_c + h * latent * elem_, heads * latent,
+                                   kv_b + (h * (nope + vd) + nope) * lora * elem_, lora,
+                                   /*w_rows_out=*/true, rows, vd, lora, out + h * vd, heads * vd));
+  }
+  return gpu::ConvertF32To(out, rows * heads * vd,
+                           static_cast<std::byte*>(mla_v_c_) + from * heads * vd * elem_, dtype_,
+                           compute_);
 }
 
 absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* attn,
@@ -291,8 +405,17 @@ absl::Status CudaDevice::Ffn(const std::byte* slot, int64_t layer, const ExpertW
   const int64_t hidden = config().hidden_size, width = ew.w1->shape[0];
   MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w1, n, width, hidden, gate_));
   MB_RETURN_IF_ERROR(Gemm(in, slot, layer, ew.w3, n, width, hidden, up_));
-  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, n, width, act_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(Activation(gate_, up_, n, width, act_));
   return Gemm(act_, slot, layer, ew.w2, n, hidden, width, out);
+}
+
+absl::Status CudaDevice::Activation(const float* gate, const float* up, int64_t rows, int64_t width,
+                                    void* act) {
+  if (const auto& limit = config().swiglu_limit) {
+    return gpu::ClampedSwiglu(gate, up, rows, width, static_cast<float>(*limit), act, dtype_,
+                              compute_);
+  }
+  return gpu::SiluMul(gate, up, GpuDType::kF32, rows, width, act, dtype_, compute_);
 }
 
 absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const LayerWeights& lw,
@@ -301,10 +424,30 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
   const int64_t E = c.num_local_experts, top_k = c.num_experts_per_tok;
   MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.router, tokens, E, hidden, router_));
+  if (lw.router_linear_bias != nullptr) {  // GptOssTopKRouter: F.linear with bias
+    MB_RETURN_IF_ERROR(gpu::AddBias(router_, tokens, E, Tensor(s, layer, lw.router_linear_bias),
+                                    TensorDType(lw.router_linear_bias), compute_));
+  }
   // DBRX's p-norm (p != 1) divides the top-k weights after the selection, as CpuDevice::TaskB.
   const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
-  MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_,
-                                     c.norm_topk_prob && !p_norm, compute_));
+  if (c.topk_method != TopkMethod::kSoftmax) {  // DeepSeek's routers
+    const float* bias = nullptr;
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      MB_RETURN_IF_ERROR(gpu::ConvertToF32(Tensor(s, layer, lw.router_bias),
+                                           TensorDType(lw.router_bias), E, router_bias_, compute_));
+      bias = router_bias_;
+    }
+    const gpu::RouterMethod method =
+        c.topk_method == TopkMethod::kGreedy               ? gpu::RouterMethod::kGreedy
+        : c.topk_method == TopkMethod::kGroupLimitedGreedy ? gpu::RouterMethod::kGroupLimitedGreedy
+                                                           : gpu::RouterMethod::kNoauxTc;
+    MB_RETURN_IF_ERROR(gpu::RouterDeepseek(
+        router_, bias, tokens, E, top_k, method, c.n_group, c.topk_group, c.norm_topk_prob,
+        static_cast<float>(c.routed_scaling_factor), ids_, route_w_, compute_));
+  } else {
+    MB_RETURN_IF_ERROR(gpu::RouterTopK(router_, tokens, E, top_k, ids_, route_w_,
+                                       c.norm_topk_prob && !p_norm, compute_));
+  }
   if (p_norm) {
     MB_RETURN_IF_ERROR(gpu::NormalizeTopKWeights(route_w_, tokens, top_k,
                                                  static_cast<float>(c.topk_norm_p), compute_));
@@ -321,6 +464,12 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
       gpu::GatherRows(x_, dtype_, tokens, hidden, sorted_token_, rows, expert_in_, compute_));
   const auto* in = static_cast<const std::byte*>(expert_in_);
   auto* act = static_cast<std::byte*>(act_);
+  // gpt-oss's expert biases: gate_up_proj_bias [E, 2 ffn] (gate at even, up at odd positions)
+  // and down_proj_bias [E, hidden], added to each expert's GEMM outputs (GptOssExperts.forward).
+  const auto* gate_up_bias =
+      static_cast<const std::byte*>(Tensor(s, layer, lw.experts_gate_up_bias));
+  const auto* down_bias = static_cast<const std::byte*>(Tensor(s, layer, lw.experts_down_bias));
+  const size_t bias_elem = gate_up_bias != nullptr ? DTypeSize(*lw.experts_gate_up_bias->dtype) : 0;
   int64_t touched = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
@@ -330,22 +479,37 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
     const ExpertWeights& ew = lw.experts[e];
     MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w1, n, ffn, hidden, gate_ + r0 * ffn));
     MB_RETURN_IF_ERROR(Gemm(x, s, layer, ew.w3, n, ffn, hidden, up_ + r0 * ffn));
+    if (gate_up_bias != nullptr) {
+      const std::byte* b = gate_up_bias + e * 2 * ffn * bias_elem;
+      const GpuDType t = TensorDType(lw.experts_gate_up_bias);
+      MB_RETURN_IF_ERROR(gpu::AddBiasStrided(gate_ + r0 * ffn, n, ffn, b, t, 2, compute_));
+      MB_RETURN_IF_ERROR(
+          gpu::AddBiasStrided(up_ + r0 * ffn, n, ffn, b + bias_elem, t, 2, compute_));
+    }
   }
-  MB_RETURN_IF_ERROR(gpu::SiluMul(gate_, up_, GpuDType::kF32, rows, ffn, act_, dtype_, compute_));
+  MB_RETURN_IF_ERROR(Activation(gate_, up_, rows, ffn, act_));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = host_offsets_[e], n = host_offsets_[e + 1] - r0;
     if (n == 0) continue;
     MB_RETURN_IF_ERROR(Gemm(act + r0 * ffn * elem_, s, layer, lw.experts[e].w2, n, hidden, ffn,
                             expert_out_ + r0 * hidden));
+    if (down_bias != nullptr) {
+      MB_RETURN_IF_ERROR(
+          gpu::AddBias(expert_out_ + r0 * hidden, n, hidden,
+                       down_bias + e * hidden * DTypeSize(*lw.experts_down_bias->dtype),
+                       TensorDType(lw.experts_down_bias), compute_));
+    }
   }
-  // Qwen2-MoE's shared expert over every token, scaled by sigmoid(x · shared_expert_gate), after
-  // the routed experts (it reuses their gate/up/act buffers).
+  // The shared expert over every token after the routed experts (it reuses their gate/up/act
+  // buffers): Qwen2-MoE's scaled by sigmoid(x · shared_expert_gate), DeepSeek's as it is.
   const float* shared = nullptr;
-  if (lw.shared_expert_gate != nullptr) {
+  if (lw.shared_expert.w1 != nullptr) {
     MB_RETURN_IF_ERROR(Ffn(s, layer, lw.shared_expert, x_, tokens, shared_out_));
+    shared = shared_out_;
+  }
+  if (shared != nullptr && lw.shared_expert_gate != nullptr) {
     MB_RETURN_IF_ERROR(Gemm(x_, s, layer, lw.shared_expert_gate, tokens, 1, hidden, shared_gate_));
     MB_RETURN_IF_ERROR(gpu::ScaleBySigmoid(shared_out_, tokens, hidden, shared_gate_, compute_));
-    shared = shared_out_;
   }
   MB_RETURN_IF_ERROR(gpu::CombineExperts(expert_out_, slot_of_, ids_, route_w_, tokens, top_k,
                                          hidden, h, shared, compute_));

@@ -3,8 +3,8 @@
 //    cuda backend (cuda/cuda_backend.h: PinnedHostAllocator);
 //  * DevicePinnedAllocator: the same with the engine's GPU made current first, for the model
 //    runner's q/k/v/attention buffers (Device::host_buffer_allocator);
-//  * CudaCopyEngine: the data mover's CopyEngine (engine/offload/data_mover.h) that fills device weight
-//    slots from pinned memory on its own stream (MoE-Lens §6.5);
+//  * CudaCopyEngine: the data mover's CopyEngine (engine/offload/data_mover.h) that fills device
+//    weight slots from pinned memory on its own stream (MoE-Lens §6.5);
 // and CudaError / MB_RETURN_IF_ERROR for CUDA runtime calls. Errors as absl::Status: Internal for
 // CUDA failures, ResourceExhausted when memory cannot be pinned, Unavailable for a device that
 // cannot be made current. Thread-safety: the allocators are thread-safe; the copy engine as
@@ -20,8 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "engine/offload/data_mover.h"
 #include "engine/model/host_memory.h"
+#include "engine/offload/data_mover.h"
 
 namespace moebatch {
 

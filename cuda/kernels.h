@@ -1,16 +1,19 @@
 // CUDA kernels of the GPU tasks of one forward pass (MoE-Lens §6.4), cuBLAS GEMMs excepted:
 //   task A: RMSNorm, RoPE, prefill attention, and for the families q/k/v biases, q/k norms (RMSNorm
-//           again) and clip_qkv (ClampAbs);
-//   task B: router softmax / top-k, permutation of tokens by expert, SiLU-mul, weighted combine
-//           (with Qwen2-MoE's shared expert, ScaleBySigmoid), residual adds, o_proj bias;
+//           again) and clip_qkv (ClampAbs); DeepSeek's multi-head latent attention (MlaRope,
+//           PrefillAttentionLatent);
+//   task B: router softmax / top-k (DeepSeek's routers), permutation of tokens by expert, SiLU-mul
+//   (gpt-oss's clamped
+//           SwiGLU), weighted combine (with Qwen2-MoE's shared expert, ScaleBySigmoid), residual
+//           adds, o_proj, router and expert biases;
 // plus the embedding gather and dtype conversions, and the dequantization of weights kept in
 // ggml's block formats (cuda/kernels_quant.cu).
 //
 // The math is the cpu backend's: each kernel has a cpu op of the same name and semantics
 // (cpu_attention/ops/ops.h, the steps of CpuDevice), which follows Hugging Face transformers'
 // models/mixtral/modeling_mixtral.py (and modeling_qwen2_moe.py, modeling_qwen3_moe.py,
-// modeling_olmoe.py, modeling_llama.py for what the families add); each function names the
-// transformers code it implements.
+// modeling_olmoe.py, modeling_llama.py, modeling_dbrx.py, modeling_gpt_oss.py for what the families
+// add); each function names the transformers code it implements.
 // tests/cuda/test_backend_ops.cc checks every kernel against its cpu op on random shapes and
 // dtypes; tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc what is particular to the kernels
 // (launch limits, ties).
@@ -50,8 +53,16 @@ inline constexpr int64_t kMaxRouterExperts = 256;
 inline constexpr int64_t kMaxPermutationExperts = 256;
 // Largest top_k CombineExperts accepts.
 inline constexpr int64_t kMaxCombineTopK = 64;
-// Largest head_dim PrefillAttention accepts.
-inline constexpr int64_t kMaxAttentionHeadDim = 256;
+// Largest head_dim PrefillAttention and PrefillAttentionLatent accept (DeepSeek's latent rows:
+// 576).
+inline constexpr int64_t kMaxAttentionHeadDim = 1024;
+// Largest n_group RouterDeepseek accepts (DeepSeek-V3: 8).
+inline constexpr int64_t kMaxRouterGroups = 64;
+// MlaRope keeps a token's (heads + 1) * d values in shared memory: at most this many (48 KiB).
+inline constexpr int64_t kMaxMlaRopeValues = 12288;
+
+// DeepSeek's routing methods (ModelConfig's TopkMethod but kSoftmax, which RouterTopK computes).
+enum class RouterMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 // --- Embedding -----------------------------------------------------------------------------------
 
@@ -92,6 +103,11 @@ absl::Status DequantizeRows(const void* src, GgmlType type, int64_t rows, int64_
 absl::Status RmsNorm(const float* in, const void* weight, GpuDType weight_dtype, int64_t rows,
                      int64_t n, float eps, void* out, GpuDType out_dtype, cudaStream_t stream);
 
+// RmsNorm in place on f32 rows `stride` elements apart, each row's first n values (MLA's
+// kv_a_layernorm over the c_kv part of [c_kv | k_pe] rows). stride >= n; otherwise as RmsNorm.
+absl::Status RmsNormStrided(float* x, int64_t stride, const void* weight, GpuDType weight_dtype,
+                            int64_t rows, int64_t n, float eps, cudaStream_t stream);
+
 // nn.LayerNorm(n, bias=False).forward (DBRX): out = weight * ((x - mean) * 1/sqrt(var + eps)) per
 // row, mean and biased variance in f32 by block reductions (two passes, as the CPU's LayerNorm,
 // whose in-order sums differ by rounding only). Shapes, dtypes, aliasing and eps as RmsNorm's.
@@ -110,6 +126,20 @@ absl::Status LayerNorm(const float* in, const void* weight, GpuDType weight_dtyp
 absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
                        const float* inv_freq, float attention_scaling, cudaStream_t stream);
 
+// cpu_ops::MlaRope on the GPU: RoPE of multi-head latent attention's decoupled part (DeepSeek-V2's
+// apply_rotary_emb, V3's apply_rotary_pos_emb_interleave, or rotate_half without
+// rope_interleave), `heads` vectors of d values per token read at in + (t * heads + h) *
+// in_stride and written rotated at out + (t * heads + h) * out_stride; with interleave the pairs
+// (2i, 2i + 1) are rotated and stored at (i, i + d/2). cos and sin as ApplyRope's (accurate
+// cosf/sinf times attention_scaling, each product and sum rounded separately). out may be in
+// (same stride) or another buffer (task A writes q_pe into the absorbed query rows this way).
+// positions [tokens] int64; inv_freq [d / 2] f32. d even, (heads + 1) * d <= kMaxMlaRopeValues,
+// strides >= d. One block per token.
+absl::Status MlaRope(const float* in, int64_t in_stride, float* out, int64_t out_stride,
+                     int64_t tokens, int64_t heads, int64_t d, const int64_t* positions,
+                     const float* inv_freq, float attention_scaling, bool interleave,
+                     cudaStream_t stream);
+
 // Causal self-attention of variable-length prefill sequences whose whole context is in this call
 // (MixtralAttention.forward with eager_attention_forward: repeat_kv for GQA, causal and sliding
 // window masks, softmax in f32). q [tokens, heads, d], k and v [tokens, kv_heads, d], out [tokens,
@@ -119,6 +149,10 @@ absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const
 // key j of its sequence iff j <= i and (sliding_window == 0 or i - sliding_window < j) (positions
 // within the sequence; the same set as cpu_attention's max(0, p - window + 1) <= j <= p).
 // scale: usually 1/sqrt(d). heads a multiple of kv_heads; 1 <= d <= 256; sliding_window >= 0.
+// sinks: [heads] f32 learned sink logits in the scaled scores' units (gpt-oss's
+// GptOssAttention.sinks: one more logit per head in the softmax's denominator, with no value;
+// eager_attention_forward in modeling_gpt_oss.py), normalised as cpu_attention's
+// SoftmaxNormalizer does; null for none.
 //
 // This is the correctness-first kernel: one 128-thread block per (query row, head), keys in tiles
 // of 64 (scores and probabilities in shared memory, one warp per key for q.k), an online softmax
@@ -128,7 +162,21 @@ absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const
 absl::Status PrefillAttention(const float* q, const float* k, const float* v,
                               const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
                               int64_t heads, int64_t kv_heads, int64_t d, float scale,
-                              int64_t sliding_window, float* out, cudaStream_t stream);
+                              int64_t sliding_window, const float* sinks, float* out,
+                              cudaStream_t stream);
+
+// Multi-head latent attention over the prefill segments in its absorbed form
+// (cpu_attention/ops/deepseek_ops.h): MQA whose one KV head is the latent row [c_kv | k_pe] of
+// each token, key and value at once, the value being its first value_dim (kv_lora_rank) values.
+// q [tokens, heads, d] (the absorbed queries [W_UK[h]ᵀ q_nope | q_pe]); latent [tokens, d]; out
+// [tokens, heads, d]: per head the first value_dim values of sum_j p_j latent_j, the rest 0 (as
+// the CPU's attention over an MLA cache). The causal masks, online softmax and arithmetic of
+// PrefillAttention with kv_heads 1, v = latent and no window or sinks; scale: MLA's
+// softmax_scale. 1 <= value_dim <= d <= kMaxAttentionHeadDim.
+absl::Status PrefillAttentionLatent(const float* q, const float* latent, const int32_t* cu_seqlens,
+                                    int64_t num_seqs, int64_t tokens, int64_t heads, int64_t d,
+                                    int64_t value_dim, float scale, float* out,
+                                    cudaStream_t stream);
 
 // --- Task B --------------------------------------------------------------------------------------
 
@@ -141,6 +189,21 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
 // min(experts, 64). One thread per token.
 absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                         int32_t* ids, float* weights, bool renormalize, cudaStream_t stream);
+
+// DeepSeek's routers, as cpu_ops::RouterDeepseek (cpu_attention/ops/deepseek_ops.h: its
+// semantics, tie rules and order of operations): greedy and group_limited_greedy (softmax scores;
+// groups ranked by their max) and noaux_tc (sigmoid scores plus bias, the correction bias
+// [experts] f32, device memory; groups ranked by the sum of their two largest). weights = the
+// chosen scores, renormalised by their sum (+ 1e-20 for noaux_tc) with `renormalize`, times
+// scaling (routed_scaling_factor). logits [tokens, experts] f32; ids [tokens, top_k] int32, in
+// descending choice order; weights [tokens, top_k] f32. experts <= kMaxRouterExperts, a
+// multiple of n_group <= kMaxRouterGroups; 1 <= topk_group <= n_group; 1 <= top_k <=
+// min(kMaxCombineTopK, topk_group * experts / n_group). bias is read for kNoauxTc only (null
+// otherwise). One thread per token.
+absl::Status RouterDeepseek(const float* logits, const float* bias, int64_t tokens, int64_t experts,
+                            int64_t top_k, RouterMethod method, int64_t n_group, int64_t topk_group,
+                            bool renormalize, float scaling, int32_t* ids, float* weights,
+                            cudaStream_t stream);
 
 // DbrxRouter's p-norm renormalisation (p != 1) of RouterTopK's weights taken without
 // renormalize, as cpu_ops::NormalizeTopKWeights: s = sum of |w|^p in choice order (w * w for
@@ -178,6 +241,15 @@ absl::Status GatherRows(const void* src, GpuDType dtype, int64_t src_rows, int64
 absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_t rows,
                      int64_t inter, void* out, GpuDType out_dtype, cudaStream_t stream);
 
+// GptOssExperts.forward's clamped SwiGLU, as cpu_ops::ClampedSwiglu: g = min(gate, limit),
+// u = clamp(up, -limit, limit), out = (u + 1) * (g * sigmoid(1.702 g)), the sigmoid
+// 1 / (1 + expf(-(g * 1.702))), each product and sum rounded separately in f32, then rounded once
+// to out_dtype. gate and up [rows, inter] f32 (the gate and up GEMM outputs with their biases); out
+// [rows, inter] in out_dtype (the compute dtype, the down GEMM input; may be gate when f32).
+// limit > 0 and finite.
+absl::Status ClampedSwiglu(const float* gate, const float* up, int64_t rows, int64_t inter,
+                           float limit, void* out, GpuDType out_dtype, cudaStream_t stream);
+
 // The end of MixtralSparseMoeBlock.forward (expert output * routing weight, index_add_ into
 // final_hidden_states) and the residual add of MixtralDecoderLayer.forward, in the CPU's order:
 // for each token, moe = 0.0f, then moe += expert_out[slot] * weight over its choices taken in
@@ -211,6 +283,12 @@ absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t strea
 // [rows, n] f32; bias [n] in bias_dtype.
 absl::Status AddBias(float* x, int64_t rows, int64_t n, const void* bias, GpuDType bias_dtype,
                      cudaStream_t stream);
+// x[r, i] += f32(bias[i * bias_step]): a bias read every bias_step elements, as gpt-oss's
+// gate_up_proj_bias[e] [2 inter] holds the gate's bias at even and the up projection's at odd
+// positions (GptOssExperts.forward: gate_up[..., ::2], gate_up[..., 1::2]). bias_step >= 1;
+// otherwise as AddBias.
+absl::Status AddBiasStrided(float* x, int64_t rows, int64_t n, const void* bias,
+                            GpuDType bias_dtype, int64_t bias_step, cudaStream_t stream);
 // x[i] = min(max(x[i], -limit), limit) (OLMoE's clip_qkv). x [n] f32; limit > 0.
 absl::Status ClampAbs(float* x, int64_t n, float limit, cudaStream_t stream);
 // Qwen2-MoE's shared expert gate: x[t, :] = sigmoid(gate_logit[t]) * x[t, :], the sigmoid

@@ -76,6 +76,122 @@ absl::Status RouterTopK(const float* logits, int64_t tokens, int64_t experts, in
   return CheckLaunch(kFn);
 }
 
+// --- DeepSeek's routers -------------------------------------------------------------------------
+
+namespace {
+
+// One thread per token, cpu_ops::RouterDeepseek's operations in its order: the scores (softmax,
+// or sigmoid plus the correction bias for noaux_tc), the groups' scores and the topk_group best
+// groups (descending, lower group id on ties), the other groups' choices zeroed, then top_k
+// passes of "largest untaken choice, lower id on ties".
+__global__ void __launch_bounds__(kRouterThreads)
+    RouterDeepseekKernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                         int64_t tokens, int experts, int top_k, RouterMethod method, int n_group,
+                         int topk_group, bool renormalize, float scaling, int32_t* __restrict__ ids,
+                         float* __restrict__ weights) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  const float* logit = logits + t * experts;
+  float scores[kMaxRouterExperts], choice[kMaxRouterExperts];
+  const bool noaux = method == RouterMethod::kNoauxTc;
+  if (noaux) {
+    for (int e = 0; e < experts; ++e) {
+      scores[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit[e])));  // router_logits.sigmoid()
+      choice[e] = __fadd_rn(scores[e], bias[e]);
+    }
+  } else {  // logits.softmax(dim=-1, dtype=float32)
+    float max_logit = logit[0];
+    for (int e = 1; e < experts; ++e) max_logit = logit[e] > max_logit ? logit[e] : max_logit;
+    float sum = 0.0f;
+    for (int e = 0; e < experts; ++e) {
+      scores[e] = expf(logit[e] - max_logit);
+      sum += scores[e];
+    }
+    for (int e = 0; e < experts; ++e) choice[e] = scores[e] = __fdiv_rn(scores[e], sum);
+  }
+  if (method != RouterMethod::kGreedy) {
+    const int per_group = experts / n_group;
+    float group_score[kMaxRouterGroups];
+    for (int g = 0; g < n_group; ++g) {
+      const float* c = choice + g * per_group;
+      float first = -INFINITY, second = -INFINITY;
+      for (int i = 0; i < per_group; ++i) {
+        if (c[i] > first) {
+          second = first;
+          first = c[i];
+        } else if (c[i] > second) {
+          second = c[i];
+        }
+      }
+      group_score[g] = noaux ? first + second : first;  // topk(2).sum(), or max
+    }
+    uint64_t keep = 0;
+    for (int j = 0; j < topk_group; ++j) {
+      int best = -1;
+      for (int g = 0; g < n_group; ++g) {
+        if ((keep >> g) & 1u) continue;
+        if (best < 0 || group_score[g] > group_score[best]) best = g;
+      }
+      keep |= uint64_t{1} << best;
+    }
+    for (int e = 0; e < experts; ++e) {
+      if (!((keep >> (e / per_group)) & 1u)) choice[e] = 0.0f;  // masked_fill(~score_mask, 0.0)
+    }
+  }
+  uint64_t taken[kMaxRouterExperts / 64] = {};
+  int32_t* id_row = ids + t * top_k;
+  float top_sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    int best = -1;
+    for (int e = 0; e < experts; ++e) {
+      if ((taken[e / 64] >> (e % 64)) & 1u) continue;
+      if (best < 0 || choice[e] > choice[best]) best = e;  // strict: ties keep the lower id
+    }
+    taken[best / 64] |= uint64_t{1} << (best % 64);
+    id_row[j] = best;
+    top_sum += scores[best];
+  }
+  if (noaux) top_sum += 1e-20f;
+  float* weight_row = weights + t * top_k;
+  for (int j = 0; j < top_k; ++j) {
+    float w = scores[id_row[j]];
+    if (renormalize) w = __fdiv_rn(w, top_sum);
+    weight_row[j] = __fmul_rn(w, scaling);
+  }
+}
+
+}  // namespace
+
+absl::Status RouterDeepseek(const float* logits, const float* bias, int64_t tokens, int64_t experts,
+                            int64_t top_k, RouterMethod method, int64_t n_group, int64_t topk_group,
+                            bool renormalize, float scaling, int32_t* ids, float* weights,
+                            cudaStream_t stream) {
+  constexpr const char* kFn = "RouterDeepseek";
+  if (method == RouterMethod::kGreedy) n_group = topk_group = 1;
+  if (tokens < 0 || experts < 1 || experts > kMaxRouterExperts || n_group < 1 ||
+      n_group > kMaxRouterGroups || experts % n_group != 0 || topk_group < 1 ||
+      topk_group > n_group || top_k < 1 || top_k > kMaxCombineTopK ||
+      top_k > topk_group * (experts / n_group) ||
+      (method == RouterMethod::kNoauxTc && experts / n_group < 2)) {
+    return Invalid(kFn, "bad sizes tokens=", tokens, " experts=", experts, " top_k=", top_k,
+                   " n_group=", n_group, " topk_group=", topk_group,
+                   " (experts <= ", kMaxRouterExperts, ", n_group <= ", kMaxRouterGroups,
+                   ", top_k <= ", kMaxCombineTopK, ")");
+  }
+  if (!std::isfinite(scaling)) return Invalid(kFn, "bad scaling ", scaling);
+  const int64_t blocks = (tokens + kRouterThreads - 1) / kRouterThreads;
+  if (blocks > kMaxGridX) return Invalid(kFn, "too many tokens: ", tokens);
+  if (tokens == 0) return absl::OkStatus();
+  if (logits == nullptr || ids == nullptr || weights == nullptr ||
+      (method == RouterMethod::kNoauxTc && bias == nullptr)) {
+    return Invalid(kFn, "null pointer");
+  }
+  RouterDeepseekKernel<<<static_cast<unsigned>(blocks), kRouterThreads, 0, stream>>>(
+      logits, bias, tokens, static_cast<int>(experts), static_cast<int>(top_k), method,
+      static_cast<int>(n_group), static_cast<int>(topk_group), renormalize, scaling, ids, weights);
+  return CheckLaunch(kFn);
+}
+
 namespace {
 
 __global__ void __launch_bounds__(kRouterThreads)
@@ -361,6 +477,51 @@ absl::Status SiluMul(const void* gate, const void* up, GpuDType in_dtype, int64_
   return CheckLaunch(kFn);
 }
 
+namespace {
+
+constexpr float kSwigluAlpha = 1.702f;  // GptOssExperts.alpha
+
+template <typename O>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    ClampedSwigluKernel(const float* gate, const float* up, int64_t n, float limit, O* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    // std::min / std::max as the CPU's: a NaN gate stays NaN (torch.clamp).
+    const float gi = gate[i], ui = up[i];
+    const float g = limit < gi ? limit : gi;
+    float u = ui < -limit ? -limit : ui;
+    u = limit < u ? limit : u;
+    const float glu =
+        __fmul_rn(g, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, kSwigluAlpha)))));
+    out[i] = FromF32<O>(__fmul_rn(__fadd_rn(u, 1.0f), glu));
+  }
+}
+
+}  // namespace
+
+absl::Status ClampedSwiglu(const float* gate, const float* up, int64_t rows, int64_t inter,
+                           float limit, void* out, GpuDType out_dtype, cudaStream_t stream) {
+  constexpr const char* kFn = "ClampedSwiglu";
+  if (auto st = CheckDType(kFn, "out_dtype", out_dtype); !st.ok()) return st;
+  if (rows < 0 || inter < 1 || rows > std::numeric_limits<int64_t>::max() / inter) {
+    return Invalid(kFn, "bad sizes rows=", rows, " inter=", inter);
+  }
+  if (!(limit > 0.0f) || !std::isfinite(limit)) return Invalid(kFn, "bad limit ", limit);
+  if (rows == 0) return absl::OkStatus();
+  if (gate == nullptr || up == nullptr || out == nullptr) return Invalid(kFn, "null pointer");
+  if (out_dtype != GpuDType::kF32 && (out == gate || out == up)) {
+    return Invalid(kFn, "in-place only with an f32 out_dtype");
+  }
+  const int64_t n = rows * inter;
+  Dispatch(out_dtype, [&](auto otag) {
+    using O = typename decltype(otag)::type;
+    ClampedSwigluKernel<O><<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(
+        gate, up, n, limit, static_cast<O*>(out));
+  });
+  return CheckLaunch(kFn);
+}
+
 // --- Combine -------------------------------------------------------------------------------------
 
 namespace {
@@ -447,14 +608,15 @@ __global__ void __launch_bounds__(kElementwiseThreads)
   }
 }
 
-// x [rows, n]: element i of the flattened array gets bias[i % n].
+// x [rows, n]: element i of the flattened array gets bias[(i % n) * step].
 template <typename B>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    AddBiasKernel(float* __restrict__ x, int64_t total, int64_t n, const B* __restrict__ bias) {
+    AddBiasKernel(float* __restrict__ x, int64_t total, int64_t n, const B* __restrict__ bias,
+                  int64_t step) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
-    x[i] = __fadd_rn(x[i], ToF32(bias[i % n]));
+    x[i] = __fadd_rn(x[i], ToF32(bias[(i % n) * step]));
   }
 }
 
@@ -505,10 +667,16 @@ absl::Status AddResidual(float* h, const float* x, int64_t n, cudaStream_t strea
 
 absl::Status AddBias(float* x, int64_t rows, int64_t n, const void* bias, GpuDType bias_dtype,
                      cudaStream_t stream) {
+  return AddBiasStrided(x, rows, n, bias, bias_dtype, 1, stream);
+}
+
+absl::Status AddBiasStrided(float* x, int64_t rows, int64_t n, const void* bias,
+                            GpuDType bias_dtype, int64_t bias_step, cudaStream_t stream) {
   constexpr const char* kFn = "AddBias";
   if (auto st = CheckDType(kFn, "bias_dtype", bias_dtype); !st.ok()) return st;
-  if (rows < 0 || n < 1 || rows > std::numeric_limits<int64_t>::max() / n) {
-    return Invalid(kFn, "bad sizes rows=", rows, " n=", n);
+  if (rows < 0 || n < 1 || rows > std::numeric_limits<int64_t>::max() / n || bias_step < 1 ||
+      n > std::numeric_limits<int64_t>::max() / bias_step) {
+    return Invalid(kFn, "bad sizes rows=", rows, " n=", n, " bias_step=", bias_step);
   }
   if (rows == 0) return absl::OkStatus();
   if (x == nullptr || bias == nullptr) return Invalid(kFn, "null pointer");
@@ -516,7 +684,7 @@ absl::Status AddBias(float* x, int64_t rows, int64_t n, const void* bias, GpuDTy
   Dispatch(bias_dtype, [&](auto tag) {
     using B = typename decltype(tag)::type;
     AddBiasKernel<B><<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
-        x, total, n, static_cast<const B*>(bias));
+        x, total, n, static_cast<const B*>(bias), bias_step);
   });
   return CheckLaunch(kFn);
 }

@@ -81,12 +81,14 @@ absl::Status ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t d, const
 // (PagedAttentionReference with an f32 cache): per key, s = (q . k in index order) * scale, an
 // online softmax with a running max and sum, out = acc * (1 / sum). Here cu_seqlens is checked:
 // 0 <= cu_seqlens[0] <= ... <= cu_seqlens[num_seqs] <= tokens, else InvalidArgument.
-// heads a multiple of kv_heads; d >= 1; sliding_window >= 0; scale finite.
+// heads a multiple of kv_heads; d >= 1; sliding_window >= 0; scale finite. sinks: [heads] f32
+// learned sink logits (gpt-oss) joining each softmax's denominator as SoftmaxNormalizer
+// (cpu_attention/attention/paged_attention.h) has it, or null for none.
 // OpenMP over (query row, head).
 absl::Status PrefillAttention(const float* q, const float* k, const float* v,
                               const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
                               int64_t heads, int64_t kv_heads, int64_t d, float scale,
-                              int64_t sliding_window, float* out);
+                              int64_t sliding_window, float* out, const float* sinks = nullptr);
 
 // --- Task B --------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_attention/attention/paged_attention.h"
 #include "cpu_attention/ops/ops.h"
 #include "cpu_attention/ops/ops_common.h"
 
@@ -156,7 +157,7 @@ namespace {
 // One query row and head over the keys [first, last] (rows of k/v, `stride` floats apart):
 // PagedAttentionReference's AttendOne on contiguous f32 rows.
 void AttendOne(const float* q, const float* k, const float* v, int64_t stride, int64_t first,
-               int64_t last, int64_t d, float scale, float* out, float* acc) {
+               int64_t last, int64_t d, float scale, const float* sink, float* out, float* acc) {
   float running_max = -INFINITY;
   float running_sum = 0.0f;
   std::fill(acc, acc + d, 0.0f);
@@ -176,7 +177,7 @@ void AttendOne(const float* q, const float* k, const float* v, int64_t stride, i
     running_sum += p;
     for (int64_t i = 0; i < d; ++i) acc[i] += p * value[i];
   }
-  const float inv = 1.0f / running_sum;
+  const float inv = SoftmaxNormalizer(running_max, running_sum, sink);
   for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
 }
 
@@ -185,7 +186,7 @@ void AttendOne(const float* q, const float* k, const float* v, int64_t stride, i
 absl::Status PrefillAttention(const float* q, const float* k, const float* v,
                               const int32_t* cu_seqlens, int64_t num_seqs, int64_t tokens,
                               int64_t heads, int64_t kv_heads, int64_t d, float scale,
-                              int64_t sliding_window, float* out) {
+                              int64_t sliding_window, float* out, const float* sinks) {
   constexpr const char* kFn = "PrefillAttention";
   if (tokens < 0 || num_seqs < 0 || num_seqs >= kMaxInt32 || heads < 1 || kv_heads < 1 ||
       heads % kv_heads != 0 || d < 1 || sliding_window < 0) {
@@ -227,7 +228,8 @@ absl::Status PrefillAttention(const float* q, const float* k, const float* v,
           start + (sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0);
       const int64_t kv_head = head / group;
       AttendOne(q + (row * heads + head) * d, k + kv_head * d, v + kv_head * d, stride, first, row,
-                d, scale, out + (row * heads + head) * d, acc.data());
+                d, scale, sinks != nullptr ? sinks + head : nullptr, out + (row * heads + head) * d,
+                acc.data());
     }
   }
   return absl::OkStatus();

@@ -73,7 +73,13 @@ int64_t GpuActivationBytesPerToken(const ModelConfig& c, DType dtype) {
   bytes += ffn * e;                   // silu(gate) * up, GEMM input
   bytes += k * hidden * f;            // expert outputs
   if (c.shared_expert_intermediate_size > 0) bytes += hidden * f + f;  // shared expert, its gate
-  bytes += c.vocab_size * f + 4;                                       // logits and their row index
+  if (c.mla) {  // MLA's projected q, its low-rank q, and the heads' values after W_UV
+    const MlaConfig& m = *c.mla;
+    bytes += (c.num_attention_heads * m.qk_head_dim() + m.q_lora_rank +
+              c.num_attention_heads * m.v_head_dim) *
+             (f + e);
+  }
+  bytes += c.vocab_size * f + 4;  // logits and their row index
   return bytes;
 }
 

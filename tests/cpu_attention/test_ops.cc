@@ -274,10 +274,18 @@ const std::vector<AttentionCase>& AttentionCases() {
 
 }  // namespace
 
-TEST_CASE("cpu_ops::PrefillAttention matches causal GQA attention in float64", "[ops]") {
+TEST_CASE("cpu_ops::PrefillAttention matches causal GQA attention in float64, sinks too", "[ops]") {
   std::mt19937 rng(10);
+  // gpt-oss's sinks (modeling_gpt_oss.py's eager_attention_forward): one more logit per head in
+  // the softmax, its probability dropped; head 0's above every score.
+  const bool with_sinks = GENERATE(false, true);
   for (const AttentionCase& c : AttentionCases()) {
-    CAPTURE(c.heads, c.kv_heads, c.d, c.window, c.tokens);
+    CAPTURE(c.heads, c.kv_heads, c.d, c.window, c.tokens, with_sinks);
+    std::vector<float> sinks;
+    if (with_sinks) {
+      sinks = Normal(rng, c.heads);
+      sinks[0] = 30.0f;
+    }
     const int64_t num_seqs = static_cast<int64_t>(c.cu_seqlens.size()) - 1;
     const std::vector<float> q = Normal(rng, c.tokens * c.heads * c.d);
     const std::vector<float> k = Normal(rng, c.tokens * c.kv_heads * c.d);
@@ -303,7 +311,8 @@ TEST_CASE("cpu_ops::PrefillAttention matches causal GQA attention in float64", "
             score[j] = dot * scale;
             max_score = std::max(max_score, score[j]);
           }
-          double sum = 0;
+          if (with_sinks) max_score = std::max(max_score, double(sinks[h]));
+          double sum = with_sinks ? std::exp(sinks[h] - max_score) : 0.0;
           for (int64_t j = start; j <= i; ++j) sum += std::exp(score[j] - max_score);
           double* o = want.data() + (i * c.heads + h) * c.d;
           std::fill(o, o + c.d, 0.0);
@@ -317,7 +326,7 @@ TEST_CASE("cpu_ops::PrefillAttention matches causal GQA attention in float64", "
     std::vector<float> out(c.tokens * c.heads * c.d, untouched);
     REQUIRE(cpu_ops::PrefillAttention(q.data(), k.data(), v.data(), c.cu_seqlens.data(), num_seqs,
                                       c.tokens, c.heads, c.kv_heads, c.d, scale, c.window,
-                                      out.data())
+                                      out.data(), with_sinks ? sinks.data() : nullptr)
                 .ok());
     const double err = MaxRelError(out, want);
     CAPTURE(err);

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "cpu_attention/gemm/matmul.h"
+#include "cpu_attention/ops/deepseek_ops.h"
 #include "cpu_attention/ops/ops.h"
 #include "cuda/kernels.h"
 #include "engine/model/ggml_quants.h"
@@ -322,8 +323,9 @@ TEST_CASE("backend ops: ApplyRope", "[backend_ops]") {
   CheckOutput("ApplyRope", x_d.Download(), want, tol);
 }
 
-TEST_CASE("backend ops: PrefillAttention (GQA, sliding windows, rows outside every sequence)",
-          "[backend_ops]") {
+TEST_CASE(
+    "backend ops: PrefillAttention (GQA, sliding windows, rows outside every sequence, sinks)",
+    "[backend_ops]") {
   struct Row {
     int64_t heads, kv_heads, d, window;
     std::vector<int32_t> cu_seqlens;
@@ -339,9 +341,16 @@ TEST_CASE("backend ops: PrefillAttention (GQA, sliding windows, rows outside eve
       {2, 1, 64, 200, {3, 10, 140}, 143},     // rows 0-2 and 140-142 in no sequence
   };
   const Row row = GENERATE(from_range(rows));
+  // gpt-oss's sinks: one per head, head 0's above every score (the normaliser's other branch).
+  const bool with_sinks = GENERATE(false, true);
   const Tolerance tol = Relative(1e-5);
-  CAPTURE(row.heads, row.kv_heads, row.d, row.window, row.tokens, Describe(tol));
+  CAPTURE(row.heads, row.kv_heads, row.d, row.window, row.tokens, with_sinks, Describe(tol));
   std::mt19937 rng(10);
+  std::vector<float> sinks;
+  if (with_sinks) {
+    sinks = Normal(rng, row.heads, 2.0f);
+    sinks[0] = 40.0f;
+  }
   const int64_t num_seqs = static_cast<int64_t>(row.cu_seqlens.size()) - 1;
   const std::vector<float> q = Normal(rng, row.tokens * row.heads * row.d);
   const std::vector<float> k = Normal(rng, row.tokens * row.kv_heads * row.d);
@@ -351,18 +360,175 @@ TEST_CASE("backend ops: PrefillAttention (GQA, sliding windows, rows outside eve
   Stream stream;
   DeviceBuffer<float> q_d(q), k_d(k), v_d(v), out_d(untouched);
   DeviceBuffer<int32_t> cu_d(row.cu_seqlens);
+  DeviceBuffer<float> sinks_d(with_sinks ? sinks : std::vector<float>(1));
   STATUS_REQUIRE(PrefillAttention(q_d.get(), k_d.get(), v_d.get(), cu_d.get(), num_seqs, row.tokens,
-                                  row.heads, row.kv_heads, row.d, scale, row.window, out_d.get(),
-                                  stream.get()));
+                                  row.heads, row.kv_heads, row.d, scale, row.window,
+                                  with_sinks ? sinks_d.get() : nullptr, out_d.get(), stream.get()));
   std::vector<float> want = untouched;
-  STATUS_REQUIRE(cpu_ops::PrefillAttention(q.data(), k.data(), v.data(), row.cu_seqlens.data(),
-                                           num_seqs, row.tokens, row.heads, row.kv_heads, row.d,
-                                           scale, row.window, want.data()));
+  STATUS_REQUIRE(cpu_ops::PrefillAttention(
+      q.data(), k.data(), v.data(), row.cu_seqlens.data(), num_seqs, row.tokens, row.heads,
+      row.kv_heads, row.d, scale, row.window, want.data(), with_sinks ? sinks.data() : nullptr));
   stream.Sync();
   CheckOutput("PrefillAttention", out_d.Download(), want, tol);
 }
 
+// DeepSeek's multi-head latent attention (cpu_attention/ops/deepseek_ops.h): the kv_a_layernorm
+// over strided rows, the decoupled RoPE (in place and into another buffer), and the absorbed
+// attention over the segments' latent rows.
+TEST_CASE("backend ops: RmsNormStrided (the c_kv part of latent rows)", "[backend_ops]") {
+  const int64_t rows = GENERATE(1, 37), n = GENERATE(int64_t{16}, int64_t{512});
+  const int64_t stride = n + 64;  // DeepSeek's [c_kv | k_pe] rows: 512 + 64
+  CAPTURE(rows, n);
+  std::mt19937 rng(21);
+  const std::vector<float> x = Normal(rng, rows * stride, 2.0f);
+  const std::vector<float> weight = Normal(rng, n);
+  Stream stream;
+  DeviceBuffer<float> x_d(x), w_d(weight);
+  STATUS_REQUIRE(
+      RmsNormStrided(x_d.get(), stride, w_d.get(), GpuDType::kF32, rows, n, 1e-6f, stream.get()));
+  std::vector<float> want = x;  // each row's first n values normed, the rest as they were
+  for (int64_t r = 0; r < rows; ++r) {
+    STATUS_REQUIRE(cpu_ops::RmsNorm(x.data() + r * stride, weight.data(), DType::kF32, 1, n, 1e-6f,
+                                    want.data() + r * stride, DType::kF32));
+  }
+  stream.Sync();
+  // As RmsNorm's: the GPU's block reduction sums in another order.
+  CheckOutput("RmsNormStrided", x_d.Download(), want, Relative(2e-6));
+}
+
+TEST_CASE("backend ops: MlaRope (interleaved and halves, in place and into another buffer)",
+          "[backend_ops]") {
+  struct Row {
+    int64_t tokens, heads, d, in_stride, out_stride;
+  };
+  static const std::vector<Row> rows = {
+      {1, 1, 64, 576, 576},    // a key: the k_pe of a latent row, in place
+      {37, 16, 64, 192, 576},  // V2-Lite's queries: q_pe of [nope 128 | rope 64] into latent rows
+      {5, 128, 64, 192, 576},  // V3's 128 heads
+      {9, 3, 2, 7, 2},         // the smallest d, odd strides
+  };
+  const Row row = GENERATE(from_range(rows));
+  const bool interleave = GENERATE(true, false);
+  const float scaling = GENERATE(1.0f, 1.2079442f);  // yarn's mscale for factor 40
+  CAPTURE(row.tokens, row.heads, row.d, row.in_stride, row.out_stride, interleave, scaling);
+  std::mt19937 rng(22);
+  const std::vector<float> inv_freq = RopeInvFreq(row.d, 10000.0f);
+  std::vector<int64_t> positions(row.tokens);
+  for (int64_t t = 0; t < row.tokens; ++t) positions[t] = (t * 7919) % 40960;
+  const int64_t n = row.tokens * row.heads;
+  const std::vector<float> in = Normal(rng, n * row.in_stride);
+  const std::vector<float> out0 = Normal(rng, n * row.out_stride);
+  Stream stream;
+  DeviceBuffer<float> in_d(in), out_d(out0), inv_freq_d(inv_freq);
+  DeviceBuffer<int64_t> positions_d(positions);
+  const bool in_place = row.in_stride == row.out_stride;
+  float* out_ptr = in_place ? in_d.get() : out_d.get();
+  STATUS_REQUIRE(MlaRope(in_d.get(), row.in_stride, out_ptr, row.out_stride, row.tokens, row.heads,
+                         row.d, positions_d.get(), inv_freq_d.get(), scaling, interleave,
+                         stream.get()));
+  // The cpu op rotates in place: on a copy of the vectors, then placed as the GPU's output.
+  std::vector<float> rotated = in;
+  STATUS_REQUIRE(cpu_ops::MlaRope(rotated.data(), row.tokens, row.heads, row.in_stride, row.d,
+                                  positions.data(), inv_freq.data(), scaling, interleave));
+  std::vector<float> want = in_place ? in : out0;
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy_n(rotated.data() + r * row.in_stride, row.d, want.data() + r * row.out_stride);
+  }
+  stream.Sync();
+  // cosf/sinf within 2 ulp of glibc's (as ApplyRope's check).
+  CheckOutput("MlaRope", in_place ? in_d.Download() : out_d.Download(), want, Relative(2e-6));
+}
+
+TEST_CASE("backend ops: PrefillAttentionLatent (MQA over latent rows, value_dim < d)",
+          "[backend_ops]") {
+  struct Row {
+    int64_t heads, d, value_dim;
+    std::vector<int32_t> cu_seqlens;
+    int64_t tokens;
+  };
+  static const std::vector<Row> rows = {
+      {16, 576, 512, {0, 1, 18, 90}, 90},  // V2-Lite: latent 512 + 64, 16 heads
+      {4, 48, 32, {0, 70}, 70},            // a tiny model's latent 32 + 16
+      {3, 1024, 1000, {2, 9, 66}, 68},     // the largest d; rows outside every sequence
+  };
+  const Row row = GENERATE(from_range(rows));
+  CAPTURE(row.heads, row.d, row.value_dim, row.tokens);
+  std::mt19937 rng(23);
+  const int64_t num_seqs = static_cast<int64_t>(row.cu_seqlens.size()) - 1;
+  const std::vector<float> q = Normal(rng, row.tokens * row.heads * row.d, 0.2f);
+  const std::vector<float> latent = Normal(rng, row.tokens * row.d);
+  const float scale = 0.1352f;
+  const std::vector<float> untouched(row.tokens * row.heads * row.d, 7.0f);
+  Stream stream;
+  DeviceBuffer<float> q_d(q), latent_d(latent), out_d(untouched);
+  DeviceBuffer<int32_t> cu_d(row.cu_seqlens);
+  STATUS_REQUIRE(PrefillAttentionLatent(q_d.get(), latent_d.get(), cu_d.get(), num_seqs, row.tokens,
+                                        row.heads, row.d, row.value_dim, scale, out_d.get(),
+                                        stream.get()));
+  // The cpu op with one KV head whose key and value are the latent row, then the values from
+  // value_dim on set to 0 in the rows attended.
+  std::vector<float> want = untouched;
+  STATUS_REQUIRE(cpu_ops::PrefillAttention(q.data(), latent.data(), latent.data(),
+                                           row.cu_seqlens.data(), num_seqs, row.tokens, row.heads,
+                                           1, row.d, scale, 0, want.data()));
+  for (int64_t t = row.cu_seqlens.front(); t < row.cu_seqlens.back(); ++t) {
+    for (int64_t h = 0; h < row.heads; ++h) {
+      float* o = want.data() + (t * row.heads + h) * row.d;
+      std::fill(o + row.value_dim, o + row.d, 0.0f);
+    }
+  }
+  stream.Sync();
+  CheckOutput("PrefillAttentionLatent", out_d.Download(), want, Relative(1e-5));
+}
+
 // --- Task B --------------------------------------------------------------------------------------
+
+TEST_CASE("backend ops: RouterDeepseek (greedy, group_limited_greedy, noaux_tc)", "[backend_ops]") {
+  struct Row {
+    RouterMethod method;
+    int64_t experts, top_k, n_group, topk_group;
+    bool renormalize;
+    float scaling;
+  };
+  static const std::vector<Row> rows = {
+      {RouterMethod::kGreedy, 64, 6, 1, 1, false, 1.0f},                // V2-Lite
+      {RouterMethod::kGroupLimitedGreedy, 160, 6, 8, 3, false, 16.0f},  // V2
+      {RouterMethod::kNoauxTc, 256, 8, 8, 4, true, 2.5f},               // V3
+      {RouterMethod::kNoauxTc, 8, 3, 4, 2, false, 1.0f},                // groups of 2
+      {RouterMethod::kGroupLimitedGreedy, 12, 4, 3, 1, true, 1.0f},     // all in one group
+  };
+  const Row row = GENERATE(from_range(rows));
+  const int64_t tokens = GENERATE(1, 300);
+  CAPTURE(static_cast<int>(row.method), row.experts, row.top_k, row.n_group, row.topk_group,
+          tokens);
+  std::mt19937 rng(24);
+  const std::vector<float> logits = Normal(rng, tokens * row.experts, 2.0f);
+  const std::vector<float> bias = Normal(rng, row.experts, 0.5f);
+  const TopkMethod cpu_method = row.method == RouterMethod::kGreedy ? TopkMethod::kGreedy
+                                : row.method == RouterMethod::kGroupLimitedGreedy
+                                    ? TopkMethod::kGroupLimitedGreedy
+                                    : TopkMethod::kNoauxTc;
+  Stream stream;
+  DeviceBuffer<float> logits_d(logits), bias_d(bias);
+  DeviceBuffer<int32_t> ids_d(tokens * row.top_k);
+  DeviceBuffer<float> weights_d(tokens * row.top_k);
+  STATUS_REQUIRE(RouterDeepseek(logits_d.get(), bias_d.get(), tokens, row.experts, row.top_k,
+                                row.method, row.n_group, row.topk_group, row.renormalize,
+                                row.scaling, ids_d.get(), weights_d.get(), stream.get()));
+  std::vector<int32_t> want_ids(tokens * row.top_k);
+  std::vector<float> want_weights(tokens * row.top_k);
+  STATUS_REQUIRE(cpu_ops::RouterDeepseek(logits.data(), bias.data(), tokens, row.experts, row.top_k,
+                                         cpu_method, row.n_group, row.topk_group, row.renormalize,
+                                         row.scaling, want_ids.data(), want_weights.data()));
+  stream.Sync();
+  CheckIds("RouterDeepseek ids", ids_d.Download(), want_ids);
+  // expf within 2 ulp of glibc's, then sums and a division (as RouterTopK's).
+  CheckOutput("RouterDeepseek weights", weights_d.Download(), want_weights, Ulp(16));
+  CHECK(RouterDeepseek(logits_d.get(), nullptr, tokens, row.experts, row.top_k,
+                       RouterMethod::kNoauxTc, row.n_group, row.topk_group, true, 1.0f, ids_d.get(),
+                       weights_d.get(), stream.get())
+            .code() == absl::StatusCode::kInvalidArgument);  // noaux_tc without its bias
+}
 
 TEST_CASE("backend ops: RouterTopK (with tied logits)", "[backend_ops]") {
   struct Row {
@@ -622,8 +788,10 @@ TEST_CASE("backend ops: ArgmaxRows (ties: the first maximum wins)", "[backend_op
 
 // --- Elementwise ---------------------------------------------------------------------------------
 
-TEST_CASE("backend ops: the families' elementwise ops (AddBias, ClampAbs, ScaleBySigmoid)",
-          "[backend_ops]") {
+TEST_CASE(
+    "backend ops: the families' elementwise ops (AddBias, strided too, ClampedSwiglu, ClampAbs, "
+    "ScaleBySigmoid)",
+    "[backend_ops]") {
   struct Row {
     int64_t rows, n;
   };
@@ -650,6 +818,41 @@ TEST_CASE("backend ops: the families' elementwise ops (AddBias, ClampAbs, ScaleB
     STATUS_REQUIRE(cpu_ops::AddBias(want.data(), row.rows, row.n, wide.data()));
     stream.Sync();
     CheckOutput("AddBias", x_d.Download(), want, Exact());
+  }
+  {
+    // gpt-oss's interleaved gate_up bias: the odd elements of a [2 n] row, read every second one;
+    // the cpu op gets them de-interleaved.
+    const std::vector<float> gate_up = Normal(rng, 2 * row.n);
+    std::vector<float> odd(row.n);
+    for (int64_t i = 0; i < row.n; ++i) odd[i] = gate_up[2 * i + 1];
+    DeviceBuffer<float> x_d(x), bias_d(gate_up);
+    STATUS_REQUIRE(AddBiasStrided(x_d.get(), row.rows, row.n, bias_d.get() + 1, GpuDType::kF32, 2,
+                                  stream.get()));
+    std::vector<float> want = x;
+    STATUS_REQUIRE(cpu_ops::AddBias(want.data(), row.rows, row.n, odd.data()));
+    stream.Sync();
+    CheckOutput("AddBiasStrided", x_d.Download(), want, Exact());
+    CHECK(AddBiasStrided(x_d.get(), row.rows, row.n, bias_d.get(), GpuDType::kF32, 0, stream.get())
+              .code() == absl::StatusCode::kInvalidArgument);
+  }
+  for (GpuDType out : kAllDTypes) {
+    // gpt-oss's clamped SwiGLU with its limit 7: values beyond it on both sides, NaN, -inf.
+    CAPTURE(Name(out));
+    const std::vector<float> up = Normal(rng, row.rows * row.n, 6.0f);
+    const size_t bytes = row.rows * row.n * GpuDTypeSize(out);
+    DeviceBuffer<float> gate_d(x), up_d(up);
+    DeviceBuffer<unsigned char> out_d(bytes);
+    STATUS_REQUIRE(ClampedSwiglu(gate_d.get(), up_d.get(), row.rows, row.n, 7.0f, out_d.get(), out,
+                                 stream.get()));
+    std::vector<float> want32(row.rows * row.n);
+    STATUS_REQUIRE(
+        cpu_ops::ClampedSwiglu(x.data(), up.data(), row.rows, row.n, 7.0f, want32.data()));
+    std::vector<unsigned char> want(bytes);
+    STATUS_REQUIRE(
+        cpu_ops::ConvertF32To(want32.data(), row.rows * row.n, want.data(), CpuDType(out)));
+    stream.Sync();
+    // expf within 2 ulp of glibc's, then a division and two products: as SiluMul's.
+    CheckOutput("ClampedSwiglu", out, out_d.Download(), want, Rounded(out, Ulp(4)));
   }
   {
     DeviceBuffer<float> x_d(x);
@@ -869,13 +1072,13 @@ TEST_CASE("backend ops: sizes outside the API are InvalidArgument on both", "[ba
       {"ApplyRope odd d", ApplyRope(f.get(), 1, 1, 3, i64.get(), f.get(), 1.0f, s),
        cpu_ops::ApplyRope(hf.data(), 1, 1, 3, hi64.data(), hf.data())},
       {"PrefillAttention heads % kv_heads",
-       PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 6, 4, 64, 0.125f, 0, f.get(),
-                        s),
+       PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 6, 4, 64, 0.125f, 0, nullptr,
+                        f.get(), s),
        cpu_ops::PrefillAttention(hf.data(), hf.data(), hf.data(), hi32.data(), 1, 4, 6, 4, 64,
                                  0.125f, 0, hf.data())},
       {"PrefillAttention window < 0",
-       PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 8, 2, 64, 0.125f, -1, f.get(),
-                        s),
+       PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 8, 2, 64, 0.125f, -1, nullptr,
+                        f.get(), s),
        cpu_ops::PrefillAttention(hf.data(), hf.data(), hf.data(), hi32.data(), 1, 4, 8, 2, 64,
                                  0.125f, -1, hf.data())},
       {"RouterTopK top_k 0", RouterTopK(f.get(), 1, 8, 0, i32.get(), f.get(), true, s),
@@ -900,6 +1103,12 @@ TEST_CASE("backend ops: sizes outside the API are InvalidArgument on both", "[ba
       {"AddBias n 0", AddBias(f.get(), 1, 0, f.get(), GpuDType::kF32, s),
        cpu_ops::AddBias(hf.data(), 1, 0, hf.data())},
       {"ClampAbs limit 0", ClampAbs(f.get(), 4, 0.0f, s), cpu_ops::ClampAbs(hf.data(), 4, 0.0f)},
+      {"ClampedSwiglu limit NaN",
+       ClampedSwiglu(f.get(), f.get(), 1, 4, NAN, f.get(), GpuDType::kF32, s),
+       cpu_ops::ClampedSwiglu(hf.data(), hf.data(), 1, 4, NAN, hf.data())},
+      {"ClampedSwiglu inter 0",
+       ClampedSwiglu(f.get(), f.get(), 1, 0, 7.0f, f.get(), GpuDType::kF32, s),
+       cpu_ops::ClampedSwiglu(hf.data(), hf.data(), 1, 0, 7.0f, hf.data())},
       {"ScaleBySigmoid null gate", ScaleBySigmoid(f.get(), 1, 4, nullptr, s),
        cpu_ops::ScaleBySigmoid(hf.data(), 1, 4, nullptr)},
       {"ConvertToF32 null source", ConvertToF32(nullptr, GpuDType::kBF16, 4, f.get(), s),

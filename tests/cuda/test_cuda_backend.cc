@@ -77,12 +77,19 @@ TEST_CASE("cuda backend: greedy tokens of the golden fixtures, f32 weights",
 
 // The families beyond Mixtral (tests/fixtures/make_tiny_families.py): biases, q/k norms, clip_qkv,
 // dense layers, a shared expert, unnormalised top-k, llama3 and yarn RoPE, f16 shards; DBRX's
-// LayerNorm, fused tensors and p-norm routing.
+// LayerNorm, fused tensors and p-norm routing; gpt-oss (tests/fixtures/make_tiny_gpt_oss.py):
+// attention sinks in the GPU's prefill and the CPU's decode attention, sliding and full layers,
+// the biased router and experts, the clamped SwiGLU, its experts in bf16 or MXFP4 (the MXFP4
+// blocks decoded on the GPU in f32 are transformers' dequantized values); DeepSeek-V2 and V3
+// (make_tiny_families.py): multi-head latent attention (absorbed: the GPU's prefill over the
+// latent rows, the CPU's decode over the latent cache), with and without q_lora_rank, the
+// greedy / group_limited_greedy / noaux_tc routers, shared experts, dense first layers.
 TEST_CASE("cuda backend: greedy tokens of the families' golden fixtures, f32 weights",
           "[cuda_backend][families]") {
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx");
+               "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-gpt-oss",
+               "tiny-gpt-oss-mxfp4", "tiny-deepseek-v2", "tiny-deepseek-v3");
   CheckGreedy(fixture);
 }
 
@@ -161,7 +168,7 @@ std::vector<std::vector<float>> LastLogits(std::unique_ptr<Device> device,
                                            const std::vector<Golden>& golden) {
   ModelRunner runner(std::move(device));
   const ModelConfig& c = runner.config();
-  KvCacheConfig kc{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 16, 64, DType::kF32};
+  const KvCacheConfig kc = KvCacheConfigFor(c, c.num_hidden_layers, 16, 64, DType::kF32);
   auto cache = PagedKvCache::Create(kc);
   REQUIRE(cache.ok());
   std::vector<std::vector<float>> out;
@@ -236,8 +243,10 @@ TEST_CASE("cuda backend: last logits with f32 weights within 1e-4 of transformer
 // program (tests/cuda_emulation) leaves out this tag.
 TEST_CASE("cuda backend: the families' last logits with f32 weights within 1e-4 of transformers'",
           "[cuda_backend][families]") {
-  for (const char* fixture : {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                              "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx"}) {
+  for (const char* fixture :
+       {"tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen2-moe",
+        "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
+        "tiny-deepseek-v2", "tiny-deepseek-v3"}) {
     CheckLastLogitsF32(fixture, 0);
   }
 }
@@ -253,8 +262,8 @@ TEST_CASE("cuda backend: the families' last logits with f32 weights within 1e-4 
 TEST_CASE("cuda backend: last logits within 2e-2 in the GPU's compute dtype", "[cuda_backend]") {
   auto dtype = CudaComputeDType(0);
   REQUIRE(dtype.ok());
-  for (const char* fixture :
-       {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128", "tiny-qwen2-moe", "tiny-olmoe"}) {
+  for (const char* fixture : {"tiny-mixtral", "tiny-mixtral-swa", "tiny-mixtral-hd128",
+                              "tiny-qwen2-moe", "tiny-olmoe", "tiny-gpt-oss", "tiny-deepseek-v3"}) {
     const std::string dir = FixtureDir(fixture);
     const auto golden = LoadGolden(dir);
     auto checkpoint = Checkpoint::Load(dir);
@@ -399,28 +408,6 @@ TEST_CASE("cuda backend: a MOEBATCH_CUDA_GUARD_BYTES outside its range is refuse
   }
   setenv("MOEBATCH_CUDA_GUARD_BYTES", "256", 1);  // as tests/cuda/gpu_catch_main.cc set it
   CHECK(CreateCudaDevice(*store, options).ok());
-}
-
-// DeepSeek-V2 / V3 (MLA, DeepSeek's routers) and gpt-oss (attention sinks, per-layer windows,
-// biased router and experts, clamped SwiGLU; bf16 and MXFP4 experts) are computed by the cpu
-// backend only so far: the cuda backend refuses them at creation with an error that names the way
-// out.
-TEST_CASE("cuda backend: DeepSeek's MLA and gpt-oss are refused, naming --backend=cpu",
-          "[cuda_backend]") {
-  for (const char* fixture :
-       {"tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"}) {
-    auto checkpoint = Checkpoint::Load(FixtureDir(fixture));
-    REQUIRE(checkpoint.ok());
-    const std::unique_ptr<WeightStore> store = PinnedStore(**checkpoint, DType::kF32);
-    CudaBackendOptions options;
-    options.gpu_memory_bytes = int64_t{1} << 30;
-    options.max_tokens_per_pass = 64;
-    auto device = CreateCudaDevice(*store, options);
-    INFO(fixture);
-    REQUIRE_FALSE(device.ok());
-    CHECK(device.status().code() == absl::StatusCode::kUnimplemented);
-    CHECK_THAT(std::string(device.status().message()), Catch::Contains("--backend=cpu"));
-  }
 }
 
 TEST_CASE("cuda backend: a budget too small is refused before allocating", "[cuda_backend]") {

@@ -54,14 +54,15 @@ TEST_CASE("Bad sizes are InvalidArgument and launch nothing", "[cuda]") {
   CHECK(invalid(ConvertF32To(f.get(), 4, f.get(), bad_dtype, s)));
   CHECK(invalid(ConvertToF32(nullptr, GpuDType::kBF16, 4, f.get(), s)));
   CHECK(invalid(PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 6, 4, 64, 0.125f, 0,
-                                 f.get(), s)));  // heads not a multiple of kv_heads
-  CHECK(invalid(PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 8, 2, 257, 0.125f, 0,
-                                 f.get(), s)));
+                                 nullptr, f.get(), s)));  // heads not a multiple of kv_heads
+  CHECK(invalid(PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 8, 2, 1025, 0.125f, 0,
+                                 nullptr, f.get(), s)));
   CHECK(invalid(PrefillAttention(f.get(), f.get(), f.get(), i32.get(), 1, 4, 8, 2, 64, 0.125f, -1,
-                                 f.get(), s)));
+                                 nullptr, f.get(), s)));
   // Zero rows is fine and launches nothing.
   CHECK(RmsNorm(nullptr, nullptr, GpuDType::kF32, 0, 4, 1e-5f, nullptr, GpuDType::kF32, s).ok());
-  CHECK(PrefillAttention(nullptr, nullptr, nullptr, nullptr, 0, 0, 8, 2, 64, 0.125f, 0, nullptr, s)
+  CHECK(PrefillAttention(nullptr, nullptr, nullptr, nullptr, 0, 0, 8, 2, 64, 0.125f, 0, nullptr,
+                         nullptr, s)
             .ok());
   stream.Sync();
   // Nothing was launched: every buffer an invalid call was given as its output is as uploaded.
