@@ -61,6 +61,10 @@ struct EngineOptions {
     // another max_num_seqs). CPU attention is batch-invariant always. false: each matmul's
     // faster path for its size (oneDNN for prefill-sized ones, cpu_attention/gemm/matmul.h).
     bool batch_invariant = true;
+    // A Hugging Face checkpoint's MXFP4 experts (ModelConfig::mxfp4_experts): widened exactly
+    // with f32 activations (InvariantLinearMxfp4: transformers' results) or, false, with int8
+    // activations as a GGUF file's (QuantLinear: llama.cpp's method, faster).
+    bool mxfp4_f32_activations = true;
     // Not batch-invariant, f32 compute with bf16/f16 weights: host bytes for f32 weight copies the
     // oneDNN path keeps between passes (cpu_attention/gemm/matmul.h); 0: widened on every use.
     int64_t widened_weight_budget_bytes = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cpu_attention/gemm/invariant_linear.h"
 #include "cpu_attention/gemm/quant_linear.h"
 #include "cpu_attention/ops/deepseek_ops.h"
 #include "cpu_attention/ops/ops.h"
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
                                options.batch_invariant);
   if (!matmul.ok()) return matmul.status();
   std::unique_ptr<CpuDevice> device(new CpuDevice(config, weights, *std::move(matmul)));
+  device->mxfp4_f32_activations_ = options.mxfp4_f32_activations;
   auto f32 = [](const TensorInfo* t) { return t != nullptr ? ToF32(*t) : std::vector<float>(); };
   for (const LayerWeights& layer : weights.layers) {
     SmallTensors s;
@@ -92,6 +94,11 @@ absl::StatusOr<CpuDevice::MicroBatch*> CpuDevice::Get(int micro_batch, int64_t l
 }
 
 absl::Status CpuDevice::Linear(const float* x, int64_t rows, const TensorInfo& w, float* y) {
+  if (w.quant == GgmlType::kMXFP4 && config_.mxfp4_experts && mxfp4_f32_activations_) {
+    // A Hugging Face MXFP4 checkpoint (gpt-oss): its weights widened exactly, f32 activations,
+    // as transformers computes over the dequantized experts.
+    return InvariantLinearMxfp4(x, rows, w.shape[1], w.data, w.shape[0], y);
+  }
   if (w.quant) return QuantLinear(x, rows, w.shape[1], w.data, *w.quant, w.shape[0], y);
   return matmul_->Linear(x, rows, w.shape[1], w.data, *w.dtype, w.shape[0], y);
 }

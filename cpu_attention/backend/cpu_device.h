@@ -23,12 +23,14 @@
 // gpt-oss's router bias (AddBias on the router logits), expert biases (AddBias after each expert
 // GEMM; gate_up_proj_bias de-interleaved into gate and up halves at Create) and clamped SwiGLU
 // (ClampedSwiglu in place of SiluMul), and its attention sinks (AttentionSinks, which the runner's
-// CPU attention adds to each head's softmax denominator). The
-// ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B: GEMM,
-// AddResidual, RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert with
-// tokens (in id order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows, and
-// CombineExperts (the experts' weighted sum in expert id order, then the residual add); logits:
-// RmsNorm per row, lm_head GEMM.
+// CPU attention adds to each head's softmax denominator); a Hugging Face checkpoint's MXFP4
+// experts (config.mxfp4_experts) multiplied by InvariantLinearMxfp4 (weights widened exactly, f32
+// activations: transformers' math) where a GGUF file's quantized weights take QuantLinear's int8
+// activations (llama.cpp's). The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs,
+// ApplyRope (q, then k); task B: GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK,
+// BuildExpertPermutation, then per expert with tokens (in id order) GatherRows, w1 and w3 GEMMs,
+// SiluMul, w2 GEMM into the expert's rows, and CombineExperts (the experts' weighted sum in expert
+// id order, then the residual add); logits: RmsNorm per row, lm_head GEMM.
 //
 // Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
 // oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
@@ -57,6 +59,10 @@ struct CpuDeviceOptions {
   // (cpu_attention/gemm/matmul.h, cpu_attention/gemm/invariant_linear.h); false: each matmul's
   // faster path for its size.
   bool batch_invariant = true;
+  // A Hugging Face checkpoint's MXFP4 experts (ModelConfig::mxfp4_experts) through
+  // InvariantLinearMxfp4 (weights widened exactly, f32 activations: transformers' math); false:
+  // QuantLinear's int8 activations, as a GGUF file's quantized weights.
+  bool mxfp4_f32_activations = true;
 };
 
 class CpuDevice final : public Device {
@@ -100,6 +106,7 @@ class CpuDevice final : public Device {
   ModelConfig config_;
   const ModelWeights& weights_;
   std::unique_ptr<Matmul> matmul_;
+  bool mxfp4_f32_activations_ = true;  // CpuDeviceOptions::mxfp4_f32_activations
   MicroBatch micro_batches_[kMaxMicroBatches];
   // Per layer, widened to f32 at Create: the norms, and the biases and q/k norms a family has
   // (empty when it has none).

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cpu_attention/gemm/invariant_linear_internal.h"
+#include "cpu_attention/gemm/quant_linear_internal.h"
 
 namespace moebatch {
 
@@ -75,6 +77,78 @@ void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const voi
     const int64_t n0 = t % tiles_n * tile_cols;
     tile(x, m0, std::min(m, m0 + kTileRows), k, w, n0, std::min(n, n0 + tile_cols), y, n);
   }
+}
+
+absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t k,
+                                  const std::byte* w, int64_t n, float* y) {
+  if (m < 0 || n < 0 || k < 0 || k % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("InvariantLinearMxfp4: bad sizes m=", m,
+                                                   " k=", k, " n=", n, " (k a multiple of 32)"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k > 0 && (x == nullptr || w == nullptr || y == nullptr)) {
+    return absl::InvalidArgumentError("InvariantLinearMxfp4: null pointer");
+  }
+  namespace qli = quant_linear_internal;
+  const int threads = omp_get_max_threads();
+  const int64_t block_row_bytes = k / 32 * 17;
+  if (isa != CpuIsa::kPortable && m < kLaneMinRows) {
+    // Few rows: each block widened in registers where it is used (AVX2 code: AVX-512 hosts have
+    // AVX2 too, and InvariantLinear's bits are the same at every level). Weight rows split evenly.
+    const int64_t chunk = std::max<int64_t>(1, (n + 4 * threads - 1) / (4 * threads));
+    const int64_t chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      qli::Avx2Mxfp4Rows(x, m, k, w, c * chunk, std::min(n, (c + 1) * chunk), y, n);
+    }
+    return absl::OkStatus();
+  }
+  // Many rows: tiles of weight rows, ~256 KiB once widened (L2), each widened once and then run
+  // against every row of x by InvariantLinear's f32 code (lane by lane on AVX2, x packed once).
+  const auto widen = isa == CpuIsa::kPortable ? qli::PortableWidenMxfp4Row : qli::Avx2WidenMxfp4Row;
+  const ili::LaneKernel lanes =
+      isa == CpuIsa::kAvx2 ? ili::Avx2LaneKernel(DType::kF32) : ili::LaneKernel{};
+  const ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(DType::kF32)
+                           : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(DType::kF32)
+                                                  : ili::PortableTile(DType::kF32);
+  float* packed = nullptr;
+  if (lanes.tile != nullptr) {
+    const int64_t mr = lanes.mr, blocks = (m + mr - 1) / mr;
+    const int64_t block_floats = 16 * ili::LaneStride(k / 16 * mr);
+    thread_local std::vector<float> xp;
+    xp.resize(static_cast<size_t>(blocks * block_floats));
+    packed = xp.data();
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      lanes.pack_rows(x + b * mr * k, std::min(mr, m - b * mr), k, packed + b * block_floats);
+    }
+  }
+  constexpr int64_t kTileRows = 64;
+  const int64_t lane_tile_rows = lanes.tile != nullptr ? 256 / lanes.mr * lanes.mr : 0;
+  constexpr int64_t kTileWeightBytes = int64_t{256} << 10;
+  const int64_t row_bytes = std::max<int64_t>(1, k * 4);
+  int64_t tile_cols = std::clamp<int64_t>(kTileWeightBytes / row_bytes / 4 * 4, 4, 256);
+  while (tile_cols > 16 && (n + tile_cols - 1) / tile_cols < 4 * threads) tile_cols /= 2;
+  const int64_t tiles = (n + tile_cols - 1) / tile_cols;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t n0 = t * tile_cols, cols = std::min(tile_cols, n - n0);
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>(cols * k));
+    for (int64_t j = 0; j < cols; ++j)
+      widen(w + (n0 + j) * block_row_bytes, k, wide.data() + j * k);
+    if (lanes.tile != nullptr) {
+      for (int64_t m0 = 0; m0 < m; m0 += lane_tile_rows) {
+        lanes.tile(x, packed, m0, std::min(m, m0 + lane_tile_rows), k, wide.data(), 0, cols, y + n0,
+                   n);
+      }
+    } else {
+      for (int64_t m0 = 0; m0 < m; m0 += kTileRows) {
+        tile(x, m0, std::min(m, m0 + kTileRows), k, wide.data(), 0, cols, y + n0, n);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moebatch

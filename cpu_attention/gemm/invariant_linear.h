@@ -23,8 +23,10 @@
 // f32 copy of x per calling thread (m·k·4 bytes), kept for the next call.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "cpu_attention/runtime/cpu_isa.h"
 #include "engine/model/dtype.h"
 
@@ -38,6 +40,22 @@ void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const voi
 inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
                             int64_t n, float* y) {
   InvariantLinear(SelectedCpuIsa(), x, m, k, w, w_dtype, n, y);
+}
+
+// The same product with W [n, k] in ggml's MXFP4 blocks (n rows of k / 32 blocks of 17 bytes:
+// an E8M0 exponent e, then 16 bytes of 4-bit codes q; element value kvalues_mxfp4[q] · 2^(e - 128),
+// engine/model/ggml_quants.h), each weight widened exactly to f32 (those values are floats):
+// bit for bit InvariantLinear over the widened weights, so with f32 activations what transformers
+// computes over the dequantized checkpoint (gpt-oss's convert_moe_packed_tensors) up to the sum's
+// order. The weights stay 4-bit in memory: a tile of weight rows (~256 KiB as f32) is widened into
+// a per-thread buffer once per call and used for every row of x. Threading as InvariantLinear
+// (parallel over tiles of weight rows). InvalidArgument for k not a multiple of 32, a negative
+// size, or a null pointer with m, n, k > 0.
+absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t k,
+                                  const std::byte* w, int64_t n, float* y);
+inline absl::Status InvariantLinearMxfp4(const float* x, int64_t m, int64_t k, const std::byte* w,
+                                         int64_t n, float* y) {
+  return InvariantLinearMxfp4(SelectedCpuIsa(), x, m, k, w, n, y);
 }
 
 }  // namespace moebatch

@@ -26,8 +26,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/model/dtype.h"
 #include "cpu_attention/gemm/invariant_linear_internal.h"
+#include "engine/model/dtype.h"
 
 namespace moebatch {
 namespace invariant_linear_internal {

@@ -53,21 +53,20 @@
 // [m, n] f32 row-major. m or n may be 0 (nothing written); k 0 writes zeros.
 // Work split: m <= 8 (decode) streams each weight row once from memory and unpacks each group of 8
 // blocks once for all m rows (AVX2 keeps 4 rows in registers: m 5..8 unpacks a row twice, the
-// second time from L1; at m = 1 AVX2 unpacks each block where it is used instead); larger m unpacks a tile of weight rows once into a ~256 KiB buffer (L2)
-// and runs 8 rows of x at a time (AVX2: 4) over it in K slices of 1024 that stay in L1 (as
-// InvariantLinear); AVX2's types of 32-blocks take those rows block by block, each block's unpacked
-// weights loaded once for all of them (the order of each output's operations is unchanged).
-// The activations are quantized once per call, on the calling thread's pool, into a thread_local
-// buffer of the calling thread (~3.3 bytes per element of x).
-// Threading: parallel over tiles of weight rows (and of 64 x rows) on the calling thread's OpenMP
-// pool; each output element is computed whole by one thread. Reentrant. Rounding of q uses the
-// current rounding mode (the default, to nearest even). Ownership: reads x and w, writes y; keeps
-// no pointers.
-// Errors: InvalidArgument, naming the type and the reason, for a type QuantLinearSupports refuses,
-// k not a multiple of the type's block size, a negative size, a null pointer with m, n, k > 0, or
-// an `isa` SupportedCpuIsas() does not list. Nothing aborts.
-// ISA: kAvx512 runs the AVX-512 VNNI kernels where CPUID has avx512vnni, else the AVX2 ones (same
-// bits); kAvx2 needs AVX2 + FMA + F16C.
+// second time from L1; at m = 1 AVX2 unpacks each block where it is used instead); larger m unpacks
+// a tile of weight rows once into a ~256 KiB buffer (L2) and runs 8 rows of x at a time (AVX2: 4)
+// over it in K slices of 1024 that stay in L1 (as InvariantLinear); AVX2's types of 32-blocks take
+// those rows block by block, each block's unpacked weights loaded once for all of them (the order
+// of each output's operations is unchanged). The activations are quantized once per call, on the
+// calling thread's pool, into a thread_local buffer of the calling thread (~3.3 bytes per element
+// of x). Threading: parallel over tiles of weight rows (and of 64 x rows) on the calling thread's
+// OpenMP pool; each output element is computed whole by one thread. Reentrant. Rounding of q uses
+// the current rounding mode (the default, to nearest even). Ownership: reads x and w, writes y;
+// keeps no pointers. Errors: InvalidArgument, naming the type and the reason, for a type
+// QuantLinearSupports refuses, k not a multiple of the type's block size, a negative size, a null
+// pointer with m, n, k > 0, or an `isa` SupportedCpuIsas() does not list. Nothing aborts. ISA:
+// kAvx512 runs the AVX-512 VNNI kernels where CPUID has avx512vnni, else the AVX2 ones (same bits);
+// kAvx2 needs AVX2 + FMA + F16C.
 #pragma once
 
 #include <cstddef>

@@ -303,5 +303,99 @@ Kernel Avx2Kernel(GgmlType type) {
   }
 }
 
+namespace {
+
+// The 32 weights of an MXFP4 block as four vectors of 8 floats (exact: kvalues · 2^(e - 128)).
+inline void WidenMxfp4Block(const uint8_t* b, __m256 w[4]) {
+  const __m256i v = _mm256_sub_epi8(_mm256_shuffle_epi8(avx2::Mxfp4Table(), avx2::Nibbles(b + 1)),
+                                    _mm256_set1_epi8(12));
+  // 2^(e - 128) (ggml's GGML_E8M0_TO_FP32_HALF) in general-purpose registers, then broadcast.
+  const uint32_t e = b[0];
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+  const __m256 d = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(bits)));
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int p = 0; p < 4; ++p) {
+    w[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p])), d);
+  }
+}
+
+// Rows r < MR of x against NR MXFP4 weight rows (row c at rows + c * row_bytes), y[r * ldy + c],
+// in invariant_linear.h's order: lane j of 16 sums t = j mod 16 in increasing t (lanes 0-7 in lo,
+// 8-15 in hi), then the lane tree. MR x NR independent sums hide the FMA latency.
+template <int MR, int NR>
+void Mxfp4Block(const float* x, int64_t k, const uint8_t* rows, int64_t row_bytes, float* y,
+                int64_t ldy) {
+  __m256 lo[MR][NR], hi[MR][NR];
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  }
+  for (int64_t t = 0, off = 0; t < k; t += kBlock, off += 17) {
+    for (int c = 0; c < NR; ++c) {
+      __m256 w[4];
+      WidenMxfp4Block(rows + c * row_bytes + off, w);
+      for (int r = 0; r < MR; ++r) {
+        const float* xr = x + r * k + t;
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w[0], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w[1], hi[r][c]);
+        lo[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), w[2], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w[3], hi[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) {
+      // InvariantLinear's Reduce: i + (i+8), then i + (i+4), i + (i+2), i + (i+1).
+      const __m256 s8 = _mm256_add_ps(lo[r][c], hi[r][c]);
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      y[r * ldy + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    }
+  }
+}
+
+// Weight rows [n0, n1) against rows r0 .. r0 + MR of x, NR weight rows at a time, then one.
+template <int MR, int NR>
+void Mxfp4Rows(const float* x, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t n0,
+               int64_t n1, float* y, int64_t ldy) {
+  int64_t j = n0;
+  for (; j + NR <= n1; j += NR) Mxfp4Block<MR, NR>(x, k, w + j * row_bytes, row_bytes, y + j, ldy);
+  for (; j < n1; ++j) Mxfp4Block<MR, 1>(x, k, w + j * row_bytes, row_bytes, y + j, ldy);
+}
+
+}  // namespace
+
+void Avx2WidenMxfp4Row(const std::byte* row, int64_t k, float* dst) {
+  const auto* b = reinterpret_cast<const uint8_t*>(row);
+  for (int64_t i = 0; i < k; i += kBlock, b += 17, dst += kBlock) {
+    __m256 w[4];
+    WidenMxfp4Block(b, w);
+    for (int p = 0; p < 4; ++p) _mm256_storeu_ps(dst + 8 * p, w[p]);
+  }
+}
+
+void Avx2Mxfp4Rows(const float* x, int64_t m, int64_t k, const std::byte* w, int64_t n0, int64_t n1,
+                   float* y, int64_t ldy) {
+  const int64_t row_bytes = k / kBlock * 17;
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  for (int64_t r = 0; r < m; r += 4) {
+    const float* xr = x + r * k;
+    float* yr = y + r * ldy;
+    switch (std::min<int64_t>(4, m - r)) {
+      case 1:
+        Mxfp4Rows<1, 4>(xr, k, wb, row_bytes, n0, n1, yr, ldy);
+        break;
+      case 2:
+        Mxfp4Rows<2, 2>(xr, k, wb, row_bytes, n0, n1, yr, ldy);
+        break;
+      case 3:
+        Mxfp4Rows<3, 1>(xr, k, wb, row_bytes, n0, n1, yr, ldy);
+        break;
+      default:
+        Mxfp4Rows<4, 1>(xr, k, wb, row_bytes, n0, n1, yr, ldy);
+    }
+  }
+}
+
 }  // namespace quant_linear_internal
 }  // namespace moebatch

@@ -138,6 +138,19 @@ Kernel PortableKernel(GgmlType type);
 Kernel Avx2Kernel(GgmlType type);        // quant_linear_avx2.cc: AVX2 + FMA + F16C
 Kernel Avx512VnniKernel(GgmlType type);  // quant_linear_avx512.cc: AVX-512 F/BW/VL + VNNI
 
+// dst [k] f32 = the k / 32 MXFP4 blocks at row, each element kvalues[q] · 2^(e - 128) exactly
+// (engine/model/ggml_quants.h's DequantizeRow, the same values); k a multiple of 32. For
+// InvariantLinearMxfp4 (invariant_linear.h).
+void PortableWidenMxfp4Row(const std::byte* row, int64_t k, float* dst);
+void Avx2WidenMxfp4Row(const std::byte* row, int64_t k, float* dst);  // quant_linear_avx2.cc
+// InvariantLinearMxfp4 for few rows of x (AVX2 + FMA): y[r, j] (row stride ldy) for r < m and
+// weight rows j in [n0, n1) (MXFP4 rows of k / 32 blocks at w), each block widened in registers
+// where it is used, with InvariantLinear's operations (invariant_linear.h steps 1-2: 16 lanes of
+// FMAs in increasing t, the lane tree; k a multiple of 32 has no step 3), so the bits of
+// InvariantLinear over the widened weights. Rows of x 4 at a time against each weight row.
+void Avx2Mxfp4Rows(const float* x, int64_t m, int64_t k, const std::byte* w, int64_t n0, int64_t n1,
+                   float* y, int64_t ldy);
+
 // Tiles with at most this many rows of x stream their weights: each weight row is read and
 // unpacked group by group while every row of x uses the group.
 constexpr int64_t kStreamRows = 8;

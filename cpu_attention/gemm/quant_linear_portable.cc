@@ -384,5 +384,16 @@ Kernel PortableKernel(GgmlType type) {
   }
 }
 
+void PortableWidenMxfp4Row(const std::byte* row, int64_t k, float* dst) {
+  const auto* b = reinterpret_cast<const uint8_t*>(row);
+  for (int64_t i = 0; i < k; i += kBlock, b += 17, dst += kBlock) {
+    const float d = E8M0Half(b[0]);
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = static_cast<float>(kMxfp4Values[b[1 + j] & 0x0F]) * d;
+      dst[j + 16] = static_cast<float>(kMxfp4Values[b[1 + j] >> 4]) * d;
+    }
+  }
+}
+
 }  // namespace quant_linear_internal
 }  // namespace moebatch

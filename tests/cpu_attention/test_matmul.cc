@@ -5,11 +5,13 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 
 #include "cpu_attention/gemm/invariant_linear.h"
 #include "cpu_attention/gemm/matmul.h"
+#include "engine/model/ggml_quants.h"
 
 using namespace moebatch;
 
@@ -143,6 +145,56 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
       }
     }
   }
+}
+
+// Hugging Face MXFP4 checkpoints (gpt-oss): the weights widened exactly, so the product is
+// InvariantLinear's over the dequantized f32 weights (engine/model/ggml_quants.h's DequantizeRow),
+// bit for bit at every ISA level: every code, and the exponents of subnormal (e 0, 1), tiny,
+// ordinary and huge (e 254, 255) scales. Shapes: one tile and several of weight rows (k 2,880:
+// gpt-oss's hidden size); rows of x on the few-rows path (1 to 9: 4 at a time and the rest) and
+// the many-rows one (lane by lane on AVX2; over 256 rows: two lane tiles).
+TEST_CASE("InvariantLinearMxfp4 equals InvariantLinear over the widened weights, every ISA") {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> byte(0, 255), exponent(110, 135);
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {{1, 32, 1},     {3, 64, 5},    {9, 2880, 30}, {2, 96, 7},
+                          {17, 2880, 47}, {70, 96, 600}, {300, 64, 20}, {1, 0, 3}};
+  for (const Shape& s : shapes) {
+    const int64_t blocks = s.k / 32;
+    std::vector<std::byte> w(static_cast<size_t>(s.n * blocks * 17));
+    for (int64_t b = 0; b < s.n * blocks; ++b) {
+      std::byte* block = w.data() + b * 17;
+      const int special[] = {0, 1, 254, 255};
+      block[0] = std::byte(b % 7 == 0 ? special[(b / 7) % 4] : exponent(rng));
+      for (int j = 1; j < 17; ++j) block[j] = std::byte(byte(rng));
+    }
+    std::vector<float> wide(static_cast<size_t>(s.n * s.k));
+    for (int64_t r = 0; r < s.n; ++r) {
+      REQUIRE(
+          DequantizeRow(GgmlType::kMXFP4, w.data() + r * blocks * 17, s.k, wide.data() + r * s.k)
+              .ok());
+    }
+    // Activations small enough that the huge scales stay finite: |x w| < 2^127 · 12 · 1e-30.
+    std::vector<float> x(static_cast<size_t>(s.m * s.k));
+    for (float& v : x) v = normal(rng) * 1e-30f;
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      INFO("isa " << CpuIsaName(isa) << " m " << s.m << " k " << s.k << " n " << s.n);
+      std::vector<float> want(s.m * s.n, std::nanf("")), got(s.m * s.n, std::nanf(""));
+      InvariantLinear(isa, x.data(), s.m, s.k, wide.data(), DType::kF32, s.n, want.data());
+      REQUIRE(InvariantLinearMxfp4(isa, x.data(), s.m, s.k, w.data(), s.n, got.data()).ok());
+      CHECK(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  std::vector<float> y(4);
+  const std::vector<std::byte> w(17 * 4);
+  const std::vector<float> x(64);
+  CHECK(InvariantLinearMxfp4(x.data(), 1, 48, w.data(), 1, y.data()).code() ==
+        absl::StatusCode::kInvalidArgument);  // k not whole blocks
+  CHECK(InvariantLinearMxfp4(nullptr, 1, 32, w.data(), 1, y.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 // A row's result must not depend on how many rows share the call, where the row sits among them,

@@ -155,13 +155,15 @@ void CheckGreedy(const std::string& fixture) {
   }
 }
 
-void CheckLogits(const std::string& fixture, double tolerance = 1e-4) {
+void CheckLogits(const std::string& fixture, double tolerance = 1e-4,
+                 bool mxfp4_f32_activations = true) {
   const std::string dir = FixtureDir(fixture);
   const auto golden = LoadGolden(dir);
   auto checkpoint = Checkpoint::Load(dir);
   REQUIRE(checkpoint.ok());
-  auto device = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(),
-                                  CpuDeviceOptions{DType::kF32});
+  CpuDeviceOptions options{DType::kF32};
+  options.mxfp4_f32_activations = mxfp4_f32_activations;
+  auto device = CpuDevice::Create((*checkpoint)->config(), (*checkpoint)->weights(), options);
   REQUIRE(device.ok());
   auto model = std::make_unique<ModelRunner>(*std::move(device));
   const ModelConfig& c = (*checkpoint)->config();
@@ -194,12 +196,14 @@ void CheckLogits(const std::string& fixture, double tolerance = 1e-4) {
 }  // namespace
 
 // The families beyond Mixtral (tests/fixtures/make_tiny_families.py): each fixture's shapes and
-// features are in that script's VARIANTS.
+// features are in that script's VARIANTS; gpt-oss's in make_tiny_gpt_oss.py (tiny-gpt-oss-mxfp4:
+// its experts as the official checkpoints' MXFP4 blocks, computed widened with f32 activations,
+// InvariantLinearMxfp4, against transformers over the same weights dequantized).
 TEST_CASE("golden families: last-position logits within 1e-4 of transformers'", "[families]") {
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
                "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2",
-               "tiny-deepseek-v3", "tiny-gpt-oss");
+               "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4");
   INFO(fixture);
   CheckLogits(fixture);
 }
@@ -207,18 +211,16 @@ TEST_CASE("golden families: greedy tokens and text as transformers'", "[families
   const std::string fixture =
       GENERATE(as<std::string>{}, "tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
                "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-olmoe", "tiny-dbrx", "tiny-deepseek-v2",
-               "tiny-deepseek-v3", "tiny-gpt-oss");
+               "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4");
   INFO(fixture);
   CheckGreedy(fixture);
 }
 
-// gpt-oss with MXFP4 experts (the official checkpoints' format): the experts' GEMMs run on the
-// MXFP4 blocks with int8 activations (cpu_attention/gemm/quant_linear.h: ~0.6% RMS error per
-// product), against transformers with the same weights dequantized in f32; the loader's repacking
-// itself is checked value for value in tests/model/test_gpt_oss.cc.
-TEST_CASE("golden tiny-gpt-oss-mxfp4: last-position logits within the int8 activations' error",
+// --mxfp4_activations=int8: the MXFP4 experts' GEMMs on the blocks with int8 activations
+// (cpu_attention/gemm/quant_linear.h, ~0.6% RMS error per product), as a GGUF file's.
+TEST_CASE("golden tiny-gpt-oss-mxfp4 with int8 activations: logits within their error",
           "[families]") {
-  CheckLogits("tiny-gpt-oss-mxfp4", 6e-2);  // measured: 4.4e-2 at worst (prompt 3)
+  CheckLogits("tiny-gpt-oss-mxfp4", 6e-2, false);  // measured: 4.4e-2 at worst (prompt 3)
 }
 
 TEST_CASE("golden tiny-mixtral (single file): last-position logits") {

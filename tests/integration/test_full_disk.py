@@ -60,7 +60,11 @@ def test_a_full_disk_holds_results_and_resumes(tmp_path, small_disk):
                 c.create_job(requests=requests[:8])
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "full" in e.value.message and str(small_disk) in e.value.message
-        wait_for(lambda: d.health("moebatch.v1.BatchService") == "NOT_SERVING", 30,
+        # The store's health follows its last write: the failed CreateJob's, then the monitor's
+        # probe (a one-row write that may still fit) and the worker's result commits, the first
+        # of which comes once a sequence has generated its 600 tokens (~12 s here; over 30 s on a
+        # loaded 2-core host).
+        wait_for(lambda: d.health("moebatch.v1.BatchService") == "NOT_SERVING", 120,
                  "health stayed SERVING with the disk full")
         assert d.proc.poll() is None
         filler.unlink()
