@@ -7,14 +7,15 @@
 // The cuda backend runs with guards after its arena's buffers (MOEBATCH_CUDA_GUARD_BYTES=256 unless
 // the environment says otherwise; cuda/cuda_backend.h): a kernel or copy that writes past a buffer
 // fails the pass that did it, on a GPU and on the CUDA emulator alike.
-#define CATCH_CONFIG_RUNNER
+// Catch2's implementation comes from tests/support/catch_runner.cc.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+
+#include "tests/support/catch_runner.h"
 
 namespace {
 
@@ -56,5 +57,5 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return moebatch::testing::RunCatch(argc, argv);
 }
