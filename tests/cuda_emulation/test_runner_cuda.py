@@ -6,8 +6,9 @@ layers sized automatically, the pipeline profiler, VSLPipe; the tokens-per-pass 
 512 only so that the profiler's sweep is short on the emulator): every golden prompt
 of the tiny Mixtral, f32 weights, greedy, must give transformers' tokens; sampled chat lines
 beside them must complete. Checks the engine's start-up line names the cuda backend. The other
-fixtures named (tiny-dbrx: LayerNorm, fused tensors, p-norm routing) run their golden prompts the
-same way.
+fixtures named (tiny-dbrx: LayerNorm, fused tensors, p-norm routing; tiny-gpt-oss-mxfp4: sinks,
+sliding layers, biases, clamped SwiGLU, MXFP4 experts; tiny-deepseek-v2: multi-head latent
+attention, DeepSeek's router, shared experts) run their golden prompts the same way.
 
 Usage: test_runner_cuda.py MOEBATCH_RUN FIXTURES_DIR [FIXTURE ...]
 """
