@@ -98,14 +98,17 @@ bool IsNormName(const std::string& name) { return name.find("norm.weight") != st
 
 // Whether WeightQuantization applies to tensor `name` of `shape` (the weight matrices of
 // attention, dense FFNs and experts, embed_tokens and lm_head; not routers or the shared-expert
-// gate, whose few values decide routing).
+// gate, whose few values decide routing, nor MLA's kv_b_proj, whose per-head W_UK and W_UV
+// slices both backends multiply in floats: CpuDevice::PrepareMla, the cuda backend's strided
+// GEMMs).
 bool Quantizable(const std::string& name, const std::vector<int64_t>& shape) {
   if (shape.size() != 2 || shape[1] % 32 != 0) return false;
   const auto ends_with = [&](const char* suffix) {
     const std::string s = suffix;
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  return !ends_with(".gate.weight") && !ends_with("shared_expert_gate.weight");
+  return !ends_with(".gate.weight") && !ends_with("shared_expert_gate.weight") &&
+         !ends_with(".kv_b_proj.weight");
 }
 
 bool IsEmbeddingOrHead(const std::string& name) {

@@ -477,6 +477,37 @@ TEST_CASE("weight store: int8 / int4 at load quantize the weight matrices only",
   }
 }
 
+// DeepSeek's MLA with int8 / int4 at load: kv_b_proj stays in the store's float dtype (both
+// backends multiply its per-head slices in floats; a quantized one is refused), the other
+// matrices are quantized, and the cpu backend computes with the store. kv_lora_rank 64 (the
+// fixture's 48 is not a multiple of 32, so it would stay unquantized anyway).
+TEST_CASE("weight store: int8 / int4 at load keep MLA's kv_b_proj in floats", "[weights]") {
+  auto config = LoadModelConfig(Fixture("tiny-deepseek-v2"));
+  REQUIRE(config.ok());
+  ModelConfig c = *config;
+  REQUIRE(c.mla);
+  c.mla->kv_lora_rank = 64;
+  c.head_dim = c.mla->latent_dim();  // the attention the CPU computes: MQA over latent rows
+  c.hidden_size = 64;                // so that the projections from it are quantized too
+  WeightStoreOptions options;
+  options.quantize = WeightQuantization{GgmlType::kQ4_1, 32};
+  auto store = WeightStore::Synthetic(c, c.num_hidden_layers, 7, options);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  for (const LayerWeights& layer : (*store)->weights().layers) {
+    CHECK_FALSE(layer.kv_b_proj->quant.has_value());
+    CHECK(layer.kv_b_proj->dtype == c.torch_dtype);
+    CHECK(layer.kv_a_proj->quant == GgmlType::kQ4_1);
+    CHECK(layer.q_proj->quant == GgmlType::kQ4_1);
+  }
+  CHECK(static_cast<int64_t>((*store)->total_bytes()) ==
+        WeightStore::RequiredBytes(c, c.num_hidden_layers, c.torch_dtype, 256, options.quantize));
+  auto device =
+      CpuDevice::Create((*store)->config(), (*store)->weights(), CpuDeviceOptions{DType::kF32});
+  INFO(device.status().ToString());
+  CHECK(device.ok());
+}
+
 TEST_CASE("weight store: a GGUF checkpoint's blocks are copied as they are", "[weights]") {
   const char* deps = std::getenv("MOEBATCH_DEPS_DIR");
   const std::string path =
