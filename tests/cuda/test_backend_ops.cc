@@ -341,8 +341,11 @@ TEST_CASE(
       {2, 1, 64, 200, {3, 10, 140}, 143},     // rows 0-2 and 140-142 in no sequence
   };
   const Row row = GENERATE(from_range(rows));
-  // gpt-oss's sinks: one per head, head 0's above every score (the normaliser's other branch).
+  // gpt-oss's sinks: one per head, head 0's above every score (the normaliser's other branch); on
+  // the rows under 200 tokens (the emulator's time: windows, GQA, d 256 and rows outside every
+  // sequence are among them).
   const bool with_sinks = GENERATE(false, true);
+  if (with_sinks && row.tokens > 200) return;
   const Tolerance tol = Relative(1e-5);
   CAPTURE(row.heads, row.kv_heads, row.d, row.window, row.tokens, with_sinks, Describe(tol));
   std::mt19937 rng(10);
