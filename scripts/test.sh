@@ -14,12 +14,33 @@ export BUILD_DIR="$build"
 # Each phase's wall time, so that a CI log shows where its minutes go.
 phase() { echo "== test.sh: $1 (at ${SECONDS} s)"; }
 phase "build"
+# The test fixtures (pinned venvs of their own, PyPI downloads, Python case generation: ~4 min
+# from a clean clone) are made beside the compile, once the Debian packages and the Mixtral
+# tokenizer (which the GGUF tokenizer cases read) are in place; build.sh's own calls of those two
+# are then no-ops.
+scripts/install_deps.sh
+scripts/fetch_tokenizer.sh
+fixtures_log="$(mktemp)"
+(
+  set -e
+  scripts/fetch_bpe_tokenizers.sh  # tokenizer.json files and HF tokenizers' cases for test_text
+  scripts/fetch_chat_templates.sh  # real chat templates and transformers' texts for test_text
+  scripts/fetch_gguf_cases.sh  # gguf-py's reading of GGUF files (SmolLM2 Q4_1 too) for test_model
+  scripts/fetch_gguf_tokenizer_cases.sh  # GGUF tokenizers and HF reference ids for test_text
+) >"$fixtures_log" 2>&1 &
+fixtures_pid=$!
+trap 'kill "$fixtures_pid" 2>/dev/null || true' EXIT  # a failed build stops them too
 scripts/build.sh
 phase "test fixtures"
-scripts/fetch_bpe_tokenizers.sh  # tokenizer.json files and HF tokenizers' cases for test_text
-scripts/fetch_chat_templates.sh  # real chat templates and transformers' texts for test_text
-scripts/fetch_gguf_cases.sh      # gguf-py's reading of GGUF files (SmolLM2 Q4_1 included) for test_model
-scripts/fetch_gguf_tokenizer_cases.sh  # GGUF tokenizers and HF reference ids for test_text
+fixtures_rc=0
+wait "$fixtures_pid" || fixtures_rc=$?
+trap - EXIT
+cat "$fixtures_log"
+rm -f "$fixtures_log"
+if [ "$fixtures_rc" -ne 0 ]; then
+  echo "test.sh: making the test fixtures failed (exit $fixtures_rc)" >&2
+  exit 1
+fi
 phase "ctest"
 # GPU tests carry the `gpu` label and exit 77 (skipped) where there is no device. The tests run
 # side by side (-j), each with an OpenMP team of all the cores: libgomp's idle workers spin by
