@@ -47,10 +47,13 @@ inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w,
 // engine/model/ggml_quants.h), each weight widened exactly to f32 (those values are floats):
 // bit for bit InvariantLinear over the widened weights, so with f32 activations what transformers
 // computes over the dequantized checkpoint (gpt-oss's convert_moe_packed_tensors) up to the sum's
-// order. The weights stay 4-bit in memory: a tile of weight rows (~256 KiB as f32) is widened into
-// a per-thread buffer once per call and used for every row of x. Threading as InvariantLinear
-// (parallel over tiles of weight rows). InvalidArgument for k not a multiple of 32, a negative
-// size, or a null pointer with m, n, k > 0.
+// order. The weights stay 4-bit in memory. Paths (same bits): fewer than 10 rows of x (AVX2 code,
+// also on AVX-512 hosts), each block widened in registers where it is used; more, or the portable
+// level, a tile of weight rows (~256 KiB as f32) widened once per call into a per-thread buffer
+// and run against every row of x by InvariantLinear's f32 tiles (on AVX2 lane by lane, x packed
+// once into a buffer of the calling thread, as InvariantLinear's). Threading as InvariantLinear
+// (parallel over weight rows). InvalidArgument for k not a multiple of 32, a negative size, or a
+// null pointer with m, n, k > 0.
 absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t k,
                                   const std::byte* w, int64_t n, float* y);
 inline absl::Status InvariantLinearMxfp4(const float* x, int64_t m, int64_t k, const std::byte* w,
