@@ -116,7 +116,8 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
   d->lm_head_ = d->Carve<std::byte>(c.vocab_size * hidden * d->elem_, "lm_head");
   d->final_norm_ = d->Carve<std::byte>(hidden * d->elem_, "final_norm");
   d->inv_freq_ = d->Carve<float>(c.head_dim / 2, "inv_freq");
-  if (c.attention_sinks) d->sinks_ = d->Carve<float>(c.num_attention_heads, "sinks");
+  const int64_t layers = store.num_layers();
+  if (c.attention_sinks) d->sinks_ = d->Carve<float>(layers * c.num_attention_heads, "sinks");
   for (int mb = 0; mb < kMaxMicroBatches; ++mb) {
     d->h_[mb] = d->Carve<float>(T * hidden, "h");
     d->positions_[mb] = d->Carve<int64_t>(T, "positions");
@@ -157,7 +158,9 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
     d->mla_v_ = d->Carve<float>(T * v_cols, "mla_v");
     d->mla_v_c_ = d->Carve<std::byte>(T * v_cols * d->elem_, "mla_v_c");
   }
-  if (c.topk_method == TopkMethod::kNoauxTc) d->router_bias_ = d->Carve<float>(E, "router_bias");
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    d->router_bias_ = d->Carve<float>(layers * E, "router_bias");
+  }
   d->logits_ = d->Carve<float>(T * c.vocab_size, "logits");
   d->rows_ = d->Carve<int32_t>(T, "rows");
   if (d->plan_.dequant_bytes > 0) {
@@ -229,12 +232,26 @@ absl::StatusOr<std::unique_ptr<Device>> CudaDevice::Create(const WeightStore& st
         cudaMemcpy(d->resident_layers_[l], region.data, region.bytes, cudaMemcpyHostToDevice),
         "resident layer H2D"));
   }
-  // gpt-oss's sinks in f32 on the host too, for the CPU's decode attention (AttentionSinks).
-  for (const LayerWeights& lw : w.layers) {
+  // Small per-layer vectors in f32, once: gpt-oss's sinks (on the host too, for the CPU's decode
+  // attention: AttentionSinks) and DeepSeek-V3's router correction bias.
+  auto f32_rows = [&](const TensorInfo* t, float* device_row,
+                      std::vector<float>* host) -> absl::Status {
+    host->resize(static_cast<size_t>(t->numel()));
+    ConvertToF32(*t->dtype, t->data, host->data(), host->size());
+    return CudaError(
+        cudaMemcpy(device_row, host->data(), host->size() * sizeof(float), cudaMemcpyHostToDevice),
+        "per-layer vector H2D");
+  };
+  std::vector<float> router_bias;
+  for (int64_t l = 0; l < layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
     std::vector<float>& sinks = d->host_sinks_.emplace_back();
-    if (lw.sinks == nullptr) continue;
-    sinks.resize(static_cast<size_t>(lw.sinks->numel()));
-    ConvertToF32(*lw.sinks->dtype, lw.sinks->data, sinks.data(), sinks.size());
+    if (lw.sinks != nullptr) {
+      MB_RETURN_IF_ERROR(f32_rows(lw.sinks, d->sinks_ + l * c.num_attention_heads, &sinks));
+    }
+    if (d->router_bias_ != nullptr && lw.router_bias != nullptr) {
+      MB_RETURN_IF_ERROR(f32_rows(lw.router_bias, d->router_bias_ + l * E, &router_bias));
+    }
   }
   const RopeTable rope = ComputeRope(c);
   d->rope_scaling_ = rope.attention_scaling;

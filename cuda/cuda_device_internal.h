@@ -166,6 +166,11 @@ class CudaDevice final : public Device {
   // naming the buffer whose guard was written otherwise. Called at the end of every pass.
   absl::Status CheckGuards();
   absl::Status CheckCall(int micro_batch, int64_t layer, int64_t tokens) const;
+  // The tokens of `micro_batch`'s pass (Embed's count), 0 for a micro-batch out of range (which
+  // CheckCall then refuses).
+  int64_t TokensOf(int micro_batch) const {
+    return micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : tokens_[micro_batch];
+  }
   // The weights of `layer`: a resident layer's region, or the weight slot WeightSlots says holds
   // it (its fill complete; the next streamed layer is then queued).
   absl::StatusOr<const std::byte*> AwaitLayer(int64_t layer);
@@ -244,8 +249,8 @@ class CudaDevice final : public Device {
   void* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;
   float rope_scaling_ = 1.0f;  // RopeTable::attention_scaling
-  // gpt-oss's attention sinks: the layer's [heads] f32 on the device (converted in task A before
-  // the prefill attention; null without sinks), and every layer's on the host.
+  // gpt-oss's attention sinks [layers, heads] f32 on the device (null without sinks), and every
+  // layer's on the host.
   float* sinks_ = nullptr;
   std::vector<std::vector<float>> host_sinks_;
   // Per micro-batch.
@@ -272,7 +277,7 @@ class CudaDevice final : public Device {
   // dtype_ (a GEMM input).
   float *mla_q_ = nullptr, *mla_a_ = nullptr, *mla_v_ = nullptr;
   void *mla_q_c_ = nullptr, *mla_a_c_ = nullptr, *mla_v_c_ = nullptr;
-  float* router_bias_ = nullptr;  // DeepSeek-V3's e_score_correction_bias [E] f32
+  float* router_bias_ = nullptr;  // DeepSeek-V3's e_score_correction_bias [layers, E] f32
   float* logits_ = nullptr;
   int32_t* rows_ = nullptr;
   std::byte* workspace_ = nullptr;

@@ -34,17 +34,7 @@ absl::Status HiddenNorm(const ModelConfig& c, const float* in, const void* weigh
 
 absl::Status CudaDevice::Gemm(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
                               float* y) {
-  if (m == 0) return absl::OkStatus();
-  // Row-major y[m, n] = x[m, k] w[n, k]ᵀ is column-major yᵀ[n, m] = w (k x n, transposed) x ...:
-  // cuBLAS C = op(A) op(B) with A = w (lda k, op T) and B = x (ldb k, op N).
-  const float alpha = 1.0f, beta = 0.0f;
-  const cudaDataType_t t = CudaType(dtype_);
-  return CublasError(
-      blas_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                     static_cast<int>(k), &alpha, w, t, static_cast<int>(k), x, t,
-                     static_cast<int>(k), &beta, y, CUDA_R_32F, static_cast<int>(n),
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
+  return GemmStrided(x, k, w, k, /*w_rows_out=*/true, m, n, k, y, n);
 }
 
 absl::Status CudaDevice::GemmStrided(const void* x, int64_t ldx, const void* w, int64_t ldw,
@@ -60,7 +50,7 @@ absl::Status CudaDevice::GemmStrided(const void* x, int64_t ldx, const void* w, 
                      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, w, t,
                      static_cast<int>(ldw), x, t, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
                      static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx (strided)");
+      "cublasGemmEx");
 }
 
 absl::Status CudaDevice::Gemm(const void* x, const std::byte* slot, int64_t layer,
@@ -147,8 +137,7 @@ absl::Status CudaDevice::RunEmbed(int micro_batch, const int32_t* token_ids,
 
 absl::Status CudaDevice::RunSetPrefillSegments(int micro_batch, const int32_t* cu_rows,
                                                int64_t num_segments) {
-  const int64_t tokens =
-      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  const int64_t tokens = TokensOf(micro_batch);
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
   if (num_segments < 0 || num_segments > tokens || (num_segments > 0 && cu_rows == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -175,8 +164,7 @@ absl::Status CudaDevice::RunSetPrefillSegments(int micro_batch, const int32_t* c
 
 absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, float* k, float* v,
                                   float* attn) {
-  const int64_t tokens =
-      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  const int64_t tokens = TokensOf(micro_batch);
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
   const ModelConfig& c = config();
   auto slot = AwaitLayer(layer);
@@ -206,12 +194,7 @@ absl::Status CudaDevice::RunTaskA(int micro_batch, int64_t layer, float* q, floa
     MB_RETURN_IF_ERROR(OutputProjection(micro_batch, s, layer, first, last));
   } else if (segments > 0) {
     // The layer's own window (gpt-oss alternates sliding and full layers) and sinks.
-    const float* sinks = nullptr;
-    if (lw.sinks != nullptr) {
-      MB_RETURN_IF_ERROR(gpu::ConvertToF32(Tensor(s, layer, lw.sinks), TensorDType(lw.sinks),
-                                           c.num_attention_heads, sinks_, compute_));
-      sinks = sinks_;
-    }
+    const float* sinks = lw.sinks != nullptr ? sinks_ + layer * c.num_attention_heads : nullptr;
     MB_RETURN_IF_ERROR(gpu::PrefillAttention(
         q_, k_, v_, prefill_cu_[micro_batch], segments, tokens, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, c.attention_scale(),
@@ -351,8 +334,7 @@ absl::Status CudaDevice::MlaValueUp(const std::byte* slot, int64_t layer, int64_
 
 absl::Status CudaDevice::RunTaskB(int micro_batch, int64_t layer, const float* attn,
                                   ForwardStats* stats) {
-  const int64_t tokens =
-      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  const int64_t tokens = TokensOf(micro_batch);
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, layer, tokens));
   const ModelConfig& c = config();
   auto slot = AwaitLayer(layer);
@@ -431,12 +413,7 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
   // DBRX's p-norm (p != 1) divides the top-k weights after the selection, as CpuDevice::TaskB.
   const bool p_norm = c.norm_topk_prob && c.topk_norm_p != 1.0;
   if (c.topk_method != TopkMethod::kSoftmax) {  // DeepSeek's routers
-    const float* bias = nullptr;
-    if (c.topk_method == TopkMethod::kNoauxTc) {
-      MB_RETURN_IF_ERROR(gpu::ConvertToF32(Tensor(s, layer, lw.router_bias),
-                                           TensorDType(lw.router_bias), E, router_bias_, compute_));
-      bias = router_bias_;
-    }
+    const float* bias = c.topk_method == TopkMethod::kNoauxTc ? router_bias_ + layer * E : nullptr;
     const gpu::RouterMethod method =
         c.topk_method == TopkMethod::kGreedy               ? gpu::RouterMethod::kGreedy
         : c.topk_method == TopkMethod::kGroupLimitedGreedy ? gpu::RouterMethod::kGroupLimitedGreedy
@@ -521,8 +498,7 @@ absl::Status CudaDevice::RoutedExperts(const std::byte* s, int64_t layer, const 
 }
 
 absl::Status CudaDevice::LmHead(int micro_batch, const int64_t* rows, int64_t n) {
-  const int64_t tokens =
-      tokens_[micro_batch < 0 || micro_batch >= kMaxMicroBatches ? 0 : micro_batch];
+  const int64_t tokens = TokensOf(micro_batch);
   MB_RETURN_IF_ERROR(CheckCall(micro_batch, 0, tokens));
   const ModelConfig& c = config();
   if (n < 1 || n > tokens) {  // the row buffers hold the micro-batch's tokens
