@@ -14,7 +14,7 @@
 // models/mixtral/modeling_mixtral.py (and modeling_qwen2_moe.py, modeling_qwen3_moe.py,
 // modeling_olmoe.py, modeling_llama.py, modeling_dbrx.py, modeling_gpt_oss.py for what the families
 // add); each function names the transformers code it implements.
-// tests/cuda/test_backend_ops.cc checks every kernel against its cpu op on random shapes and
+// tests/cuda/test_backend_ops*.cc check every kernel against its cpu op on random shapes and
 // dtypes; tests/cuda/test_cuda_kernels_task_a.cc and _task_b.cc what is particular to the kernels
 // (launch limits, ties).
 //

@@ -13,8 +13,8 @@
 // 1024 contiguous bytes). Grid-stride over the runs.
 // Shapes: src rows * cols / block_size blocks, row after row (a row is cols / block_size blocks,
 // no padding, as WeightStore and GGUF keep them); dst [rows, cols] dense, 16-byte aligned.
-// Run: tests/cuda/test_backend_ops.cc ("DequantizeRows") against DequantizeRow on random blocks of
-// every type and output dtype (ctest -L gpu; -L emulated on the CUDA emulator).
+// Run: tests/cuda/test_backend_ops_quant.cc ("DequantizeRows") against DequantizeRow on random
+// blocks of every type and output dtype (ctest -L gpu; -L emulated on the CUDA emulator).
 #include "cuda/kernels_common.cuh"
 
 namespace moebatch::gpu {

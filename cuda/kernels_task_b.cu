@@ -1,7 +1,7 @@
 // CUDA kernels of GPU task B (MoE-Lens §6.4) and the rest: router top-k, expert permutation, row
 // gather, greedy argmax, SiLU-mul, combine, residual add and dtype conversions. Shapes and
 // semantics: cuda/kernels.h; numerics and launch conventions: cuda/kernels_common.cuh. Checked
-// against the cpu ops by tests/cuda/test_backend_ops.cc and by
+// against the cpu ops by tests/cuda/test_backend_ops_task_b.cc and by
 // tests/cuda/test_cuda_kernels_task_b.cc (ctest -L gpu; -L emulated on the CUDA emulator).
 #include "cuda/kernels_common.cuh"
 
