@@ -43,12 +43,14 @@ struct ForwardStats {
   int64_t expert_token_pairs = 0;  // sum over layers of tokens routed to each expert (top-k each)
   int64_t experts_touched = 0;     // sum over layers of experts with at least one token
   int micro_batches = 0;
-  double pass_seconds = 0;              // the whole Forward
-  double device_seconds = 0;            // inside Device calls (tasks A/B, embedding, lm_head)
-  double cpu_attention_seconds = 0;     // inside the CPU task (K/V append + attention)
-  double weight_transfer_seconds = 0;   // weight copies in flight (Device::counters)
-  int64_t weight_bytes = 0;             // weight bytes copied to the device
-  int64_t kv_tokens_read = 0;           // sum of the sequences' context lengths (per layer)
+  double pass_seconds = 0;             // the whole Forward
+  double device_seconds = 0;           // inside Device calls (tasks A/B, embedding, lm_head)
+  double cpu_attention_seconds = 0;    // inside the CPU task (K/V append + attention)
+  double weight_transfer_seconds = 0;  // weight copies in flight (Device::counters)
+  int64_t weight_bytes = 0;            // weight bytes copied to the device
+  // Sum of the keys each sequence's last query reads, per layer: its context length, a window
+  // layer's at most its window (averaged over the layers).
+  int64_t kv_tokens_read = 0;
   int64_t device_attention_tokens = 0;  // rows whose attention the device computed (prefill)
 };
 

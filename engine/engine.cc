@@ -273,14 +273,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   spdlog::info(
       "engine: {} backend, {} layers, {} experts (top-{}), compute {}{}, KV cache {} blocks x {} "
-      "tokens ({} MiB, {}), max context {} tokens; {} tokens per pass{}, up to {} sequences",
+      "tokens{} ({} MiB, {}), max context {} tokens; {} tokens per pass{}, up to {} sequences",
       engine->model_->device().name(), c.num_hidden_layers, c.num_local_experts,
       c.num_experts_per_tok, DTypeName(p.device.compute_dtype),
       p.backend == "cpu"
           ? (options.cpu.batch_invariant ? " (batch-invariant)" : " (not batch-invariant)")
           : "",
-      p.kv.num_blocks, p.kv.block_size, engine->cache_->total_bytes() >> 20, DTypeName(p.kv.dtype),
-      p.max_context_tokens, p.schedule.max_tokens_per_pass,
+      p.kv.num_blocks, p.kv.block_size,
+      p.kv.window_layers.empty()
+          ? std::string()
+          : absl::StrCat(", ", p.kv.num_groups() == 2 ? "window layers" : "every layer",
+                         " kept to the last ", p.kv.window),
+      engine->cache_->total_bytes() >> 20, DTypeName(p.kv.dtype), p.max_context_tokens,
+      p.schedule.max_tokens_per_pass,
       p.n_real
           ? absl::StrCat(" (n_real ", *p.n_real, ", ceiling ", p.device.max_tokens_per_pass, ")")
           : std::string(),
@@ -294,9 +299,10 @@ absl::StatusOr<std::vector<std::vector<double>>> Engine::ScoreTokens(
     return absl::FailedPreconditionError("ScoreTokens: requests are in flight");
   }
   ForwardBatch batch;
-  std::vector<std::vector<int32_t>> tables(sequences.size());
+  std::vector<std::vector<int32_t>> tables(sequences.size()), window_tables(sequences.size());
   const auto release = [&] {
     for (auto& table : tables) allocator_->FreeAll(&table);
+    for (auto& table : window_tables) allocator_->FreeAll(&table);
   };
   const int64_t block_size = cache_->config().block_size;
   for (size_t s = 0; s < sequences.size(); ++s) {
@@ -307,7 +313,10 @@ absl::StatusOr<std::vector<std::vector<double>>> Engine::ScoreTokens(
       return absl::InvalidArgumentError(absl::StrCat("ScoreTokens: sequence ", s, " has ", n,
                                                      " tokens; first must be in [1, ", n, ")"));
     }
-    for (int64_t b = 0; b < BlocksForTokens(n, block_size); ++b) {
+    // A block per block_size tokens in each table (the window table too: one pass attends the
+    // whole sequence).
+    const int num_tables = cache_->config().num_groups();
+    for (int64_t b = 0; b < num_tables * BlocksForTokens(n, block_size); ++b) {
       const std::optional<int32_t> block = allocator_->Allocate();
       if (!block) {
         release();
@@ -315,10 +324,11 @@ absl::StatusOr<std::vector<std::vector<double>>> Engine::ScoreTokens(
             absl::StrCat("ScoreTokens: the KV cache's ", allocator_->num_blocks(), " blocks of ",
                          block_size, " tokens do not hold the sequences"));
       }
-      tables[s].push_back(*block);
+      (b % num_tables == 0 ? tables : window_tables)[s].push_back(*block);
     }
     ForwardSequence fs;
     fs.block_table = &tables[s];
+    if (cache_->config().num_groups() == 2) fs.window_block_table = &window_tables[s];
     fs.token_start = static_cast<int64_t>(batch.token_ids.size());
     fs.num_tokens = n;
     fs.context_len = n;
@@ -417,6 +427,10 @@ std::vector<Engine::Sequence*> Engine::Fork(Sequence* parent) {
     child->slots.num_computed = parent->slots.num_computed;
     child->slots.block_table = parent->slots.block_table;
     for (int32_t block : child->slots.block_table) allocator_->Share(block);
+    child->slots.window_block_table = parent->slots.window_block_table;
+    for (int32_t block : child->slots.window_block_table) {
+      if (block != kNoBlock) allocator_->Share(block);
+    }
     scheduler_->AddRunning(&child->slots);
     children.push_back(child.get());
     sequences_.emplace(child->slots.id, std::move(child));
@@ -462,8 +476,8 @@ void Engine::AnnotatePass(const ForwardStats& pass, int64_t logits_rows) {
   const ModelWeights& weights =
       weight_store_ != nullptr ? weight_store_->weights() : checkpoint_->weights();
   const KvCacheConfig& kv = cache_->config();
-  const double kv_per_token_layer = static_cast<double>(kv.bytes_per_block()) /
-                                    static_cast<double>(kv.num_layers * kv.block_size);
+  const double kv_per_token_layer =
+      static_cast<double>(kv.layer_block_bytes()) / static_cast<double>(kv.block_size);
   const PassCounts counts{pass.tokens, pass.experts_touched, pass.expert_token_pairs,
                           pass.kv_tokens_read};
   const PassWork work = PassWorkOf(config(), weights, counts, kv_per_token_layer, logits_rows);
@@ -526,6 +540,7 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
     SequenceSlots* s = chunk.seq;
     ForwardSequence fs;
     fs.block_table = &s->block_table;
+    if (scheduler_->config().window > 0) fs.window_block_table = &s->window_block_table;
     fs.token_start = static_cast<int64_t>(batch.token_ids.size());
     fs.num_tokens = chunk.num_tokens;
     fs.context_len = s->num_computed + chunk.num_tokens;

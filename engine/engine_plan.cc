@@ -121,6 +121,9 @@ absl::StatusOr<EnginePlan> MakeEnginePlan(const EngineOptions& options, const Mo
   kv.value_dim = c.mla ? c.attention_value_dim() : 0;  // MLA: latent rows stored once
   kv.block_size = options.kv.block_size;
   kv.dtype = options.kv.dtype.value_or(options.cpu.compute_dtype);
+  SetWindowLayers(c, c.num_hidden_layers, &kv);  // sliding layers keep only their window
+  plan.schedule.main_window = kv.group_window(KvGroup::kMain);
+  plan.schedule.window = kv.num_groups() == 2 ? kv.group_window(KvGroup::kWindow) : 0;
   // The pass's host buffers at their largest, which grow after the cache is placed: q, k, v and
   // attention output f32 for each micro-batch (either may hold the whole budget) and, for sampled
   // sequences, a logits row per token (the engine's and a micro-batch's copy).
@@ -152,7 +155,30 @@ absl::StatusOr<EnginePlan> MakeEnginePlan(const EngineOptions& options, const Mo
         kv.bytes_per_block(), " bytes)",
         plan.kv_automatic ? "; the host memory left after the weights is too small" : ""));
   }
-  plan.max_context_tokens = std::min(c.max_position_embeddings, kv.num_blocks * kv.block_size);
+  // A sequence's blocks: its context's in the main table (or, kept to a window, the window's and
+  // the one being written: ceil((window - 1) / block_size) + 1), and a window table's beside. One
+  // block more keeps a lone sequence's prefill chunks from stalling at a block boundary.
+  const int64_t window_blocks =
+      kv.window > 0 ? BlocksForTokens(kv.window - 1, kv.block_size) + 1 : 0;
+  if (kv.group_window(KvGroup::kMain) > 0) {
+    if (kv.num_blocks < window_blocks + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_cache_bytes: ", plan.kv_bytes, " bytes hold ", kv.num_blocks,
+          " KV blocks, fewer than one sequence's window of ", kv.window, " tokens takes (",
+          window_blocks + 1, " blocks of ", kv.bytes_per_block(), " bytes)"));
+    }
+    plan.max_context_tokens = c.max_position_embeddings;
+  } else {
+    const int64_t reserved = kv.num_groups() == 2 ? window_blocks + 1 : 0;
+    plan.max_context_tokens = std::min(
+        c.max_position_embeddings, std::max<int64_t>(0, kv.num_blocks - reserved) * kv.block_size);
+  }
+  if (kv.num_groups() == 2 && plan.max_context_tokens < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_bytes: ", plan.kv_bytes, " bytes hold ", kv.num_blocks,
+                     " KV blocks: no room for a sequence beside its window table (",
+                     window_blocks + 1, " blocks)"));
+  }
   return plan;
 }
 
@@ -176,10 +202,20 @@ std::string EnginePlan::ToString() const {
       n_real ? absl::StrCat(" (n_real ", *n_real, ", ceiling ", device.max_tokens_per_pass, ")")
              : std::string(),
       ", up to ", schedule.max_num_seqs, " sequences, VSLPipe ", vslpipe ? "on" : "off", "\n");
-  absl::StrAppend(&out, "KV cache      ", MiB(kv_bytes), " ", std::string(DTypeName(kv.dtype)),
-                  ": ", kv.num_blocks, " blocks x ", kv.block_size, " tokens (",
-                  kv.bytes_per_block(), " bytes per block), max context ", max_context_tokens,
-                  " tokens\n");
+  absl::StrAppend(&out, "KV cache      ", MiB(kv.num_blocks * kv.bytes_per_block()), " ",
+                  std::string(DTypeName(kv.dtype)), ": ", kv.num_blocks, " blocks x ",
+                  kv.block_size, " tokens (", kv.bytes_per_block(),
+                  " bytes per block), max context ", max_context_tokens, " tokens\n");
+  if (!kv.window_layers.empty()) {
+    const int64_t windowed = std::count(kv.window_layers.begin(), kv.window_layers.end(), true);
+    absl::StrAppend(
+        &out, "KV window     ", windowed, " of ", kv.num_layers, " layers attend the last ",
+        kv.window, " tokens: their blocks behind it are freed",
+        kv.num_groups() == 2 ? absl::StrCat(" (a second block table per sequence; ",
+                                            kv.num_layer_slots(), " layer slots per block)")
+                             : std::string(),
+        "\n");
+  }
   absl::StrAppend(
       &out, "host memory   ",
       kv_automatic ? absl::StrCat("KV cache from ", GiB(host_budget_bytes), ", ") : std::string(),

@@ -77,13 +77,32 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
   for (int64_t s = 0; s < num_seqs; ++s) {
     const ForwardSequence& seq = batch.seqs[s];
     if (seq.num_tokens <= 0 || seq.token_start < 0 || seq.token_start + seq.num_tokens > tokens ||
-        seq.context_len < seq.num_tokens || seq.block_table == nullptr ||
+        seq.context_len < seq.num_tokens ||
         (seq.need_logits && !seq.greedy &&
-         (seq.num_logits < 1 || seq.num_logits > seq.num_tokens)) ||
-        BlocksForTokens(seq.context_len, cache.config().block_size) >
-            static_cast<int64_t>(seq.block_table->size())) {
+         (seq.num_logits < 1 || seq.num_logits > seq.num_tokens))) {
       return absl::InvalidArgumentError(
           absl::StrCat("forward batch: sequence ", s, " is malformed"));
+    }
+    for (KvGroup g : {KvGroup::kMain, KvGroup::kWindow}) {
+      const KvCacheConfig& kc = cache.config();
+      if (g == KvGroup::kWindow && kc.num_groups() == 1) break;
+      const std::vector<int32_t>* table =
+          g == KvGroup::kMain ? seq.block_table : seq.window_block_table;
+      // A table kept to a window: the entries from the block of the first key the chunk's first
+      // query reads must be blocks (those before may be kNoBlock).
+      const int64_t window = kc.group_window(g);
+      const int64_t first_key =
+          window > 0 ? std::max<int64_t>(0, seq.context_len - seq.num_tokens - window + 1) : 0;
+      const int64_t end = BlocksForTokens(seq.context_len, kc.block_size);
+      bool ok = table != nullptr && static_cast<int64_t>(table->size()) >= end;
+      for (int64_t b = first_key / kc.block_size; ok && window > 0 && b < end; ++b) {
+        ok = (*table)[b] >= 0 && (*table)[b] < kc.num_blocks;
+      }
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "forward batch: sequence ", s, "'s ", g == KvGroup::kMain ? "" : "window ",
+            "block table does not cover positions ", first_key, "..", seq.context_len - 1));
+      }
     }
     if (seq.context_len > c.max_position_embeddings) {
       return absl::InvalidArgumentError(
@@ -128,6 +147,8 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
     mb.positions.clear();
     mb.append_rows.clear();
     mb.attn_seqs.clear();
+    mb.window_append_rows.clear();
+    mb.window_attn_seqs.clear();
     mb.prefill_cu_rows.clear();
     mb.logit_rows.clear();
     mb.logit_outputs.clear();
@@ -165,10 +186,17 @@ absl::Status ModelRunner::Plan(const ForwardBatch& batch, const PagedKvCache& ca
         mb.token_ids.push_back(batch.token_ids[seq.token_start + i]);
         mb.positions.push_back(position);
         mb.append_rows.push_back(KvAppendRow{seq.block_table->data(), position});
+        if (seq.window_block_table != nullptr) {
+          mb.window_append_rows.push_back(KvAppendRow{seq.window_block_table->data(), position});
+        }
       }
       if (round == 0) {
         mb.attn_seqs.push_back(
             AttentionSequence{seq.block_table->data(), start, seq.num_tokens, seq.context_len});
+        if (seq.window_block_table != nullptr) {
+          mb.window_attn_seqs.push_back(AttentionSequence{seq.window_block_table->data(), start,
+                                                          seq.num_tokens, seq.context_len});
+        }
       } else {
         if (mb.prefill_cu_rows.empty()) mb.prefill_cu_rows.push_back(static_cast<int32_t>(start));
         mb.prefill_cu_rows.push_back(static_cast<int32_t>(start + seq.num_tokens));
@@ -207,9 +235,13 @@ void ModelRunner::CpuTask(int64_t layer, MicroBatch& mb, PagedKvCache& cache) {
   view.block_stride_bytes = cache.block_stride_bytes();
   view.value_offset_bytes = cache.value_offset_bytes();
   view.value_dim = cache.config().value_dim;
-  AppendKv(view, mb.append_rows.data(), mb.tokens(), mb.k.data(), mb.v.data());
+  // A window layer's rows are found through the window block tables.
+  const bool window_group = cache.config().group(layer) == KvGroup::kWindow;
+  const std::vector<KvAppendRow>& rows = window_group ? mb.window_append_rows : mb.append_rows;
+  const std::vector<AttentionSequence>& seqs = window_group ? mb.window_attn_seqs : mb.attn_seqs;
+  AppendKv(view, rows.data(), mb.tokens(), mb.k.data(), mb.v.data());
   // The layer's own window (gpt-oss alternates sliding and full layers) and sinks.
-  PagedAttention(view, mb.attn_seqs.data(), static_cast<int64_t>(mb.attn_seqs.size()), mb.q.data(),
+  PagedAttention(view, seqs.data(), static_cast<int64_t>(seqs.size()), mb.q.data(),
                  c.num_attention_heads, c.attention_scale(), c.LayerSlidingWindow(layer),
                  mb.attn.data(), device_->AttentionSinks(layer));
   const auto end = PipelineTrace::Clock::now();
@@ -326,7 +358,20 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
   ForwardStats local_stats;
   local_stats.tokens = static_cast<int64_t>(batch.token_ids.size());
   local_stats.micro_batches = micro_batches;
-  for (const ForwardSequence& seq : batch.seqs) local_stats.kv_tokens_read += seq.context_len;
+  // Keys the sequences' last queries read, averaged over the layers: a window layer reads at most
+  // its window.
+  int64_t window_layers = 0, window = 0;
+  for (int64_t layer = 0; layer < config().num_hidden_layers; ++layer) {
+    if (std::optional<int64_t> w = config().LayerSlidingWindow(layer); w && *w > 0) {
+      ++window_layers;
+      window = *w;
+    }
+  }
+  for (const ForwardSequence& seq : batch.seqs) {
+    const int64_t full = seq.context_len * (config().num_hidden_layers - window_layers);
+    const int64_t windowed = std::min(seq.context_len, window) * window_layers;
+    local_stats.kv_tokens_read += (full + windowed) / config().num_hidden_layers;
+  }
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];
     if (auto st = DeviceCall(

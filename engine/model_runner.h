@@ -47,7 +47,9 @@ namespace moebatch {
 
 // The tokens of one sequence in a pass: rows [token_start, token_start + num_tokens) of the batch,
 // the last num_tokens of its first context_len tokens (so the first sits at position
-// context_len - num_tokens). Its block table must already cover context_len tokens.
+// context_len - num_tokens). Its block tables must already cover context_len tokens, from the first
+// key its first token reads on (position context_len - num_tokens - window + 1 for a table kept to
+// a window; the entries before it may be kNoBlock).
 struct ForwardSequence {
   const std::vector<int32_t>* block_table = nullptr;
   int64_t token_start = 0;
@@ -60,6 +62,8 @@ struct ForwardSequence {
   // With need_logits: produce its greedy token instead of its logits (Device::GreedyTokens), so
   // the device moves one token id rather than a row of vocab_size logits.
   bool greedy = false;
+  // The window group's block table (engine/kv/kv_cache.h), for a cache with two layer groups.
+  const std::vector<int32_t>* window_block_table = nullptr;
 };
 
 struct ForwardBatch {
@@ -102,11 +106,14 @@ class ModelRunner {
     std::vector<int64_t> positions;
     std::vector<KvAppendRow> append_rows;
     std::vector<AttentionSequence> attn_seqs;  // attended on the CPU
-    std::vector<int32_t> prefill_cu_rows;      // segments the device attends (empty: none)
-    std::vector<int64_t> logit_rows;           // rows of this micro-batch that need logits
-    std::vector<size_t> logit_outputs;         // their row in the pass's logits
-    std::vector<int64_t> greedy_rows;          // rows that need their greedy token
-    std::vector<size_t> greedy_outputs;        // their index in the pass's greedy tokens
+    // The same rows and sequences with the window block tables, for the window group's layers.
+    std::vector<KvAppendRow> window_append_rows;
+    std::vector<AttentionSequence> window_attn_seqs;
+    std::vector<int32_t> prefill_cu_rows;  // segments the device attends (empty: none)
+    std::vector<int64_t> logit_rows;       // rows of this micro-batch that need logits
+    std::vector<size_t> logit_outputs;     // their row in the pass's logits
+    std::vector<int64_t> greedy_rows;      // rows that need their greedy token
+    std::vector<size_t> greedy_outputs;    // their index in the pass's greedy tokens
     std::vector<int32_t> greedy_tokens;
     // Task A outputs, attention output: the device's host_buffer_allocator() memory.
     HostBuffer<float> q, k, v, attn;

@@ -26,25 +26,88 @@ void Scheduler::AddRunning(SequenceSlots* seq) {
   running_.insert(pos, seq);
 }
 
-bool Scheduler::EnsureBlocks(SequenceSlots* seq, int64_t tokens_after, SchedulerOutput* out) {
-  std::vector<int32_t>& table = seq->block_table;
+namespace {
+
+// What writing tokens [num_computed, tokens_after) takes for one block table: `need` new blocks
+// past the table, and a copy of block `first` when another table shares it.
+struct TableNeed {
+  int64_t need = 0;
+  bool copy = false;
+  int64_t first = 0;
+  int64_t blocks() const { return need + (copy ? 1 : 0); }
+};
+
+TableNeed NeedOf(const std::vector<int32_t>& table, const BlockAllocator& allocator,
+                 int64_t num_computed, int64_t tokens_after, int64_t block_size) {
+  TableNeed n;
   const int64_t have = static_cast<int64_t>(table.size());
-  const int64_t need =
-      std::max<int64_t>(0, BlocksForTokens(tokens_after, config_.block_size) - have);
+  n.need = std::max<int64_t>(0, BlocksForTokens(tokens_after, block_size) - have);
   // Only the block holding position num_computed can be both shared and written: a forked
   // sequence's later blocks are its own.
-  const int64_t first = seq->num_computed / config_.block_size;
-  const bool copy =
-      tokens_after > seq->num_computed && first < have && allocator_->holders(table[first]) > 1;
-  if (need + (copy ? 1 : 0) > allocator_->num_free()) return false;
-  if (copy) {
-    const int32_t dst = *allocator_->Allocate();
-    out->copies.push_back(BlockCopy{table[first], dst});
-    allocator_->Free(table[first]);  // one holder fewer; the others keep it
-    table[first] = dst;
+  n.first = num_computed / block_size;
+  n.copy = tokens_after > num_computed && n.first < have && table[n.first] != kNoBlock &&
+           allocator.holders(table[n.first]) > 1;
+  return n;
+}
+
+void Apply(const TableNeed& n, BlockAllocator* allocator, std::vector<int32_t>* table,
+           SchedulerOutput* out) {
+  if (n.copy) {
+    const int32_t dst = *allocator->Allocate();
+    out->copies.push_back(BlockCopy{(*table)[n.first], dst});
+    allocator->Free((*table)[n.first]);  // one holder fewer; the others keep it
+    (*table)[n.first] = dst;
   }
-  for (int64_t i = 0; i < need; ++i) table.push_back(*allocator_->Allocate());
+  for (int64_t i = 0; i < n.need; ++i) table->push_back(*allocator->Allocate());
+}
+
+}  // namespace
+
+// Frees the entries of `table` wholly before position first_key (a windowed table's released
+// entries form a prefix: walk back from the last dead one to the first released).
+static void ReleaseBefore(int64_t first_key, int64_t block_size, BlockAllocator* allocator,
+                          std::vector<int32_t>* table) {
+  if (first_key <= 0) return;
+  const int64_t dead =
+      std::min<int64_t>(first_key / block_size, static_cast<int64_t>(table->size()));
+  for (int64_t i = dead - 1; i >= 0 && (*table)[i] != kNoBlock; --i) {
+    allocator->Free((*table)[i]);
+    (*table)[i] = kNoBlock;
+  }
+}
+
+void Scheduler::ReleaseBehindWindow(SequenceSlots* seq) {
+  // The next query sits at num_computed and reads keys from num_computed - window + 1 on.
+  if (config_.main_window > 0) {
+    ReleaseBefore(seq->num_computed - config_.main_window + 1, config_.block_size, allocator_,
+                  &seq->block_table);
+  }
+  if (config_.window > 0) {
+    ReleaseBefore(seq->num_computed - config_.window + 1, config_.block_size, allocator_,
+                  &seq->window_block_table);
+  }
+}
+
+bool Scheduler::EnsureBlocks(SequenceSlots* seq, int64_t tokens_after, SchedulerOutput* out) {
+  ReleaseBehindWindow(seq);
+  const int64_t bs = config_.block_size;
+  const TableNeed main = NeedOf(seq->block_table, *allocator_, seq->num_computed, tokens_after, bs);
+  TableNeed window;
+  if (config_.window > 0) {
+    window = NeedOf(seq->window_block_table, *allocator_, seq->num_computed, tokens_after, bs);
+  }
+  if (main.blocks() + window.blocks() > allocator_->num_free()) return false;
+  Apply(main, allocator_, &seq->block_table, out);
+  if (config_.window > 0) Apply(window, allocator_, &seq->window_block_table, out);
   return true;
+}
+
+int64_t Scheduler::Capacity(const SequenceSlots& seq) const {
+  // Both tables are as long as each other (EnsureBlocks grows them together; releasing keeps the
+  // length), so each token block past them takes num_tables() free blocks.
+  return (static_cast<int64_t>(seq.block_table.size()) + allocator_->num_free() / num_tables()) *
+             config_.block_size -
+         seq.num_computed;
 }
 
 SequenceSlots* Scheduler::PickVictim(const SequenceSlots* requester) {
@@ -57,12 +120,15 @@ SequenceSlots* Scheduler::PickVictim(const SequenceSlots* requester) {
 
 void Scheduler::Preempt(SequenceSlots* seq, SchedulerOutput* out) {
   // A copy into one of its blocks is not needed any more (the block may go to another sequence).
-  for (int32_t block : seq->block_table) {
-    out->copies.erase(std::remove_if(out->copies.begin(), out->copies.end(),
-                                     [&](const BlockCopy& c) { return c.dst == block; }),
-                      out->copies.end());
+  for (const std::vector<int32_t>* table : {&seq->block_table, &seq->window_block_table}) {
+    for (int32_t block : *table) {
+      out->copies.erase(std::remove_if(out->copies.begin(), out->copies.end(),
+                                       [&](const BlockCopy& c) { return c.dst == block; }),
+                        out->copies.end());
+    }
   }
   allocator_->FreeAll(&seq->block_table);
+  allocator_->FreeAll(&seq->window_block_table);
   seq->num_computed = 0;
   ++seq->num_preemptions;
   auto it = std::find(running_.begin(), running_.end(), seq);
@@ -108,10 +174,8 @@ SchedulerOutput Scheduler::Schedule() {
          (seq->width > 1 && holding + seq->width > config_.max_tokens_per_pass))) {
       break;
     }
-    const int64_t capacity =
-        (static_cast<int64_t>(seq->block_table.size()) + allocator_->num_free()) *
-            config_.block_size -
-        seq->num_computed;
+    ReleaseBehindWindow(seq);
+    const int64_t capacity = Capacity(*seq);
     const int64_t chunk = std::min({seq->num_pending(), budget, capacity});
     if (chunk <= 0) break;
     if (seq->block_table.empty()) holding += seq->width;
@@ -146,6 +210,7 @@ void Scheduler::Remove(SequenceSlots* seq) {
     running_.erase(it);
   }
   allocator_->FreeAll(&seq->block_table);
+  allocator_->FreeAll(&seq->window_block_table);
 }
 
 }  // namespace moebatch

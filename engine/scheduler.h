@@ -13,12 +13,11 @@
 //      what is left is split across passes (chunked prefill).
 // A sequence whose context can never fit the whole cache is not admitted (the engine checks).
 //
-// Shared blocks (a request's n choices, forked by the engine after the prompt's prefill): a
-// sequence about to write into a block that another sequence also holds first gets its own copy
-// (copy-on-write, vLLM's): a new block is allocated, the pair goes to SchedulerOutput::copies, and
-// the engine copies the K/V before the pass runs. A sequence of width n (a request whose choices
-// have not forked yet) counts n against max_num_seqs and the token budget when it is admitted, so
-// that its choices, once forked, still decode in one pass.
+// Sliding windows (engine/kv/kv_cache.h's layer groups): with window layers beside full-context
+// ones, each sequence also holds a window block table, which draws blocks from the same allocator;
+// with every layer in one window, the main table is the one kept to it. Before a sequence's blocks
+// are ensured, the blocks of such a table wholly before position num_computed - window + 1 (the
+// first key its next query reads) are freed and their entries become kNoBlock.
 //
 // Plain class, no device code; the scheduler thread owns it and the BlockAllocator.
 #pragma once
@@ -39,6 +38,9 @@ struct SequenceSlots {
   std::vector<int32_t> tokens;       // prompt followed by the generated tokens
   int64_t num_computed = 0;          // leading tokens whose K/V is in the cache
   std::vector<int32_t> block_table;  // covers at least num_computed tokens
+  // The window group's table (SchedulerConfig::window > 0): as long as block_table, kNoBlock for
+  // the blocks behind the window (a prefix), block ids for the rest.
+  std::vector<int32_t> window_block_table;
   int64_t num_preemptions = 0;
   int64_t width = 1;  // sequences it stands for at admission: n before its choices fork, else 1
 
@@ -49,6 +51,10 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 256;          // sequences holding KV at once
   int64_t max_tokens_per_pass = 2048;  // prefill + decode tokens per pass (n_real, §6.3)
   int64_t block_size = 16;
+  // KvCacheConfig::group_window of each group, in tokens: what a table is kept to (0: the whole
+  // context). window 0: sequences hold no window table.
+  int64_t main_window = 0;
+  int64_t window = 0;
 };
 
 // The configuration for a token ceiling and the engine's options (MoE-Lens §6.2-6.3), in tokens
@@ -92,7 +98,8 @@ class Scheduler {
   void Add(SequenceSlots* seq);
   // Adds a sequence straight to the running (decode) set: a choice forked from a sequence whose
   // prompt is prefilled; its block table shares that sequence's blocks (BlockAllocator::Share)
-  // and num_computed covers the prompt. Its id orders it among the running ones.
+  // and num_computed covers the prompt; likewise its window block table. Its id orders it among
+  // the running ones.
   void AddRunning(SequenceSlots* seq);
   // Forms the next pass. Blocks for every chunk are allocated before it returns.
   SchedulerOutput Schedule();
@@ -108,10 +115,15 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
 
  private:
-  // Blocks for writing tokens [num_computed, tokens_after): new ones past the table, and a copy of
-  // the shared block the first of them goes to (recorded in out->copies). false (nothing changed)
-  // when too few blocks are free.
+  // Blocks for writing tokens [num_computed, tokens_after) in each table: new ones past it, and a
+  // copy of the shared block the first of them goes to (recorded in out->copies). false (nothing
+  // changed but the release of blocks behind a window) when too few are free.
   bool EnsureBlocks(SequenceSlots* seq, int64_t tokens_after, SchedulerOutput* out);
+  // Frees the blocks of windowed tables that no query at position >= num_computed reads.
+  void ReleaseBehindWindow(SequenceSlots* seq);
+  // Tokens past num_computed that the blocks held and free can take.
+  int64_t Capacity(const SequenceSlots& seq) const;
+  int num_tables() const { return config_.window > 0 ? 2 : 1; }
   SequenceSlots* PickVictim(const SequenceSlots* requester);
   void Preempt(SequenceSlots* seq, SchedulerOutput* out);
 

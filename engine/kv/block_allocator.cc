@@ -33,7 +33,9 @@ void BlockAllocator::Free(int32_t block) {
 
 void BlockAllocator::FreeAll(std::vector<int32_t>* block_table) {
   // Reverse order keeps the free list's LIFO order close to allocation order.
-  for (auto it = block_table->rbegin(); it != block_table->rend(); ++it) Free(*it);
+  for (auto it = block_table->rbegin(); it != block_table->rend(); ++it) {
+    if (*it != kNoBlock) Free(*it);
+  }
   block_table->clear();
 }
 

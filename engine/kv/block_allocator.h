@@ -16,6 +16,10 @@
 
 namespace moebatch {
 
+// A block table entry that holds no block: one behind a sliding window, freed (the window block
+// tables of engine/kv/kv_cache.h's window pool).
+inline constexpr int32_t kNoBlock = -1;
+
 // A LIFO free list of block ids [0, num_blocks), with a holder count per block.
 class BlockAllocator {
  public:
@@ -27,7 +31,8 @@ class BlockAllocator {
   // Drops one holder; the last one returns the block to the free list. Freeing a free block or an
   // id out of range is a programming error (checked in debug builds).
   void Free(int32_t block);
-  void FreeAll(std::vector<int32_t>* block_table);  // frees every block of the table and clears it
+  // Frees every block of the table (kNoBlock entries hold none) and clears it.
+  void FreeAll(std::vector<int32_t>* block_table);
   // Holders of `block` (0 when free).
   int32_t holders(int32_t block) const { return holders_[block]; }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }

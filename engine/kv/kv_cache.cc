@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,13 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCache
         config.num_kv_heads, ", head_dim ", config.head_dim, ", block_size ", config.block_size,
         ", blocks ", config.num_blocks, ", value_dim ", config.value_dim, " <= head_dim)"));
   }
+  if (!config.window_layers.empty() &&
+      (static_cast<int64_t>(config.window_layers.size()) != config.num_layers ||
+       config.window <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache: window_layers must list the ", config.num_layers, " layers (has ",
+        config.window_layers.size(), ") with a positive window (", config.window, ")"));
+  }
   std::unique_ptr<PagedKvCache> cache(new PagedKvCache(config));
   const size_t elem = DTypeSize(config.dtype);
   cache->head_stride_ = config.block_size * config.head_dim * elem;
@@ -32,7 +40,13 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const KvCache
   cache->value_offset_ = config.value_dim > 0 ? 0 : key_bytes;
   cache->block_stride_ = config.value_dim > 0 ? key_bytes : 2 * key_bytes;
   cache->layer_stride_ = cache->block_stride_ * config.num_blocks;
-  cache->bytes_ = cache->layer_stride_ * config.num_layers;
+  cache->bytes_ = cache->layer_stride_ * config.num_layer_slots();
+  // Each group's i-th layer in slot i.
+  cache->layer_slot_.resize(config.num_layers);
+  int64_t next[2] = {0, 0};
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    cache->layer_slot_[layer] = next[static_cast<int>(config.group(layer))]++;
+  }
   void* p =
       ::mmap(nullptr, cache->bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
@@ -59,6 +73,43 @@ KvCacheConfig KvCacheConfigFor(const ModelConfig& config, int64_t num_layers, in
   return kv;
 }
 
+int KvCacheConfig::num_groups() const {
+  int64_t windowed = 0;
+  for (bool w : window_layers) windowed += w ? 1 : 0;
+  return windowed > 0 && windowed < num_layers ? 2 : 1;
+}
+
+int64_t KvCacheConfig::group_window(KvGroup g) const {
+  if (window_layers.empty()) return 0;
+  if (g == KvGroup::kWindow) return window;
+  // The main group attends the window only when every layer does.
+  for (bool w : window_layers) {
+    if (!w) return 0;
+  }
+  return window;
+}
+
+int64_t KvCacheConfig::num_layer_slots() const {
+  if (num_groups() == 1) return num_layers;
+  int64_t windowed = 0;
+  for (bool w : window_layers) windowed += w ? 1 : 0;
+  return std::max(windowed, num_layers - windowed);
+}
+
+void SetWindowLayers(const ModelConfig& config, int64_t num_layers, KvCacheConfig* kv) {
+  kv->window_layers.assign(num_layers, false);
+  kv->window = 0;
+  bool any = false;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    if (std::optional<int64_t> w = config.LayerSlidingWindow(layer); w && *w > 0) {
+      kv->window_layers[layer] = true;
+      kv->window = *w;  // one sliding_window per model
+      any = true;
+    }
+  }
+  if (!any) kv->window_layers.clear();
+}
+
 std::byte* PagedKvCache::KeyBlock(int64_t layer, int32_t block) const {
   return LayerBase(layer) + static_cast<size_t>(block) * block_stride_;
 }
@@ -80,8 +131,10 @@ void PagedKvCache::Write(int64_t layer, const std::vector<int32_t>& block_table,
 
 void PagedKvCache::CopyBlock(int32_t src, int32_t dst) {
   assert(src >= 0 && src < config_.num_blocks && dst >= 0 && dst < config_.num_blocks);
-  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
-    std::memcpy(KeyBlock(layer, dst), KeyBlock(layer, src), block_stride_);
+  for (int64_t slot = 0; slot < config_.num_layer_slots(); ++slot) {
+    std::byte* base = data_.get() + slot * layer_stride_;
+    std::memcpy(base + static_cast<size_t>(dst) * block_stride_,
+                base + static_cast<size_t>(src) * block_stride_, block_stride_);
   }
 }
 

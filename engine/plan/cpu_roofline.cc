@@ -134,7 +134,12 @@ PassWork PlannedPass(const ModelShape& m, double rows, double attended, double k
 }  // namespace
 
 PassWork DecodePassWork(const ModelShape& model, int64_t sequences, int64_t context) {
-  const double s = static_cast<double>(sequences), ctx = static_cast<double>(context);
+  const double s = static_cast<double>(sequences);
+  // Keys read per layer, averaged over the layers: a window layer reads at most its window.
+  const double all = KvBytesPerToken(model);
+  const double ctx =
+      static_cast<double>(context) *
+      (all > 0 ? KvBytesPerSequenceToken(model, static_cast<double>(context)) / all : 1.0);
   return PlannedPass(model, s, s * ctx, s * ctx, s);
 }
 

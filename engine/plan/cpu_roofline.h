@@ -70,9 +70,10 @@ PassWork PassWorkOf(const ModelConfig& config, const ModelWeights& weights, cons
 
 // Planned passes from a ModelShape (weights at model.weight_bytes_per_element, K/V at
 // KvBytesPerToken), routing taken as uniform: a MoE layer with t tokens touches
-// N_e (1 - (1 - N_k / N_e)^t) experts. Decode: `sequences` rows, each attending `context` tokens,
-// logits for every row. Prefill: `sequences` prompts of `prompt_tokens`, attention over half the
-// prompt per row on average, logits for the last row of each.
+// N_e (1 - (1 - N_k / N_e)^t) experts. Decode: `sequences` rows, each attending `context` tokens
+// (a window layer at most its window: KvBytesPerSequenceToken), logits for every row. Prefill:
+// `sequences` prompts of `prompt_tokens`, attention over half the prompt per row on average, logits
+// for the last row of each.
 PassWork DecodePassWork(const ModelShape& model, int64_t sequences, int64_t context);
 PassWork PrefillPassWork(const ModelShape& model, int64_t sequences, int64_t prompt_tokens);
 

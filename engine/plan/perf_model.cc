@@ -174,7 +174,8 @@ double IterationSeconds(double delta_s, double kv_cap_bytes, double kv_gpu_bytes
 // Stage 1 and Stage 2 without validation (the transition search calls them many times).
 Stage1Result Stage1(const ModelShape& model, const HardwareSpec& hw, const Workload& w) {
   Stage1Result r;
-  const double kv_per_token = KvBytesPerToken(model);
+  const double kv_per_token = KvBytesPerSequenceToken(
+      model, static_cast<double>(w.prompt_tokens) + static_cast<double>(w.gen_tokens));
   r.model_bytes = TransferredWeightBytes(model);
   r.delta_s = WeightTransferSeconds(model, hw);
   r.flops_per_token = static_cast<double>(model.num_layers) * GemmFlopsPerTokenPerLayer(model);
@@ -225,7 +226,7 @@ Stage1Result Stage1(const ModelShape& model, const HardwareSpec& hw, const Workl
 Stage2Result Stage2(const ModelShape& model, const HardwareSpec& hw, const Workload& w) {
   Stage2Result r;
   const int64_t p = w.prompt_tokens, g = w.gen_tokens, b = w.block_size, k = w.batch_size;
-  const double kv_per_token = KvBytesPerToken(model);
+  const double kv_per_token = KvBytesPerSequenceToken(model, static_cast<double>(p + g));
   const double model_bytes = TransferredWeightBytes(model);
   r.delta_s = WeightTransferSeconds(model, hw);
   const double blocks = std::floor(w.kv_budget_bytes / (static_cast<double>(b) * kv_per_token));
@@ -362,6 +363,12 @@ absl::StatusOr<ModelShape> ModelShapeFromConfig(const ModelConfig& config, DType
   m.tie_word_embeddings = config.tie_word_embeddings;
   m.weight_bytes_per_element = static_cast<double>(DTypeSize(weight_dtype));
   m.kv_bytes_per_element = static_cast<double>(DTypeSize(kv_dtype));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (std::optional<int64_t> window = config.LayerSlidingWindow(l); window && *window > 0) {
+      ++m.window_layers;
+      m.sliding_window = *window;
+    }
+  }
   if (config.mla) {  // DeepSeek: latent rows; q (or q_a, q_b), kv_a, kv_b, o
     const MlaConfig& a = *config.mla;
     const double h = static_cast<double>(config.hidden_size);
@@ -429,6 +436,17 @@ double KvBytesPerToken(const ModelShape& m) {
   return (m.kv_value_in_key ? 1.0 : 2.0) * static_cast<double>(m.num_layers) *
          static_cast<double>(m.num_kv_heads) * static_cast<double>(m.head_dim) *
          m.kv_bytes_per_element;
+}
+
+double KvBytesPerSequenceToken(const ModelShape& m, double context_tokens) {
+  const double all = KvBytesPerToken(m);
+  if (m.window_layers <= 0 || m.sliding_window <= 0 || context_tokens <= m.sliding_window) {
+    return all;
+  }
+  const double per_layer = all / static_cast<double>(m.num_layers);
+  const double window = static_cast<double>(m.window_layers);
+  return per_layer * (static_cast<double>(m.num_layers) - window +
+                      window * static_cast<double>(m.sliding_window) / context_tokens);
 }
 
 // Eq. 2: I >= C_GPU / B_IO with I ~ n N_k / N_e (FLOP per byte: 2 FLOP per weight over

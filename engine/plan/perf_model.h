@@ -82,6 +82,11 @@ struct ModelShape {
   // mla_attention_params weights per layer instead of the GQA formula's. 0: GQA.
   bool kv_value_in_key = false;
   double mla_attention_params = 0;
+  // Layers whose attention reads only the last sliding_window tokens (gpt-oss's sliding layers,
+  // every layer of a model with sliding_window): the engine frees their KV blocks behind the
+  // window (engine/kv/kv_cache.h), so their rows stop growing with the context. 0: none.
+  int64_t window_layers = 0;
+  int64_t sliding_window = 0;
 };
 
 // The hardware figures, measured where possible.
@@ -175,6 +180,12 @@ double GemmIntensity(const ModelShape& model, double n);
 // L * head_dim * kv_bytes_per_element for MLA's latent rows (kv_value_in_key).
 // Mixtral-8x7B in bf16: 131072; DeepSeek-V2-Lite: 27 * 576 * 2 = 31104.
 double KvBytesPerToken(const ModelShape& model);
+
+// The KV cache bytes a sequence of `context_tokens` tokens holds, per token: KvBytesPerToken with
+// each window layer's rows counted for min(context_tokens, sliding_window) tokens only. Equal to
+// KvBytesPerToken without window layers. gpt-oss-20b in bf16 (24 layers, 12 with a window of 128,
+// 8 KV heads x 64): 49152 bytes per token at 128 tokens, 27648 at 1024.
+double KvBytesPerSequenceToken(const ModelShape& model, double context_tokens);
 
 // ---- Stage 1 (§5.1-§5.4) ----
 

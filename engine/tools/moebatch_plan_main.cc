@@ -390,7 +390,8 @@ int Run(int argc, char** argv) {
         static_cast<long long>(m.hidden_size), static_cast<long long>(m.ffn_size),
         static_cast<long long>(m.num_experts), static_cast<long long>(m.top_k),
         Bytes(ModelWeightBytes(m)).c_str(), format.name.c_str(), m.weight_bytes_per_element,
-        KvBytesPerToken(m));
+        KvBytesPerSequenceToken(
+            m, static_cast<double>(w.prompt_tokens) + static_cast<double>(w.gen_tokens)));
     PrintCpuRoofline(m, w, batches, mem, flops, note);
     return 0;
   }
@@ -480,6 +481,16 @@ int Run(int argc, char** argv) {
       "GFLOP/token\n",
       Bytes(ModelWeightBytes(m)).c_str(), format.name.c_str(), m.weight_bytes_per_element,
       KvBytesPerToken(m), s1->flops_per_token / 1e9);
+  if (m.window_layers > 0) {
+    const int64_t context = w.prompt_tokens + w.gen_tokens;
+    std::printf(
+        "          %lld of %lld layers attend the last %lld tokens (their KV blocks behind it are "
+        "freed): KV %.0f bytes/token at p + g = %lld tokens (%.2fx)\n",
+        static_cast<long long>(m.window_layers), static_cast<long long>(m.num_layers),
+        static_cast<long long>(m.sliding_window),
+        KvBytesPerSequenceToken(m, static_cast<double>(context)), static_cast<long long>(context),
+        KvBytesPerSequenceToken(m, static_cast<double>(context)) / KvBytesPerToken(m));
+  }
   if (m.transferred_weight_bytes > 0) {
     std::printf("          moved per iteration %s (%lld streamed layers of %s)\n",
                 Bytes(s1->model_bytes).c_str(),

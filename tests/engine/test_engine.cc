@@ -42,6 +42,39 @@ struct Sim {
     seqs.push_back(std::move(s));
   }
 
+  // A table kept to `window` (0: none) holds blocks for every position the chunk's queries read
+  // and nothing wholly behind them: kNoBlock before, at most the span's blocks live.
+  void CheckWindowTable(const SequenceSlots& seq, const ScheduledChunk& c, int64_t window,
+                        const std::vector<int32_t>& table) {
+    if (window == 0) {
+      for (int32_t b : table) REQUIRE(b != kNoBlock);
+      return;
+    }
+    const int64_t bs = config.block_size;
+    const int64_t first_key = std::max<int64_t>(0, seq.num_computed - window + 1);
+    const int64_t end = BlocksForTokens(seq.num_computed + c.num_tokens, bs);
+    REQUIRE(static_cast<int64_t>(table.size()) >= end);
+    int64_t live = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(table.size()); ++i) {
+      if (i >= first_key / bs && i < end) REQUIRE(table[i] != kNoBlock);
+      if (i < first_key / bs) REQUIRE(table[i] == kNoBlock);
+      live += table[i] != kNoBlock ? 1 : 0;
+    }
+    most_window_blocks = std::max(most_window_blocks, live);
+    REQUIRE(live <= BlocksForTokens(window - 1 + c.num_tokens, bs) + 1);
+  }
+
+  int64_t most_window_blocks = 0;  // live blocks of a windowed table, the most seen
+
+  // Passes until no work is left (each checked), at most 20,000.
+  void RunToEnd() {
+    int passes = 0;
+    while (sched.has_work()) {
+      REQUIRE(Pass());
+      REQUIRE(++passes < 20000);
+    }
+  }
+
   // One pass with invariant checks. Returns false when nothing was scheduled.
   bool Pass() {
     SchedulerOutput out = sched.Schedule();
@@ -49,6 +82,7 @@ struct Sim {
     for (SequenceSlots* v : out.preempted) {
       ++preemptions;
       REQUIRE(v->block_table.empty());
+      REQUIRE(v->window_block_table.empty());
       REQUIRE(v->num_computed == 0);
       for (const ScheduledChunk& c : out.chunks) {
         if (c.is_decode) REQUIRE(c.seq->id < v->id);
@@ -56,7 +90,16 @@ struct Sim {
       REQUIRE(out.num_prefill_tokens == 0);  // preemption mode admits no prefill
     }
     int64_t held = 0;
-    for (auto& s : seqs) held += static_cast<int64_t>(s->block_table.size());
+    std::set<int32_t> owned;
+    for (auto& s : seqs) {
+      for (const std::vector<int32_t>* table : {&s->block_table, &s->window_block_table}) {
+        for (int32_t b : *table) {
+          if (b == kNoBlock) continue;
+          ++held;
+          REQUIRE(owned.insert(b).second);
+        }
+      }
+    }
     REQUIRE(held + alloc.num_free() == alloc.num_blocks());  // no block lost or double-owned
     REQUIRE(out.num_decode_tokens + out.num_prefill_tokens <= config.max_tokens_per_pass);
     largest_pass = std::max(largest_pass, out.num_decode_tokens + out.num_prefill_tokens);
@@ -67,6 +110,13 @@ struct Sim {
       REQUIRE(c.num_tokens <= c.seq->num_pending());
       REQUIRE(static_cast<int64_t>(c.seq->block_table.size()) * config.block_size >=
               c.seq->num_computed + c.num_tokens);
+      CheckWindowTable(*c.seq, c, config.main_window, c.seq->block_table);
+      if (config.window > 0) {
+        REQUIRE(c.seq->window_block_table.size() == c.seq->block_table.size());
+        CheckWindowTable(*c.seq, c, config.window, c.seq->window_block_table);
+      } else {
+        REQUIRE(c.seq->window_block_table.empty());
+      }
     }
     if (out.empty()) return !out.preempted.empty();
     sched.Commit(out);
@@ -166,14 +216,55 @@ TEST_CASE(
       g = std::min<int64_t>(g, blocks * 4 - p);
       sim.Add(i, p, g);
     }
-    int passes = 0;
-    while (sim.sched.has_work()) {
-      REQUIRE(sim.Pass());
-      REQUIRE(++passes < 20000);
-    }
+    sim.RunToEnd();
     REQUIRE(static_cast<int>(sim.finished.size()) == n);
     REQUIRE(sim.alloc.num_free() == blocks);
     if (trial == 0) REQUIRE(sim.preemptions > 0);
+  }
+}
+
+// Sliding windows (engine/kv/kv_cache.h's layer groups). window: gpt-oss's window layers beside
+// full-context ones, a second table per sequence from the same blocks; main_window: every layer
+// in the window (Mistral's sliding_window), the one table kept to it. Either way the blocks behind
+// the window go back to the free list as the sequence moves on.
+TEST_CASE("scheduler: tables kept to a sliding window free the blocks behind it") {
+  SECTION("window group beside the main one: a long sequence holds its window twice over") {
+    Sim sim(200, SchedulerConfig{16, 48, 4, 0, 8});
+    sim.Add(1, 30, 100);  // 130 positions: 33 main blocks, a window of at most 3
+    while (sim.sched.has_work()) REQUIRE(sim.Pass());
+    REQUIRE(sim.finished.size() == 1);
+    REQUIRE(sim.alloc.num_free() == 200);
+    // The prompt's chunk spans 30 tokens (8 blocks); decode holds ceil(7 / 4) + 1 = 3.
+    REQUIRE(sim.most_window_blocks == 8);
+  }
+  SECTION("every layer in the window: a sequence far longer than the cache finishes") {
+    Sim sim(6, SchedulerConfig{16, 8, 4, 8, 0});  // 24 token slots; the window needs 3 blocks
+    sim.Add(1, 20, 300);
+    sim.Add(2, 5, 280);
+    sim.RunToEnd();
+    REQUIRE(sim.finished.size() == 2);
+    REQUIRE(sim.alloc.num_free() == 6);
+  }
+  SECTION("KV pressure with windows: preemption returns both tables' blocks, no one starves") {
+    std::mt19937_64 rng(99);
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t blocks = 16 + trial;
+      const bool main = trial % 2 == 1;
+      Sim sim(blocks, SchedulerConfig{16, 48, 4, main ? 6 : 0, main ? 0 : 6});
+      std::uniform_int_distribution<int64_t> prompt(1, 30), gen(1, 40);
+      const int n = 30;
+      for (int i = 1; i <= n; ++i) {
+        const int64_t p = prompt(rng);
+        // Alone, every sequence fits: its main table (a window's 2 blocks when kept to one) and
+        // the window table beside it.
+        const int64_t g = main ? gen(rng) : std::min<int64_t>(gen(rng), (blocks - 3) * 4 - p);
+        sim.Add(i, p, g);
+      }
+      sim.RunToEnd();
+      REQUIRE(static_cast<int>(sim.finished.size()) == n);
+      REQUIRE(sim.alloc.num_free() == blocks);
+      if (trial < 2) REQUIRE(sim.preemptions > 0);
+    }
   }
 }
 

@@ -197,5 +197,44 @@ TEST_CASE("engine plan: synthetic layers shrink the model the plan is for", "[pl
   CHECK(plan->weight_bytes == WeightStore::RequiredBytes(plan->config, 1, plan->weight_dtype));
 }
 
+// Sliding windows in the plan: gpt-oss's window layers get a second block table from the same
+// blocks (each block as big as the larger group), a sequence's context leaves room for its
+// window's blocks; every layer in a window (tiny-mixtral-swa) keeps the one table to it, so the
+// context is not bounded by the cache, which must hold a window plus one block.
+TEST_CASE("engine plan: sliding-window layers and their block tables", "[plan]") {
+  EngineOptions o;
+  o.model_dir = FixtureDir("tiny-gpt-oss");
+  o.kv.bytes = int64_t{1} << 20;
+  o.kv.block_size = 4;
+  auto plan = Engine::Plan(o);
+  REQUIRE(plan.ok());
+  const KvCacheConfig& kv = plan->kv;
+  CHECK(kv.num_groups() == 2);
+  CHECK(kv.window == 8);
+  CHECK(plan->schedule.window == 8);
+  CHECK(plan->schedule.main_window == 0);
+  const int64_t windowed = std::count(kv.window_layers.begin(), kv.window_layers.end(), true);
+  CHECK(kv.num_layer_slots() == std::max(windowed, kv.num_layers - windowed));
+  CHECK(kv.num_blocks == o.kv.bytes / kv.bytes_per_block());
+  CHECK(plan->max_context_tokens == std::min<int64_t>(plan->config.max_position_embeddings,
+                                                      (kv.num_blocks - 4) * 4));
+  CHECK_THAT(plan->ToString(), Catch::Contains("KV window     2 of 4 layers attend the last 8"));
+
+  o.model_dir = FixtureDir("tiny-mixtral-swa");
+  plan = Engine::Plan(o);
+  REQUIRE(plan.ok());
+  CHECK(plan->kv.num_groups() == 1);
+  CHECK(plan->schedule.main_window == 32);
+  CHECK(plan->schedule.window == 0);
+  CHECK(plan->max_context_tokens == plan->config.max_position_embeddings);
+  // 9 blocks of 4 tokens hold a window of 32; a 10th is needed beside them.
+  o.kv.bytes = 9 * plan->kv.bytes_per_block();
+  auto small = Engine::Plan(o);
+  CHECK(small.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(small.status().message()), Catch::Contains("kv_cache_bytes"));
+  o.kv.bytes = 10 * plan->kv.bytes_per_block();
+  CHECK(Engine::Plan(o).ok());
+}
+
 }  // namespace
 }  // namespace moebatch

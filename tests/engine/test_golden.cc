@@ -30,9 +30,10 @@ using testing::Golden;
 using testing::LoadGolden;
 
 std::unique_ptr<Engine> MakeEngine(const std::string& dir, int64_t kv_bytes = int64_t{64} << 20,
-                                   int64_t max_tokens_per_pass = 2048) {
+                                   int64_t max_tokens_per_pass = 2048, int64_t block_size = 16) {
   EngineOptions o;
   o.model_dir = dir;
+  o.kv.block_size = block_size;
   o.cpu.compute_dtype = DType::kF32;
   o.kv.bytes = kv_bytes;
   o.schedule.max_tokens_per_pass = max_tokens_per_pass;
@@ -61,6 +62,7 @@ std::vector<Result> RunAll(Engine& engine, const std::vector<GenerationRequest>&
   std::map<int64_t, size_t> index;
   for (size_t i = 0; i < requests.size(); ++i) {
     auto id = engine.AddRequest(requests[i]);
+    INFO(id.status().ToString());
     REQUIRE(id.ok());
     index[*id] = i;
   }
@@ -252,6 +254,108 @@ TEST_CASE("golden tiny-mixtral-sharded (two shards): greedy tokens and text") {
 }
 TEST_CASE("golden tiny-mixtral-swa (sliding window, tied): greedy tokens and text") {
   CheckGreedy("tiny-mixtral-swa");
+}
+
+// Sliding windows keep only their window (engine/kv/kv_cache.h's layer groups), with blocks of 4
+// tokens so that many blocks fall behind the windows: tiny-gpt-oss's window layers (window 8)
+// beside full-context ones, a second block table per sequence; tiny-mixtral-swa's every layer in a
+// window of 32, the one table kept to it. Tokens as transformers', in one batch and with a cache
+// small enough to preempt; one sequence's blocks in use while it decodes are its context's (none
+// for tiny-mixtral-swa) plus at most the window's ceil((window - 1) / 4) + 1.
+TEST_CASE("golden: sliding-window layers free their blocks behind the window", "[families]") {
+  struct Case {
+    const char* fixture;
+    int64_t window;
+    bool all_layers;
+  };
+  for (const Case& k : {Case{"tiny-gpt-oss", 8, false}, Case{"tiny-mixtral-swa", 32, true}}) {
+    INFO(k.fixture);
+    const std::string dir = FixtureDir(k.fixture);
+    const auto golden = LoadGolden(dir);
+    std::vector<GenerationRequest> requests;
+    for (const auto& g : golden) requests.push_back(Greedy(g));
+    auto engine = MakeEngine(dir, int64_t{64} << 20, 2048, /*block_size=*/4);
+    auto r = RunAll(*engine, requests);
+    for (size_t i = 0; i < golden.size(); ++i) {
+      INFO("prompt " << i);
+      REQUIRE(r[i].ids == golden[i].greedy_ids);
+    }
+    REQUIRE(engine->stats().kv_blocks_free == engine->stats().kv_blocks_total);
+
+    // One sequence, the longest prompt: blocks in use after each decode pass.
+    size_t longest = 0;
+    for (size_t i = 0; i < golden.size(); ++i) {
+      if (golden[i].prompt_ids.size() > golden[longest].prompt_ids.size()) longest = i;
+    }
+    const int64_t prompt = static_cast<int64_t>(golden[longest].prompt_ids.size());
+    REQUIRE(prompt > k.window + 8);  // the window matters
+    REQUIRE(engine->AddRequest(requests[longest]).ok());
+    std::vector<int32_t> ids;
+    std::vector<GenerationOutput> outs;
+    const int64_t window_blocks = BlocksForTokens(k.window - 1, 4) + 1;
+    while (engine->HasUnfinished()) {
+      outs.clear();
+      REQUIRE(engine->Step(&outs).ok());
+      for (const auto& o : outs)
+        ids.insert(ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (ids.size() < 2 || !engine->HasUnfinished()) continue;
+      // The pass computed positions up to prompt + ids.size() - 2.
+      const int64_t used = engine->stats().kv_blocks_total - engine->stats().kv_blocks_free;
+      const int64_t main = k.all_layers ? 0 : BlocksForTokens(prompt + ids.size() - 1, 4);
+      INFO("after " << ids.size() << " tokens: " << used << " blocks in use");
+      REQUIRE(used <= main + window_blocks);
+      REQUIRE(used > main);
+    }
+    REQUIRE(ids == golden[longest].greedy_ids);
+
+    // Preemption and chunked prefill with both tables: a cache of 40 blocks of every layer (80
+    // for tiny-gpt-oss, whose blocks hold 2 of its 4 layers), 12 tokens a pass.
+    const int64_t block_bytes = engine->config().num_hidden_layers * 2 *
+                                engine->config().num_key_value_heads * 4 *
+                                engine->config().head_dim * 4;
+    auto small = MakeEngine(dir, 40 * block_bytes, 12, 4);
+    r = RunAll(*small, requests);
+    CHECK(small->stats().preemptions > 0);
+    for (size_t i = 0; i < golden.size(); ++i) {
+      INFO("small cache, prompt " << i);
+      REQUIRE(r[i].ids == golden[i].greedy_ids);
+    }
+    REQUIRE(small->stats().kv_blocks_free == small->stats().kv_blocks_total);
+  }
+}
+
+// Engine::ScoreTokens (moebatch-perplexity) on a model with window layers: the window table is
+// filled for the whole sequence in one pass, and the logprobs it gives the greedy continuation are
+// the ones the generation reported while it decoded them with its blocks behind the window freed.
+TEST_CASE("golden tiny-gpt-oss: ScoreTokens agrees with the generation's logprobs", "[families]") {
+  const std::string dir = FixtureDir("tiny-gpt-oss");
+  const auto golden = LoadGolden(dir);
+  auto engine = MakeEngine(dir, int64_t{64} << 20, 2048, /*block_size=*/4);
+  for (size_t i = 0; i < 2; ++i) {
+    GenerationRequest r = Greedy(golden[i]);
+    r.sampling.logprobs = true;
+    REQUIRE(engine->AddRequest(r).ok());
+    std::vector<float> generated;
+    std::vector<GenerationOutput> outs;
+    while (engine->HasUnfinished()) {
+      outs.clear();
+      REQUIRE(engine->Step(&outs).ok());
+      for (const auto& o : outs) {
+        for (const auto& lp : o.new_logprobs) generated.push_back(lp.logprob);
+      }
+    }
+    std::vector<int32_t> ids = golden[i].prompt_ids;
+    ids.insert(ids.end(), golden[i].greedy_ids.begin(), golden[i].greedy_ids.end());
+    auto scored = engine->ScoreTokens({ids}, static_cast<int64_t>(golden[i].prompt_ids.size()));
+    INFO(scored.status().ToString());
+    REQUIRE(scored.ok());
+    REQUIRE((*scored)[0].size() == generated.size());
+    for (size_t t = 0; t < generated.size(); ++t) {
+      INFO("prompt " << i << " token " << t);
+      CHECK((*scored)[0][t] == Approx(generated[t]).margin(1e-4));
+    }
+    REQUIRE(engine->stats().kv_blocks_free == engine->stats().kv_blocks_total);
+  }
 }
 
 // Batch invariance of the cpu backend (CpuDeviceOptions::batch_invariant, the default): a prompt's

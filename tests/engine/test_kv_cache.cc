@@ -212,3 +212,92 @@ TEST_CASE("PagedKvCache asks for transparent huge pages") {
   }
   CHECK(found);
 }
+
+// Layer groups (kv_cache.h): window layers beside full-context ones share block ids, the i-th
+// layer of either group in layer slot i; every layer in one window is one group kept to it.
+TEST_CASE("KvCacheConfig: window layers form a second group sharing the block ids") {
+  KvCacheConfig c{5, 2, 4, 4, 6, DType::kF32};
+  c.window_layers = {true, false, true, false, true};  // gpt-oss's alternation, odd count
+  c.window = 8;
+  CHECK(c.num_groups() == 2);
+  CHECK(c.group(0) == KvGroup::kWindow);
+  CHECK(c.group(1) == KvGroup::kMain);
+  CHECK(c.group_window(KvGroup::kMain) == 0);
+  CHECK(c.group_window(KvGroup::kWindow) == 8);
+  CHECK(c.num_layer_slots() == 3);  // the larger group: 3 window layers
+  CHECK(c.bytes_per_block() == 3 * 2 * 2 * 4 * 4 * 4);
+  auto cache_or = PagedKvCache::Create(c);
+  REQUIRE(cache_or.ok());
+  PagedKvCache& cache = **cache_or;
+  REQUIRE(cache.total_bytes() == static_cast<size_t>(c.bytes_per_block() * c.num_blocks));
+  // Layer slots: window layers 0, 2, 4 in slots 0, 1, 2; main layers 1, 3 in slots 0, 1.
+  CHECK(cache.LayerBase(0) == cache.LayerBase(1));
+  CHECK(cache.LayerBase(2) == cache.LayerBase(3));
+  CHECK(cache.LayerBase(4) == cache.LayerBase(0) + 2 * cache.block_stride_bytes() * 6);
+  // A block in a window table and another in a main table never overlap; CopyBlock copies every
+  // slot of the block.
+  const std::vector<int32_t> main_table = {1}, window_table = {2};
+  for (int64_t layer = 0; layer < 5; ++layer) {
+    std::vector<float> k(8, static_cast<float>(10 * layer + 1)), v(8, static_cast<float>(-layer));
+    cache.Write(layer, c.group(layer) == KvGroup::kMain ? main_table : window_table, 3, k.data(),
+                v.data());
+  }
+  cache.CopyBlock(2, 5);
+  for (int64_t layer = 0; layer < 5; ++layer) {
+    const bool window = c.group(layer) == KvGroup::kWindow;
+    const float* key =
+        reinterpret_cast<const float*>(cache.KeyBlock(layer, window ? 2 : 1)) + 3 * 4;
+    CHECK(key[0] == static_cast<float>(10 * layer + 1));
+    if (window) {
+      CHECK(std::memcmp(cache.KeyBlock(layer, 5), cache.KeyBlock(layer, 2),
+                        cache.block_stride_bytes()) == 0);
+    }
+  }
+}
+
+TEST_CASE("KvCacheConfig: every layer in the window is one group, kept to the window") {
+  KvCacheConfig c{3, 1, 4, 4, 2, DType::kBF16};
+  c.window_layers = {true, true, true};
+  c.window = 32;
+  CHECK(c.num_groups() == 1);
+  CHECK(c.group(2) == KvGroup::kMain);
+  CHECK(c.group_window(KvGroup::kMain) == 32);
+  CHECK(c.num_layer_slots() == 3);
+  KvCacheConfig none{3, 1, 4, 4, 2, DType::kBF16};
+  CHECK(none.num_groups() == 1);
+  CHECK(none.group_window(KvGroup::kMain) == 0);
+  // Malformed: a list not of num_layers entries, or no window.
+  c.window_layers = {true, false};
+  CHECK(PagedKvCache::Create(c).status().code() == absl::StatusCode::kInvalidArgument);
+  c.window_layers = {true, false, true};
+  c.window = 0;
+  CHECK(PagedKvCache::Create(c).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("SetWindowLayers takes the model's sliding layers") {
+  ModelConfig m;
+  m.num_hidden_layers = 4;
+  KvCacheConfig kv{4, 1, 4, 4, 2, DType::kBF16};
+  SetWindowLayers(m, 4, &kv);  // no sliding_window
+  CHECK(kv.window_layers.empty());
+  CHECK(kv.window == 0);
+  m.sliding_window = 128;
+  m.sliding_layers = {true, false, true, false};  // gpt-oss's layer_types
+  SetWindowLayers(m, 4, &kv);
+  CHECK(kv.window_layers == std::vector<bool>{true, false, true, false});
+  CHECK(kv.window == 128);
+  CHECK(kv.num_groups() == 2);
+  m.sliding_layers.clear();  // Mistral: every layer
+  SetWindowLayers(m, 4, &kv);
+  CHECK(kv.num_groups() == 1);
+  CHECK(kv.group_window(KvGroup::kMain) == 128);
+}
+
+TEST_CASE("BlockAllocator::FreeAll skips the kNoBlock entries behind a window") {
+  BlockAllocator alloc(4);
+  std::vector<int32_t> table = {kNoBlock, kNoBlock, *alloc.Allocate(), *alloc.Allocate()};
+  CHECK(alloc.num_free() == 2);
+  alloc.FreeAll(&table);
+  CHECK(table.empty());
+  CHECK(alloc.num_free() == 4);
+}

@@ -180,6 +180,43 @@ TEST_CASE("KV bytes per token of the families' presets", "[perf_model]") {
   }
 }
 
+// gpt-oss-20b's 12 sliding layers (window 128) keep only their window: a sequence's KV bytes per
+// token fall from 49152 (every layer, up to 128 tokens) toward the 12 full layers' 24576; models
+// without window layers are unchanged. The performance model's stages use the figure at p + g.
+TEST_CASE("KV bytes per token of a sequence: window layers stop growing", "[perf_model]") {
+  const std::optional<ModelConfig> oss = KnownModelConfig("gpt-oss-20b");
+  REQUIRE(oss.has_value());
+  auto m = ModelShapeFromConfig(*oss, DType::kBF16);
+  REQUIRE(m.ok());
+  CHECK(m->window_layers == 12);
+  CHECK(m->sliding_window == 128);
+  CHECK(KvBytesPerSequenceToken(*m, 100) == 49152.0);
+  CHECK(KvBytesPerSequenceToken(*m, 128) == 49152.0);
+  CHECK(KvBytesPerSequenceToken(*m, 1024) == 27648.0);
+  CHECK(KvBytesPerSequenceToken(*m, 4096) == 25344.0);
+  auto x = ModelShapeFromConfig(*KnownModelConfig("mixtral-8x7b"), DType::kBF16);
+  REQUIRE(x.ok());
+  CHECK(x->window_layers == 0);
+  CHECK(KvBytesPerSequenceToken(*x, 4096) == 131072.0);
+  // Stage 1 holds more tokens of gpt-oss's sequences in the same budget at p + g = 1024 than the
+  // every-layer figure would.
+  HardwareSpec hw;
+  hw.pcie_bytes_per_s = 12e9;
+  hw.gpu_flops = 65e12;
+  hw.cpu_mem_bytes_per_s = 100e9;
+  hw.kv_memory_bytes = 64e9;
+  Workload w;
+  w.prompt_tokens = 512;
+  w.gen_tokens = 512;
+  w.batch_size = 1000;
+  w.block_size = 16;
+  w.kv_budget_bytes = 64e9;
+  auto r = PredictStage1(*m, hw, w);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->kv_tokens == Approx(64e9 / 27648.0));
+}
+
 // MLA's latent cache: one row of kv_lora_rank + qk_rope_head_dim values per token and layer
 // (DeepSeek-V2-Lite: 27 x 576 x 2 bytes = 31104 in bf16), against Mixtral-8x7B's K and V of
 // 8 heads x 128 in 32 layers (131072): 4.2x fewer bytes per token.
