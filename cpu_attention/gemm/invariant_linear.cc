@@ -15,19 +15,25 @@ namespace moebatch {
 
 namespace ili = invariant_linear_internal;
 
-// Calls of at least this many rows go lane by lane where the ISA has the kernels: below it the
-// weight packing costs more than the register blocking gains (AVX2, Zen 3, [14336, 4096] bf16:
-// 8 rows 13.4 ms dot-product vs 16.1 ms lane by lane, 12 rows 20.5 vs 15.9 ms).
-constexpr int64_t kLaneMinRows = 10;
+// The lane path of an ISA level (none for the portable one).
+static ili::LaneKernel LaneKernelOf(CpuIsa isa, DType w_dtype) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return ili::Avx512LaneKernel(w_dtype);
+    case CpuIsa::kAvx2:
+      return ili::Avx2LaneKernel(w_dtype);
+    default:
+      return ili::LaneKernel{};
+  }
+}
 
 void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
                      int64_t n, float* y) {
   if (m <= 0 || n <= 0) return;
   // The split into tiles changes which thread computes an element, never how.
   const int threads = omp_get_max_threads();
-  const ili::LaneKernel lanes =
-      isa == CpuIsa::kAvx2 ? ili::Avx2LaneKernel(w_dtype) : ili::LaneKernel{};
-  if (lanes.tile != nullptr && m >= kLaneMinRows) {
+  const ili::LaneKernel lanes = LaneKernelOf(isa, w_dtype);
+  if (lanes.tile != nullptr && m >= lanes.min_rows) {
     // Many rows, lane by lane: x packed once (in parallel, blocks of mr rows), then tiles of up to
     // 256 rows (split evenly, a multiple of mr) by 256 weight rows, fewer columns when that leaves
     // the threads too few tiles. A tile packs its weight panels once for all its rows.
@@ -92,7 +98,7 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
   namespace qli = quant_linear_internal;
   const int threads = omp_get_max_threads();
   const int64_t block_row_bytes = k / 32 * 17;
-  if (isa != CpuIsa::kPortable && m < kLaneMinRows) {
+  if (isa != CpuIsa::kPortable && m < LaneKernelOf(isa, DType::kF32).min_rows) {
     // Few rows: each block widened in registers where it is used (AVX2 code: AVX-512 hosts have
     // AVX2 too, and InvariantLinear's bits are the same at every level). Weight rows split evenly.
     const int64_t chunk = std::max<int64_t>(1, (n + 4 * threads - 1) / (4 * threads));
@@ -104,10 +110,9 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
     return absl::OkStatus();
   }
   // Many rows: tiles of weight rows, ~256 KiB once widened (L2), each widened once and then run
-  // against every row of x by InvariantLinear's f32 code (lane by lane on AVX2, x packed once).
+  // against every row of x by InvariantLinear's f32 code (lane by lane, x packed once).
   const auto widen = isa == CpuIsa::kPortable ? qli::PortableWidenMxfp4Row : qli::Avx2WidenMxfp4Row;
-  const ili::LaneKernel lanes =
-      isa == CpuIsa::kAvx2 ? ili::Avx2LaneKernel(DType::kF32) : ili::LaneKernel{};
+  const ili::LaneKernel lanes = LaneKernelOf(isa, DType::kF32);
   const ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(DType::kF32)
                            : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(DType::kF32)
                                                   : ili::PortableTile(DType::kF32);

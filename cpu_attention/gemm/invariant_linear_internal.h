@@ -27,11 +27,15 @@ inline int64_t LaneStride(int64_t len) { return len + 16; }
 
 struct LaneKernel {
   int mr = 0;
+  // Calls of at least this many rows go lane by lane: below it the weight packing costs more than
+  // the register blocking gains (measured per ISA, invariant_linear_{avx2,avx512}.cc).
+  int64_t min_rows = 0;
   void (*pack_rows)(const float* x, int64_t rows, int64_t k, float* xp) = nullptr;
   void (*tile)(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k, const void* w,
                int64_t n0, int64_t n1, float* y, int64_t ldy) = nullptr;
 };
 LaneKernel Avx2LaneKernel(DType w_dtype);
+LaneKernel Avx512LaneKernel(DType w_dtype);
 
 }  // namespace invariant_linear_internal
 }  // namespace moebatch

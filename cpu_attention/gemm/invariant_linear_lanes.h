@@ -142,10 +142,11 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   }
 }
 
-// The lane path of weight type w_dtype with MR x (NRV vectors) micro-kernels.
+// The lane path of weight type w_dtype with MR x (NRV vectors) micro-kernels, for calls of at
+// least min_rows rows.
 template <class CV, int MR, int NRV>
-LaneKernel LaneKernelFor(DType w_dtype) {
-  LaneKernel kernel{MR, CV::template PackRows<MR>, nullptr};
+LaneKernel LaneKernelFor(DType w_dtype, int64_t min_rows) {
+  LaneKernel kernel{MR, min_rows, CV::template PackRows<MR>, nullptr};
   switch (w_dtype) {
     case DType::kF32:
       kernel.tile = LaneTile<CV, DType::kF32, MR, NRV>;

@@ -1,0 +1,115 @@
+// The lane path's packing (invariant_linear_lanes.h) with AVX2 registers, shared by the AVX2 and
+// AVX-512 levels (each includes it inside its own namespace, MOEBATCH_INVARIANT_ISA, compiled with
+// its own flags). 8 rows' (or weight rows') 16 lanes at a step go through two 8 x 8 register
+// transposes, so every store is a whole vector or the live floats of one lane. Exact copies: the
+// packed floats are x's and the widened weights' own values.
+#pragma once
+
+#ifndef MOEBATCH_INVARIANT_ISA
+#error "define MOEBATCH_INVARIANT_ISA (the per-ISA namespace) before including this file"
+#endif
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cpu_attention/gemm/invariant_linear_internal.h"
+#include "cpu_attention/gemm/invariant_linear_kernel.h"
+
+namespace moebatch {
+namespace invariant_linear_internal {
+namespace MOEBATCH_INVARIANT_ISA {
+
+// r[i] lane j -> r[j] lane i: an 8 x 8 transpose in registers.
+inline void Transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// 8 weights at p widened to f32 (bf16: the bits shifted up; f16: F16C).
+template <DType WD>
+inline __m256 LoadWeights8(const WElem<WD>* p) {
+  if constexpr (WD == DType::kF32) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (WD == DType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
+  }
+}
+
+// invariant_linear_lanes.h's PackRows: the blocks of xp for rows [0, rows) of x (row stride k),
+// MR rows a block in groups of 8, zero rows padding the last block.
+template <int MR>
+inline void PackRowsAvx2(const float* x, int64_t rows, int64_t k, float* xp) {
+  const int64_t steps = k / 16, blocks = (rows + MR - 1) / MR, lane = LaneStride(steps * MR);
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t rb = 0; rb < blocks; ++rb) {
+    const int live = static_cast<int>(std::min<int64_t>(MR, rows - rb * MR));
+    float* dst = xp + rb * 16 * lane;
+    for (int g = 0; g < MR; g += 8) {
+      // The group's floats per lane and step: min(8, MR - g), of which live - g hold rows.
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::min(8, MR - g)), index);
+      for (int64_t s = 0; s < steps; ++s) {
+        __m256 lo[8], hi[8];
+        for (int i = 0; i < 8; ++i) {
+          const float* src = x + (rb * MR + g + i) * k + s * 16;
+          const bool row = g + i < live;
+          lo[i] = row ? _mm256_loadu_ps(src) : _mm256_setzero_ps();
+          hi[i] = row ? _mm256_loadu_ps(src + 8) : _mm256_setzero_ps();
+        }
+        Transpose8(lo);
+        Transpose8(hi);
+        for (int j = 0; j < 8; ++j) {
+          _mm256_maskstore_ps(dst + j * lane + s * MR + g, keep, lo[j]);
+          _mm256_maskstore_ps(dst + (j + 8) * lane + s * MR + g, keep, hi[j]);
+        }
+      }
+    }
+  }
+}
+
+// invariant_linear_lanes.h's PackWeights: wp from weight rows [0, cols) of w (row stride k,
+// cols <= NR), zero columns after them.
+template <DType WD, int NR>
+inline void PackWeightsAvx2(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
+  static_assert(NR % 8 == 0);
+  const int64_t steps = k / 16, lane = LaneStride(steps * NR);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int g = 0; g < NR; g += 8) {
+      __m256 lo[8], hi[8];
+      for (int i = 0; i < 8; ++i) {
+        if (g + i < cols) {
+          lo[i] = LoadWeights8<WD>(w + (g + i) * k + s * 16);
+          hi[i] = LoadWeights8<WD>(w + (g + i) * k + s * 16 + 8);
+        } else {
+          lo[i] = hi[i] = _mm256_setzero_ps();
+        }
+      }
+      Transpose8(lo);
+      Transpose8(hi);
+      for (int j = 0; j < 8; ++j) {
+        _mm256_storeu_ps(wp + j * lane + s * NR + g, lo[j]);
+        _mm256_storeu_ps(wp + (j + 8) * lane + s * NR + g, hi[j]);
+      }
+    }
+  }
+}
+
+}  // namespace MOEBATCH_INVARIANT_ISA
+}  // namespace invariant_linear_internal
+}  // namespace moebatch
