@@ -44,9 +44,11 @@ struct V {
 };
 
 // The lane tile's column vector (8 output columns); the packing is invariant_linear_lane_pack.h's.
-struct CV {
+struct CV : LanePacking {
   static constexpr int kWidth = 8;
   __m256 v;
+  CV() = default;
+  CV(__m256 x) : v(x) {}  // NOLINT(google-explicit-constructor): `return {intrinsic}` below
   static CV Zero() { return {_mm256_setzero_ps()}; }
   static CV Load(const float* p) { return {_mm256_loadu_ps(p)}; }
   static void Store(float* p, const CV& a) { _mm256_storeu_ps(p, a.v); }
@@ -55,14 +57,6 @@ struct CV {
     return {_mm256_fmadd_ps(a.v, b.v, acc.v)};
   }
   static CV Add(const CV& a, const CV& b) { return {_mm256_add_ps(a.v, b.v)}; }
-  template <int MR>
-  static void PackRows(const float* x, int64_t rows, int64_t k, float* xp) {
-    PackRowsAvx2<MR>(x, rows, k, xp);
-  }
-  template <DType WD, int NR>
-  static void PackWeights(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
-    PackWeightsAvx2<WD, NR>(w, cols, k, wp);
-  }
 };
 
 }  // namespace

@@ -39,9 +39,11 @@ struct V {
 
 // The lane tile's column vector (16 output columns); the packing is invariant_linear_lane_pack.h's
 // (ymm transposes: packing is a small share of the time).
-struct CV {
+struct CV : LanePacking {
   static constexpr int kWidth = 16;
   __m512 v;
+  CV() = default;
+  CV(__m512 x) : v(x) {}  // NOLINT(google-explicit-constructor): `return {intrinsic}` below
   static CV Zero() { return {_mm512_setzero_ps()}; }
   static CV Load(const float* p) { return {_mm512_loadu_ps(p)}; }
   static void Store(float* p, const CV& a) { _mm512_storeu_ps(p, a.v); }
@@ -50,14 +52,6 @@ struct CV {
     return {_mm512_fmadd_ps(a.v, b.v, acc.v)};
   }
   static CV Add(const CV& a, const CV& b) { return {_mm512_add_ps(a.v, b.v)}; }
-  template <int MR>
-  static void PackRows(const float* x, int64_t rows, int64_t k, float* xp) {
-    PackRowsAvx2<MR>(x, rows, k, xp);
-  }
-  template <DType WD, int NR>
-  static void PackWeights(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
-    PackWeightsAvx2<WD, NR>(w, cols, k, wp);
-  }
 };
 
 }  // namespace

@@ -55,7 +55,7 @@ inline __m256 LoadWeights8(const WElem<WD>* p) {
 // invariant_linear_lanes.h's PackRows: the blocks of xp for rows [0, rows) of x (row stride k),
 // MR rows a block in groups of 8, zero rows padding the last block.
 template <int MR>
-inline void PackRowsAvx2(const float* x, int64_t rows, int64_t k, float* xp) {
+inline void PackRowsByTranspose(const float* x, int64_t rows, int64_t k, float* xp) {
   const int64_t steps = k / 16, blocks = (rows + MR - 1) / MR, lane = LaneStride(steps * MR);
   const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t rb = 0; rb < blocks; ++rb) {
@@ -86,7 +86,7 @@ inline void PackRowsAvx2(const float* x, int64_t rows, int64_t k, float* xp) {
 // invariant_linear_lanes.h's PackWeights: wp from weight rows [0, cols) of w (row stride k,
 // cols <= NR), zero columns after them.
 template <DType WD, int NR>
-inline void PackWeightsAvx2(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
+inline void PackWeightsByTranspose(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
   static_assert(NR % 8 == 0);
   const int64_t steps = k / 16, lane = LaneStride(steps * NR);
   for (int64_t s = 0; s < steps; ++s) {
@@ -109,6 +109,18 @@ inline void PackWeightsAvx2(const WElem<WD>* w, int64_t cols, int64_t k, float* 
     }
   }
 }
+
+// The packing a column vector type of invariant_linear_lanes.h provides, for CV types to inherit.
+struct LanePacking {
+  template <int MR>
+  static void PackRows(const float* x, int64_t rows, int64_t k, float* xp) {
+    PackRowsByTranspose<MR>(x, rows, k, xp);
+  }
+  template <DType WD, int NR>
+  static void PackWeights(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
+    PackWeightsByTranspose<WD, NR>(w, cols, k, wp);
+  }
+};
 
 }  // namespace MOEBATCH_INVARIANT_ISA
 }  // namespace invariant_linear_internal
