@@ -279,7 +279,8 @@ def test_watch_and_status(go_cli, daemon, tmp_path):
 
     from moebatch import Client
 
-    n, max_tokens = 4, 800
+    # Long enough for several 0.2 s polls while it runs: 4 x 800 tokens took 0.5 s on a Zen 4 host.
+    n, max_tokens = 4, 3000
     job = Client(daemon.addr, timeout=60).create_job(jsonl="\n".join(
         chat_line(f"r{i}", f"Tell me a story {i}", max_tokens=max_tokens, temperature=0,
                   ignore_eos=True) for i in range(n)) + "\n")
