@@ -278,10 +278,12 @@ int Run() {
   const EngineStats st = (*engine)->stats();
   std::printf(
       "engine : %lld requests, %lld prompt + %lld generated tokens in %.3f s: %.0f generated "
-      "tokens/s, %.0f total tokens/s, %lld passes\n",
+      "tokens/s, %.0f total tokens/s, %lld passes; the forward passes %.3f s of it (the rest: "
+      "scheduling, sampling, detokenization)\n",
       (long long)batch, (long long)st.prefill_tokens, (long long)st.generated_tokens, job_s,
       st.generated_tokens / job_s, (st.prefill_tokens + st.generated_tokens) / job_s,
-      (long long)st.passes);
+      (long long)st.passes, st.forward_seconds);
+  result["engine_forward_seconds"] = st.forward_seconds;
   result["engine_seconds"] = job_s;
   result["engine_generated_tokens_per_s"] = st.generated_tokens / job_s;
   result["engine_total_tokens_per_s"] = (st.prefill_tokens + st.generated_tokens) / job_s;
