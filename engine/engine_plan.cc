@@ -207,10 +207,9 @@ std::string EnginePlan::ToString() const {
                   kv.block_size, " tokens (", kv.bytes_per_block(),
                   " bytes per block), max context ", max_context_tokens, " tokens\n");
   if (!kv.window_layers.empty()) {
-    const int64_t windowed = std::count(kv.window_layers.begin(), kv.window_layers.end(), true);
     absl::StrAppend(
-        &out, "KV window     ", windowed, " of ", kv.num_layers, " layers attend the last ",
-        kv.window, " tokens: their blocks behind it are freed",
+        &out, "KV window     ", kv.num_window_layers(), " of ", kv.num_layers,
+        " layers attend the last ", kv.window, " tokens: their blocks behind it are freed",
         kv.num_groups() == 2 ? absl::StrCat(" (a second block table per sequence; ",
                                             kv.num_layer_slots(), " layer slots per block)")
                              : std::string(),

@@ -55,7 +55,7 @@ void ModelRunner::PhaseWorker::Wait() {
 }
 
 ModelRunner::ModelRunner(std::unique_ptr<Device> device, ModelRunnerOptions options)
-    : device_(std::move(device)), options_(options) {
+    : device_(std::move(device)), options_(options), window_layers_(config().NumSlidingLayers()) {
   HostAllocator* allocator = device_->host_buffer_allocator();
   for (MicroBatch& mb : micro_batches_) {
     for (HostBuffer<float>* buffer : {&mb.q, &mb.k, &mb.v, &mb.attn, &mb.logits}) {
@@ -360,17 +360,13 @@ absl::Status ModelRunner::Forward(const ForwardBatch& batch, PagedKvCache& cache
   local_stats.micro_batches = micro_batches;
   // Keys the sequences' last queries read, averaged over the layers: a window layer reads at most
   // its window.
-  int64_t window_layers = 0, window = 0;
-  for (int64_t layer = 0; layer < config().num_hidden_layers; ++layer) {
-    if (std::optional<int64_t> w = config().LayerSlidingWindow(layer); w && *w > 0) {
-      ++window_layers;
-      window = *w;
-    }
-  }
+  const int64_t layers = config().num_hidden_layers;
   for (const ForwardSequence& seq : batch.seqs) {
-    const int64_t full = seq.context_len * (config().num_hidden_layers - window_layers);
-    const int64_t windowed = std::min(seq.context_len, window) * window_layers;
-    local_stats.kv_tokens_read += (full + windowed) / config().num_hidden_layers;
+    const int64_t full = seq.context_len * (layers - window_layers_);
+    const int64_t windowed =
+        window_layers_ > 0 ? std::min(seq.context_len, *config().sliding_window) * window_layers_
+                           : 0;
+    local_stats.kv_tokens_read += (full + windowed) / layers;
   }
   for (int m = 0; m < micro_batches; ++m) {
     MicroBatch& mb = micro_batches_[m];

@@ -153,7 +153,8 @@ class ModelRunner {
   int last_micro_batches_ = 0;
   std::unique_ptr<PhaseWorker> worker_;
   PipelineTrace* trace_ = nullptr;
-  double cpu_seconds_ = 0;  // CPU task time of the current pass (one thread at a time writes it)
+  int64_t window_layers_ = 0;  // layers attending config().sliding_window only (ForwardStats)
+  double cpu_seconds_ = 0;     // CPU task time of the current pass (one thread at a time writes it)
 };
 
 }  // namespace moebatch

@@ -61,12 +61,10 @@ void Apply(const TableNeed& n, BlockAllocator* allocator, std::vector<int32_t>* 
   for (int64_t i = 0; i < n.need; ++i) table->push_back(*allocator->Allocate());
 }
 
-}  // namespace
-
 // Frees the entries of `table` wholly before position first_key (a windowed table's released
 // entries form a prefix: walk back from the last dead one to the first released).
-static void ReleaseBefore(int64_t first_key, int64_t block_size, BlockAllocator* allocator,
-                          std::vector<int32_t>* table) {
+void ReleaseBefore(int64_t first_key, int64_t block_size, BlockAllocator* allocator,
+                   std::vector<int32_t>* table) {
   if (first_key <= 0) return;
   const int64_t dead =
       std::min<int64_t>(first_key / block_size, static_cast<int64_t>(table->size()));
@@ -75,6 +73,8 @@ static void ReleaseBefore(int64_t first_key, int64_t block_size, BlockAllocator*
     (*table)[i] = kNoBlock;
   }
 }
+
+}  // namespace
 
 void Scheduler::ReleaseBehindWindow(SequenceSlots* seq) {
   // The next query sits at num_computed and reads keys from num_computed - window + 1 on.

@@ -13,6 +13,13 @@
 //      what is left is split across passes (chunked prefill).
 // A sequence whose context can never fit the whole cache is not admitted (the engine checks).
 //
+// Shared blocks (a request's n choices, forked by the engine after the prompt's prefill): a
+// sequence about to write into a block that another sequence also holds first gets its own copy
+// (copy-on-write, vLLM's): a new block is allocated, the pair goes to SchedulerOutput::copies, and
+// the engine copies the K/V before the pass runs. A sequence of width n (a request whose choices
+// have not forked yet) counts n against max_num_seqs and the token budget when it is admitted, so
+// that its choices, once forked, still decode in one pass.
+//
 // Sliding windows (engine/kv/kv_cache.h's layer groups): with window layers beside full-context
 // ones, each sequence also holds a window block table, which draws blocks from the same allocator;
 // with every layer in one window, the main table is the one kept to it. Before a sequence's blocks

@@ -98,7 +98,8 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
   namespace qli = quant_linear_internal;
   const int threads = omp_get_max_threads();
   const int64_t block_row_bytes = k / 32 * 17;
-  if (isa != CpuIsa::kPortable && m < LaneKernelOf(isa, DType::kF32).min_rows) {
+  const ili::LaneKernel lanes = LaneKernelOf(isa, DType::kF32);
+  if (isa != CpuIsa::kPortable && m < lanes.min_rows) {
     // Few rows: each block widened in registers where it is used (AVX2 code: AVX-512 hosts have
     // AVX2 too, and InvariantLinear's bits are the same at every level). Weight rows split evenly.
     const int64_t chunk = std::max<int64_t>(1, (n + 4 * threads - 1) / (4 * threads));
@@ -112,7 +113,6 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
   // Many rows: tiles of weight rows, ~256 KiB once widened (L2), each widened once and then run
   // against every row of x by InvariantLinear's f32 code (lane by lane, x packed once).
   const auto widen = isa == CpuIsa::kPortable ? qli::PortableWidenMxfp4Row : qli::Avx2WidenMxfp4Row;
-  const ili::LaneKernel lanes = LaneKernelOf(isa, DType::kF32);
   const ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(DType::kF32)
                            : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(DType::kF32)
                                                   : ili::PortableTile(DType::kF32);

@@ -16,8 +16,8 @@
 
 namespace moebatch {
 
-// A block table entry that holds no block: one behind a sliding window, freed (the window block
-// tables of engine/kv/kv_cache.h's window pool).
+// A block table entry that holds no block: one behind a sliding window, freed (a table kept to a
+// window, engine/kv/kv_cache.h's layer groups; engine/scheduler.h frees them).
 inline constexpr int32_t kNoBlock = -1;
 
 // A LIFO free list of block ids [0, num_blocks), with a holder count per block.

@@ -73,27 +73,19 @@ KvCacheConfig KvCacheConfigFor(const ModelConfig& config, int64_t num_layers, in
   return kv;
 }
 
-int KvCacheConfig::num_groups() const {
-  int64_t windowed = 0;
-  for (bool w : window_layers) windowed += w ? 1 : 0;
-  return windowed > 0 && windowed < num_layers ? 2 : 1;
+int64_t KvCacheConfig::num_window_layers() const {
+  return std::count(window_layers.begin(), window_layers.end(), true);
 }
 
 int64_t KvCacheConfig::group_window(KvGroup g) const {
   if (window_layers.empty()) return 0;
-  if (g == KvGroup::kWindow) return window;
   // The main group attends the window only when every layer does.
-  for (bool w : window_layers) {
-    if (!w) return 0;
-  }
-  return window;
+  return g == KvGroup::kWindow || num_window_layers() == num_layers ? window : 0;
 }
 
 int64_t KvCacheConfig::num_layer_slots() const {
   if (num_groups() == 1) return num_layers;
-  int64_t windowed = 0;
-  for (bool w : window_layers) windowed += w ? 1 : 0;
-  return std::max(windowed, num_layers - windowed);
+  return std::max(num_window_layers(), num_layers - num_window_layers());
 }
 
 void SetWindowLayers(const ModelConfig& config, int64_t num_layers, KvCacheConfig* kv) {

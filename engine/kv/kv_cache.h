@@ -52,11 +52,16 @@ struct KvCacheConfig {
   int64_t value_dim = 0;
   // [num_layers] true for a layer whose queries attend only the last `window` tokens (their own
   // included). Empty: none does. SetWindowLayers fills both from the model.
-  std::vector<bool> window_layers;
+  std::vector<bool> window_layers = {};
   int64_t window = 0;
 
+  // Layers that attend the window (true entries of window_layers).
+  int64_t num_window_layers() const;
   // Block tables a sequence holds: 2 when some layers, not all, attend the window; else 1.
-  int num_groups() const;
+  int num_groups() const {
+    const int64_t windowed = num_window_layers();
+    return windowed > 0 && windowed < num_layers ? 2 : 1;
+  }
   KvGroup group(int64_t layer) const {
     return num_groups() == 2 && window_layers[layer] ? KvGroup::kWindow : KvGroup::kMain;
   }

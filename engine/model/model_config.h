@@ -193,6 +193,13 @@ struct ModelConfig {
     if (layer < 0 || layer >= static_cast<int64_t>(sliding_layers.size())) return std::nullopt;
     return sliding_layers[layer] ? sliding_window : std::nullopt;
   }
+  // Layers l < num_hidden_layers with a LayerSlidingWindow (all of them, or none, unless
+  // sliding_layers says which).
+  int64_t NumSlidingLayers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_hidden_layers; ++l) n += LayerSlidingWindow(l) ? 1 : 0;
+    return n;
+  }
 };
 
 // Parses and validates config.json text. Errors (InvalidArgument) name the key and the reason:

@@ -363,12 +363,8 @@ absl::StatusOr<ModelShape> ModelShapeFromConfig(const ModelConfig& config, DType
   m.tie_word_embeddings = config.tie_word_embeddings;
   m.weight_bytes_per_element = static_cast<double>(DTypeSize(weight_dtype));
   m.kv_bytes_per_element = static_cast<double>(DTypeSize(kv_dtype));
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (std::optional<int64_t> window = config.LayerSlidingWindow(l); window && *window > 0) {
-      ++m.window_layers;
-      m.sliding_window = *window;
-    }
-  }
+  m.window_layers = config.NumSlidingLayers();
+  if (m.window_layers > 0) m.sliding_window = *config.sliding_window;
   if (config.mla) {  // DeepSeek: latent rows; q (or q_a, q_b), kv_a, kv_b, o
     const MlaConfig& a = *config.mla;
     const double h = static_cast<double>(config.hidden_size);
