@@ -53,6 +53,8 @@ ABSL_FLAG(int64_t, reps, 3, "timed prefill passes (after one warm-up pass)");
 ABSL_FLAG(std::string, json_out, "",
           "also write the figures to this file as one JSON object (bench/cpu_vs_llama_cpp.sh "
           "reads it)");
+ABSL_FLAG(std::string, trace_file, "",
+          "write the engine job's Chrome trace here (scripts/trace_summary.py reads it)");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");
@@ -255,6 +257,7 @@ int Run() {
   o.cpu.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.kv.bytes = kc.bytes_per_block() * kc.num_blocks;
   o.schedule.vslpipe = absl::GetFlag(FLAGS_vslpipe);
+  o.metrics.trace_file = absl::GetFlag(FLAGS_trace_file);
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
@@ -275,6 +278,12 @@ int Run() {
     if (!(*engine)->Step(&outs).ok()) return 1;
   }
   const double job_s = Now() - t0;
+  if (!o.metrics.trace_file.empty()) {
+    if (const absl::Status s = (*engine)->WriteTrace(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   const EngineStats st = (*engine)->stats();
   std::printf(
       "engine : %lld requests, %lld prompt + %lld generated tokens in %.3f s: %.0f generated "

@@ -24,10 +24,18 @@ const std::vector<int>& AllowedCpus() {
     std::vector<int> out;
     cpu_set_t set;
     CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-      for (int c = 0; c < CPU_SETSIZE; ++c) {
-        if (CPU_ISSET(c, &set)) out.push_back(c);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
+    // Under OMP_PROC_BIND, libgomp binds the initial thread to its first place when it loads,
+    // before any code of ours runs; its places, built from the process's mask, hold the rest.
+    for (int p = 0; p < omp_get_num_places(); ++p) {
+      std::vector<int> ids(omp_get_place_num_procs(p));
+      omp_get_place_proc_ids(p, ids.data());
+      for (int c : ids) {
+        if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
       }
+    }
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) out.push_back(c);
     }
     if (out.empty()) out.push_back(0);
     return out;
@@ -142,6 +150,8 @@ absl::Status ConfigureCpuThreads(int num_threads, bool pin) {
   const std::vector<int>& cpus = AllowedCpus();
   const int threads = num_threads == 0 ? DefaultCpuThreads() : num_threads;
   omp_set_num_threads(threads);
+  // OMP_PROC_BIND asked OpenMP to bind the pool's threads (one per place): keep its binding.
+  if (!pin && omp_get_proc_bind() != omp_proc_bind_false) return absl::OkStatus();
   std::atomic<int> error{0};
 #pragma omp parallel num_threads(threads)
   {

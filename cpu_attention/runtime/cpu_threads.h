@@ -16,7 +16,9 @@
 
 namespace moebatch {
 
-// CPUs this process may run on (sched_getaffinity at the first call, in ascending order).
+// CPUs this process may run on, in ascending order, read at the first call: the calling thread's
+// sched_getaffinity mask and, when OpenMP binds threads (OMP_PROC_BIND; libgomp binds the initial
+// thread to one place as it loads), every CPU of OpenMP's places (omp_get_place_proc_ids).
 const std::vector<int>& AllowedCpus();
 
 // The CPUs the process's cgroup CPU quota gives it, rounded up: the smallest over its cgroup and
@@ -40,7 +42,8 @@ absl::Status CheckCpuThreads(int num_threads, bool pin);
 
 // Sizes the calling thread's OpenMP pool to `num_threads` (0: DefaultCpuThreads()) and, with
 // `pin`, binds pool thread i to the i-th allowed CPU (the calling thread is thread 0); without it,
-// lets every pool thread run on all allowed CPUs again.
+// keeps OpenMP's own binding when OMP_PROC_BIND asks for one (omp_get_proc_bind() is not
+// omp_proc_bind_false), else lets every pool thread run on all allowed CPUs again.
 // Errors: CheckCpuThreads's; Internal when the OS refuses an affinity change.
 absl::Status ConfigureCpuThreads(int num_threads, bool pin);
 

@@ -5,7 +5,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -70,6 +72,50 @@ TEST_CASE("CPU threads: bad values are refused with the reason", "[cpu_threads]"
   CHECK(ConfigureCpuThreads(n + 1, false).ok());
   CHECK(omp_get_max_threads() == n + 1);
   REQUIRE(ConfigureCpuThreads(0, false).ok());
+}
+
+// Under OMP_PROC_BIND libgomp binds the initial thread to one CPU as it loads, before any of our
+// code runs. tests/CMakeLists.txt runs this case again with OMP_PROC_BIND=true OMP_PLACES=cores
+// and MOEBATCH_TEST_ALLOWED_CPUS set to what `nproc` counted outside the bound process.
+TEST_CASE("CPU threads: under OMP_PROC_BIND every allowed CPU counts and OpenMP's binding stays",
+          "[cpu_threads]") {
+  const std::vector<int>& cpus = AllowedCpus();
+  cpu_set_t own;
+  CPU_ZERO(&own);
+  REQUIRE(sched_getaffinity(0, sizeof(own), &own) == 0);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &own)) CHECK(std::find(cpus.begin(), cpus.end(), c) != cpus.end());
+  }
+  const char* expected_env = std::getenv("MOEBATCH_TEST_ALLOWED_CPUS");
+  if (expected_env == nullptr) return;  // the run without binding: the check above only
+  REQUIRE(omp_get_proc_bind() != omp_proc_bind_false);
+  const int expected = std::atoi(expected_env);
+  REQUIRE(static_cast<int>(cpus.size()) == expected);
+  REQUIRE(omp_get_num_places() >= 1);
+
+  // Unpinned: OpenMP's binding is kept, one place per pool thread.
+  const int n = std::min(expected, omp_get_num_places());
+  REQUIRE(ConfigureCpuThreads(n, false).ok());
+  REQUIRE(omp_get_max_threads() == n);
+  std::vector<int> place(n, -2), allowed_count(n, 0), place_procs(n, 0);
+#pragma omp parallel
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const bool ok = sched_getaffinity(0, sizeof(set), &set) == 0;
+    const int t = omp_get_thread_num();
+    place[t] = omp_get_place_num();
+    allowed_count[t] = ok ? CPU_COUNT(&set) : -1;
+    place_procs[t] = place[t] >= 0 ? omp_get_place_num_procs(place[t]) : -1;
+  }
+  std::set<int> places;
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i, place[i]);
+    CHECK(place[i] >= 0);
+    CHECK(allowed_count[i] == place_procs[i]);
+    places.insert(place[i]);
+  }
+  CHECK(static_cast<int>(places.size()) == n);
 }
 
 namespace {
