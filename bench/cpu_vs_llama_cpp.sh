@@ -31,7 +31,8 @@
 # Usage: bench/cpu_vs_llama_cpp.sh [THREADS [FORMAT...]]
 #        THREADS default 2; FORMAT among bf16 q8_0 q4_k_m smollm2 (default: all)
 #        env: MOEBATCH_DEPS_DIR (default .deps), MOEBATCH_BUILD_DIR (default build),
-#             PYTHON_FIXTURES (default .venv-fixtures/bin/python),
+#             PYTHON_FIXTURES (the python that runs bench/make_mixtral_gguf.py; default: the
+#               venv .deps/venv-hf of scripts/pinned_venv.sh, made when missing),
 #             WORKLOADS (default "1:128:64 64:128:128 64:512:16", each B:PP:TG),
 #             BATCHES (instead of WORKLOADS: "B ..." with PP = TG = 128),
 #             REPEATS (default 1): pairs of runs per workload, llama.cpp and moebatch alternated;
@@ -56,7 +57,7 @@ for w in "${workloads[@]}"; do
   [[ "$w" =~ ^[1-9][0-9]*:[1-9][0-9]*:[1-9][0-9]*$ ]] ||
     { echo "bad workload '$w' (want B:PP:TG, e.g. 64:512:16)" >&2; exit 2; }
 done
-py="${PYTHON_FIXTURES:-$root/.venv-fixtures/bin/python}"
+py="${PYTHON_FIXTURES:-}"
 repeats="${REPEATS:-1}"
 [[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "bad REPEATS '$repeats' (want a positive count)" >&2; exit 2; }
 
@@ -66,7 +67,14 @@ moebatch="$build/bench/bench_engine_throughput"
 [ -x "$moebatch" ] || { echo "no $moebatch: build moebatch first" >&2; exit 1; }
 need_mixtral=0
 for f in "${formats[@]}"; do [ "$f" = smollm2 ] || need_mixtral=1; done
-if [ $need_mixtral = 1 ]; then "$py" "$root/bench/make_mixtral_gguf.py" > /dev/null; fi
+if [ $need_mixtral = 1 ]; then
+  if [ -z "$py" ]; then
+    . "$root/scripts/pinned_venv.sh"
+    pinned_venv "$deps/venv-hf" "${HF_VENV_PACKAGES[@]}"
+    py="$deps/venv-hf/bin/python"
+  fi
+  "$py" "$root/bench/make_mixtral_gguf.py" > /dev/null
+fi
 if [[ " ${formats[*]} " = *" smollm2 "* ]]; then bash "$root/scripts/fetch_smollm2.sh" > /dev/null; fi
 
 results="$deps/bench-results"

@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
 """Makes the Mixtral-shaped benchmark model for the llama.cpp baseline (bench/cpu_vs_llama_cpp.sh)
-as GGUF files in .deps/bench-models/ (never committed; ~6 GB in all):
+as GGUF files in .deps/bench-models/ (never committed; ~4.6 GB in all):
 
-  mixtral-1.3b-hf/             the Hugging Face checkpoint: MixtralForCausalLM.save_pretrained,
-                               bf16 safetensors in the hub's per-expert w1/w2/w3 layout, plus the
-                               real Mixtral-8x7B sentencepiece tokenizer.model (32,000 pieces,
-                               from scripts/fetch_tokenizer.sh), which convert_hf_to_gguf.py wants
-  mixtral-1.3b-bf16.gguf       llama.cpp's convert_hf_to_gguf.py --outtype bf16
+  mixtral-1.3b-bf16.gguf       written here with gguf-py's GGUFWriter, in the layout llama.cpp's
+                               convert_hf_to_gguf.py gives a Mixtral checkpoint (architecture
+                               "llama" with expert_count; the experts of a layer merged into
+                               blk.N.ffn_{gate,up,down}_exps; norms and the router f32), with the
+                               real Mixtral-8x7B sentencepiece vocabulary (32,000 pieces, from
+                               scripts/fetch_tokenizer.sh) as its tokenizer.ggml.* keys
   mixtral-1.3b-q8_0.gguf       llama-quantize ... Q8_0
   mixtral-1.3b-q4_k_m.gguf     llama-quantize ... Q4_K_M
 
 Shape: hidden 2048, 4 layers, 32 heads / 8 KV heads (head_dim 64), 8 experts top-2 with
 intermediate 5632, vocab 32000, untied lm_head: 1.28 B parameters (~0.39 B active per token).
-Weights: normal(0, 0.02) (transformers' init with initializer_range 0.02, torch seed 0), norms 1.
+Weights: normal(0, 0.02) (numpy's default_rng(0); the distribution of transformers' init with
+initializer_range 0.02), norms 1. The q/k weights are random, so they are written directly in
+GGUF's RoPE layout (no permutation from the Hugging Face one is needed).
 
-Run with the venv that has torch + transformers (4.x, which writes the hub layout):
-  .venv-fixtures/bin/python bench/make_mixtral_gguf.py
-It needs scripts/fetch_llama_cpp.sh (convert script + llama-quantize) and runs
-scripts/fetch_tokenizer.sh itself. Idempotent: skips what a stamp says is done.
-About 5-10 minutes on 2 cores.
+Run with a venv holding gguf, numpy and sentencepiece (cpu_vs_llama_cpp.sh uses .deps/venv-hf,
+scripts/pinned_venv.sh's HF_VENV_PACKAGES; no torch):
+  .deps/venv-hf/bin/python bench/make_mixtral_gguf.py
+It needs scripts/fetch_llama_cpp.sh (llama-quantize) and runs scripts/fetch_tokenizer.sh itself.
+Idempotent: skips what a stamp says is done. About 3-6 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +45,7 @@ CONFIG = dict(
 )
 QUANTS = ["Q8_0", "Q4_K_M"]
 # Bump when the way the files are made changes (the stamps hold it, CONFIG and llama.cpp's version).
-RECIPE = "1"
+RECIPE = "2"
 
 
 def stamp_of(*parts: str) -> str:
@@ -64,23 +66,78 @@ def run(cmd: list[str], **kw) -> None:
     subprocess.run(list(map(str, cmd)), check=True, **kw)
 
 
-def make_hf(hf_dir: Path) -> None:
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
+def write_bf16(out: Path, tokenizer_model: Path) -> None:
+    import gguf
+    import numpy as np
+    from gguf.vocab import SentencePieceVocab
 
-    torch.manual_seed(0)
-    config = MixtralConfig(**CONFIG)
+    c = CONFIG
+    hidden, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    head_dim = hidden // heads
+    experts = c["num_local_experts"]
+    rng = np.random.default_rng(0)
     t0 = time.time()
-    model = MixtralForCausalLM(config)  # _init_weights: normal(0, initializer_range), norms 1
-    model = model.to(torch.bfloat16)
-    n = sum(p.numel() for p in model.parameters())
-    print(f"MixtralForCausalLM: {n / 1e9:.3f} B parameters ({time.time() - t0:.0f} s)")
-    if hf_dir.exists():
-        shutil.rmtree(hf_dir)
-    model.save_pretrained(hf_dir, safe_serialization=True, max_shard_size="5GB")
-    del model
-    names = json.loads((hf_dir / "config.json").read_text())
-    print(f"saved {hf_dir} ({names.get('torch_dtype') or names.get('dtype')})")
+
+    def normal(*shape: int) -> np.ndarray:
+        w = rng.standard_normal(shape, dtype=np.float32)
+        w *= c["initializer_range"]
+        return gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16)
+
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_name(NAME)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(experts)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+
+    spm = SentencePieceVocab(tokenizer_model.parent)
+    tokens, scores, types = zip(*spm.all_tokens())
+    if len(tokens) != vocab:
+        sys.exit(f"{tokenizer_model}: {len(tokens)} pieces, the model has {vocab}")
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(list(tokens))
+    w.add_token_scores(list(scores))
+    w.add_token_types(list(types))
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    bf16 = gguf.GGMLQuantizationType.BF16
+    ones = np.ones(hidden, dtype=np.float32)
+    w.add_tensor("token_embd.weight", normal(vocab, hidden), raw_dtype=bf16)
+    for i in range(c["num_hidden_layers"]):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", ones)
+        w.add_tensor(b + "attn_q.weight", normal(hidden, hidden), raw_dtype=bf16)
+        w.add_tensor(b + "attn_k.weight", normal(kv_heads * head_dim, hidden), raw_dtype=bf16)
+        w.add_tensor(b + "attn_v.weight", normal(kv_heads * head_dim, hidden), raw_dtype=bf16)
+        w.add_tensor(b + "attn_output.weight", normal(hidden, hidden), raw_dtype=bf16)
+        w.add_tensor(b + "ffn_norm.weight", ones)
+        w.add_tensor(b + "ffn_gate_inp.weight",
+                     rng.standard_normal((experts, hidden), dtype=np.float32) * np.float32(0.02))
+        w.add_tensor(b + "ffn_gate_exps.weight", normal(experts, inter, hidden), raw_dtype=bf16)
+        w.add_tensor(b + "ffn_down_exps.weight", normal(experts, hidden, inter), raw_dtype=bf16)
+        w.add_tensor(b + "ffn_up_exps.weight", normal(experts, inter, hidden), raw_dtype=bf16)
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", normal(vocab, hidden), raw_dtype=bf16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {out} ({time.time() - t0:.0f} s)")
 
 
 def main() -> None:
@@ -88,33 +145,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=deps / "bench-models")
     ap.add_argument("--llama-cpp", type=Path, default=deps / "llama.cpp")
-    ap.add_argument("--keep-hf", action="store_true", help="keep the 2.6 GB HF checkpoint")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    convert = args.llama_cpp / "llama.cpp/convert_hf_to_gguf.py"
     quantize = args.llama_cpp / "bin/llama-quantize"
-    for p in (convert, quantize, args.llama_cpp / "version"):
+    for p in (quantize, args.llama_cpp / "version"):
         if not p.exists():
             sys.exit(f"{p} missing: run scripts/fetch_llama_cpp.sh")
-    # what made the files: llama.cpp's version (convert_hf_to_gguf.py, llama-quantize)
+    # what made the quantized files: llama.cpp's version (llama-quantize)
     llama_version = (args.llama_cpp / "version").read_text().strip()
 
-    hf_dir = args.out / f"{NAME}-hf"
     bf16 = args.out / f"{NAME}-bf16.gguf"
-    s_bf16 = stamp_of(RECIPE, json.dumps(CONFIG, sort_keys=True), llama_version, "bf16")
+    s_bf16 = stamp_of(RECIPE, json.dumps(CONFIG, sort_keys=True), "bf16")
     if not done(bf16, s_bf16):
-        make_hf(hf_dir)
-        run(["bash", ROOT / "scripts/fetch_tokenizer.sh", hf_dir])
-        t0 = time.time()
-        # NO_LOCAL_GGUF unset: the script puts the gguf-py next to it first on sys.path.
-        run([sys.executable, convert, hf_dir, "--outtype", "bf16", "--outfile", bf16])
-        print(f"converted in {time.time() - t0:.0f} s")
+        (args.out / "tokenizer").mkdir(exist_ok=True)
+        run(["bash", ROOT / "scripts/fetch_tokenizer.sh", args.out / "tokenizer"])
+        write_bf16(bf16, args.out / "tokenizer" / "tokenizer.model")
         mark(bf16, s_bf16)
-        if not args.keep_hf:
-            shutil.rmtree(hf_dir)
     for q in QUANTS:
         out = args.out / f"{NAME}-{q.lower()}.gguf"
-        s = stamp_of(s_bf16, q)
+        s = stamp_of(s_bf16, llama_version, q)
         if not done(out, s):
             t0 = time.time()
             with open(out.with_name(out.name + ".log"), "w") as log:
