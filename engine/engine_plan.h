@@ -69,7 +69,8 @@ struct EngineOptions {
     // oneDNN path keeps between passes (cpu_attention/gemm/matmul.h); 0: widened on every use.
     int64_t widened_weight_budget_bytes = 0;
     // The pool of the thread that calls Step (cpu_attention/runtime/cpu_threads.h): threads (0:
-    // one per CPU this process may use), and whether thread i is pinned to the i-th such CPU.
+    // one per CPU this process may use), and whether thread i is pinned to the i-th such CPU
+    // (false: the threads float, or keep OpenMP's binding when OMP_PROC_BIND asks for one).
     int threads = 0;
     bool pin_threads = false;
   } cpu;

@@ -67,7 +67,9 @@ ABSL_FLAG(int64_t, max_tokens_per_pass, 0,
 ABSL_FLAG(int32_t, cpu_threads, 0,
           "CPU threads for attention and the cpu backend (0: one per CPU this process may use, "
           "at most its cgroup's CPU quota)");
-ABSL_FLAG(bool, pin_cpu_threads, false, "pin CPU thread i to the i-th CPU this process may use");
+ABSL_FLAG(bool, pin_cpu_threads, false,
+          "pin CPU thread i to the i-th CPU this process may use (false: the threads float, or "
+          "keep OpenMP's binding when OMP_PROC_BIND is set)");
 ABSL_FLAG(std::string, weights, "mapped",
           "where the weights live: mapped (the safetensors files, read in place), host (copied "
           "into one host region per layer, as the cuda backend streams them) or synthetic "
