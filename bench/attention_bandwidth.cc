@@ -12,9 +12,8 @@
 //     --repeats. Bytes counted as STREAM does: 3 arrays x size (the write-allocate read of `a` is
 //     not counted; the 4-array figure is printed next to it).
 //     The triad runs again right before each shape's kernels (the VM's bandwidth drifts, and
-//     another process on the 2 cores halves it); "% of triad" divides by the highest triad seen so
-//     far, the conservative choice. Run it on an idle machine: a busy one lowers the triad and
-//     flatters %.
+//     another process on the 2 cores halves it); the table's "% of triad" divides by the highest
+//     triad seen so far. Run it on an idle machine: a busy one lowers the triad and flatters %.
 //  2. Decode attention (one query token per sequence, GQA) over a paged KV cache whose blocks are
 //     shuffled in memory, for each shape "SEQSxTOKENS": every ISA in SupportedCpuIsas(), and the
 //     baseline. Figures per call: KV tokens attended = sum of context lengths; KV bytes = K + V of
@@ -32,6 +31,14 @@
 //     that can only be an in-order reduction), so the second speed-up is the honest lower figure.
 // Then the bounds it is held to: all threads, bf16 KV, the best ISA reads >= 85% of the
 // triad bandwidth; single thread, the best ISA is >= 3x the baseline.
+// The bandwidth bound is judged on paired rounds (--paired_rounds): on the VMs this runs on, the
+// triad moves by up to 2.3x within a minute (docs/performance.md, 2026-12-05), so a kernel timed in
+// a slow minute and a triad timed in a fast one (or the reverse) say nothing about the kernel. Each
+// round times the triad and then the kernel back to back (best of 2 passes each, the same arrays
+// and cache every round) and takes their ratio; the verdict is the median of the rounds' ratios.
+// Each round also reads one triad array contiguously with no math, and the kernel's median ratio
+// to that pass is printed (the kernel only reads; the triad's third is writes, whose bandwidth
+// moves on its own on these VMs), with the ratio of the run's best kernel to its highest triad.
 // MLA (--value_dim > 0, the latent cache of DeepSeek-V2 / V3: one KV head of kv_lora_rank +
 // qk_rope_head_dim values per token whose value is its first kv_lora_rank values): bytes counted
 // are the latent rows (each read once, whatever the number of query heads), the read-only probes
@@ -73,6 +80,10 @@ ABSL_FLAG(std::string, kernels, "",
           "comma-separated kernels to time (portable, avx2, avx512, avx512+amx); empty: every one "
           "the CPU runs");
 ABSL_FLAG(int64_t, triad_mib, 512, "size of each of the three triad arrays, MiB");
+ABSL_FLAG(int64_t, paired_rounds, 9,
+          "rounds of (triad, kernel) timed back to back for the bandwidth bound, all threads; the "
+          "verdict is the median of the rounds' ratios (0: judge on the best kernel against the "
+          "highest triad of the run)");
 ABSL_FLAG(std::string, shapes, "256x512,64x4096", "comma-separated SEQUENCESxTOKENS decode shapes");
 ABSL_FLAG(int64_t, num_heads, 32, "query heads (Mixtral: 32)");
 ABSL_FLAG(int64_t, num_kv_heads, 8, "KV heads (Mixtral: 8)");
@@ -164,6 +175,23 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(const
   for (int j = 0; j < 8; ++j) acc[j] = a[j];
 }
 
+// The XOR of the n words at w, split statically over the calling thread's OpenMP pool, each
+// thread's share read once by XorWords.
+uint64_t XorRead(const uint64_t* w, int64_t n) {
+  uint64_t x = 0;
+#pragma omp parallel reduction(^ : x)
+  {
+    const int64_t threads = omp_get_num_threads();
+    const int64_t per = (n / threads + 7) / 8 * 8;
+    const int64_t begin = std::min(n, per * omp_get_thread_num());
+    const int64_t end = std::min(n, begin + per);
+    uint64_t acc[8] = {};
+    XorWords(w + begin, static_cast<size_t>(end - begin), acc);
+    for (int j = 0; j < 8; ++j) x ^= acc[j];
+  }
+  return x;
+}
+
 // Read bandwidth: one array of `mib` MiB read once per call by a loop with no math (XOR of 64-bit
 // words), contiguous, split statically over the threads that first touched it; best of `repeats`.
 double MeasureRead(int64_t mib, int64_t repeats) {
@@ -173,23 +201,69 @@ double MeasureRead(int64_t mib, int64_t repeats) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) pa[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
   uint64_t sink = 0;
-  const Timing t = TimeCalls(repeats, [&] {
-    uint64_t x = 0;
-#pragma omp parallel reduction(^ : x)
-    {
-      const int64_t threads = omp_get_num_threads();
-      const int64_t per = (n / threads + 7) / 8 * 8;
-      const int64_t begin = std::min(n, per * omp_get_thread_num());
-      const int64_t end = std::min(n, begin + per);
-      uint64_t acc[8] = {};
-      XorWords(pa + begin, static_cast<size_t>(end - begin), acc);
-      for (int j = 0; j < 8; ++j) x ^= acc[j];
-    }
-    sink ^= x;
-  });
+  const Timing t = TimeCalls(repeats, [&] { sink ^= XorRead(pa, n); });
   if (sink == 0x5eed) std::printf(" ");  // keeps the reads
   return static_cast<double>(n) * sizeof(uint64_t) / t.best / 1e9;
 }
+
+// The triad's three arrays, kept mapped for the paired rounds (the same arrays every round, first
+// touched by the threads that run the passes): Pass() runs a[i] = b[i] + s * c[i] once and returns
+// its seconds; Bytes() counts 3 x 4 bytes per element, as STREAM and MeasureTriad do.
+class TriadArrays {
+ public:
+  explicit TriadArrays(int64_t mib)
+      : n_(std::max<int64_t>(mib, 1) * (int64_t{1} << 20) / int64_t{sizeof(float)}),
+        a_(n_),
+        b_(n_),
+        c_(n_) {
+    float *a = a_.data, *b = b_.data, *c = c_.data;
+    const int64_t n = n_;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 0.0f;
+      b[i] = 1.0f;
+      c[i] = 2.0f;
+    }
+  }
+  double Pass() {
+    float *a = a_.data, *b = b_.data, *c = c_.data;
+    const int64_t n = n_;
+    const float s = 3.0f;
+    const double t0 = Now();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+    return Now() - t0;
+  }
+  double Bytes() const { return 3.0 * static_cast<double>(n_) * sizeof(float); }
+  // Reads array b once with no math (XorWords, split statically over the threads as the triad
+  // splits it) and returns its seconds; ReadBytes() counts them.
+  double ReadPass() {
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(b_.data);
+    const int64_t words = n_ * int64_t{sizeof(float)} / int64_t{sizeof(uint64_t)};
+    const double t0 = Now();
+    const uint64_t x = XorRead(w, words);
+    const double seconds = Now() - t0;
+    sink_ ^= x;
+    return seconds;
+  }
+  double ReadBytes() const { return static_cast<double>(n_) * sizeof(float); }
+  uint64_t sink() const { return sink_; }
+
+ private:
+  int64_t n_;
+  HugeArray<float> a_, b_, c_;
+  uint64_t sink_ = 0;
+};
+
+// The paired rounds of one shape: per round, the kernel's GB/s over the triad's GB/s timed just
+// before it.
+struct PairedRatio {
+  int rounds = 0;
+  double median = 0, lo = 0, hi = 0;    // kernel / triad, fractions
+  double triad_lo = 0, triad_hi = 0;    // the rounds' triads, GB/s
+  double kernel_lo = 0, kernel_hi = 0;  // the rounds' kernels, GB/s
+  double read_median = 0;  // kernel / the contiguous read-only pass of the same round, median
+};
 
 // One decode shape in a paged cache: `seqs` sequences of `tokens` tokens, blocks shuffled.
 struct DecodeProblem {
@@ -271,6 +345,15 @@ std::unique_ptr<DecodeProblem> BuildProblem(int64_t num_seqs, int64_t tokens, in
   p->kv_bytes_per_call = (config.value_dim > 0 ? 1.0 : 2.0) * num_seqs * tokens * num_kv_heads *
                          head_dim * static_cast<double>(DTypeSize(dtype));
   return p;
+}
+
+// 64-bit FNV-1a over the bytes of v: a kernel change that keeps this unchanged on the same problem
+// kept every output bit.
+uint64_t HashFloats(const std::vector<float>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
 }
 
 // Largest relative difference |a - b| / max|b| (a sanity check that every kernel computes the
@@ -379,6 +462,7 @@ struct Row {
   Timing t;
   double tokens_per_s = 0, gbs = 0, pct_triad = 0, speedup = 0, speedup_fastest = 0;
   double rel_diff = 0;
+  PairedRatio paired;  // the best kernel with all threads, when --paired_rounds > 0
 };
 
 }  // namespace
@@ -505,6 +589,12 @@ int main(int argc, char** argv) {
   for (auto [num_seqs, tokens] : shapes) {
     omp_set_num_threads(all_threads);
     auto p = BuildProblem(num_seqs, tokens, num_heads, num_kv_heads, head_dim, *dtype);
+    // The paired rounds' triad arrays, mapped and first touched right after the KV cache by the
+    // same threads, so that both live in memory of the same age.
+    std::unique_ptr<TriadArrays> paired_arrays;
+    if (absl::GetFlag(FLAGS_paired_rounds) > 0 && all_threads > 1) {
+      paired_arrays = std::make_unique<TriadArrays>(absl::GetFlag(FLAGS_triad_mib));
+    }
     const std::string shape = std::to_string(num_seqs) + "x" + std::to_string(tokens);
     std::printf("\nshape %s: %lld KV tokens, %.0f MiB of K+V per call\n", shape.c_str(),
                 static_cast<long long>(p->tokens_per_call), p->kv_bytes_per_call / 1048576.0);
@@ -558,7 +648,58 @@ int main(int argc, char** argv) {
                                                         p->out.data());
         });
         add_row(KernelName(isa, amx), isa, false, t);
+        std::printf("  %-22s output FNV-1a %016llx (bits of every output float)\n",
+                    KernelName(isa, amx).c_str(),
+                    static_cast<unsigned long long>(HashFloats(p->out)));
         if (reference_out.empty()) reference_out = p->out;  // --nobaselines: the first kernel's
+      }
+      if (const int64_t rounds = absl::GetFlag(FLAGS_paired_rounds);
+          rounds > 0 && thread_counts[ti] == all_threads && paired_arrays != nullptr) {
+        TriadArrays& arrays = *paired_arrays;
+        const auto& [isa, amx] = kernels.back();
+        std::vector<double> ratios, triads, kernel_gbs, reads;
+        for (int64_t r = 0; r < rounds; ++r) {
+          const double triad_s = std::min(arrays.Pass(), arrays.Pass());
+          const double read_s = std::min(arrays.ReadPass(), arrays.ReadPass());
+          double kernel_s = 1e30;
+          for (int c = 0; c < 2; ++c) {
+            const double t0 = Now();
+            decode_attention_internal::PagedAttentionWith(isa, amx, p->view, p->seqs.data(),
+                                                          num_seqs, p->q.data(), num_heads, scale,
+                                                          std::nullopt, p->out.data());
+            kernel_s = std::min(kernel_s, Now() - t0);
+          }
+          triads.push_back(arrays.Bytes() / triad_s / 1e9);
+          kernel_gbs.push_back(p->kv_bytes_per_call / kernel_s / 1e9);
+          ratios.push_back(kernel_gbs.back() / triads.back());
+          reads.push_back(arrays.ReadBytes() / read_s / 1e9);
+        }
+        if (arrays.sink() == 0x5eed) std::printf(" ");  // keeps the reads
+        PairedRatio& pr = rows[rows.size() - 1].paired;
+        pr.rounds = static_cast<int>(rounds);
+        std::vector<double> sorted = ratios;
+        std::sort(sorted.begin(), sorted.end());
+        pr.median = sorted[sorted.size() / 2];
+        pr.lo = sorted.front();
+        pr.hi = sorted.back();
+        pr.triad_lo = *std::min_element(triads.begin(), triads.end());
+        pr.triad_hi = *std::max_element(triads.begin(), triads.end());
+        pr.kernel_lo = *std::min_element(kernel_gbs.begin(), kernel_gbs.end());
+        pr.kernel_hi = *std::max_element(kernel_gbs.begin(), kernel_gbs.end());
+        std::vector<double> of_read;
+        for (size_t r = 0; r < reads.size(); ++r) of_read.push_back(kernel_gbs[r] / reads[r]);
+        std::sort(of_read.begin(), of_read.end());
+        pr.read_median = of_read[of_read.size() / 2];
+        std::printf(
+            "  paired rounds, %s %d thr (triad GB/s, contiguous read GB/s -> kernel GB/s = %% of "
+            "the triad):",
+            KernelName(isa, amx).c_str(), thread_counts[ti]);
+        for (size_t r = 0; r < ratios.size(); ++r) {
+          std::printf(" %.1f,%.1f->%.1f=%.0f%%", triads[r], reads[r], kernel_gbs[r],
+                      100.0 * ratios[r]);
+        }
+        std::printf("\n");
+        std::fflush(stdout);
       }
       for (int interleave : {1, 8}) {
         uint64_t sink = 0;
@@ -629,13 +770,29 @@ int main(int argc, char** argv) {
     if (r.is_baseline || r.impl != best_isa) continue;
     if (r.threads == all_threads && all_threads > 1) {
       const double bound = absl::GetFlag(FLAGS_value_dim) > 0 ? 80.0 : 85.0;
-      const bool ok = r.pct_triad >= bound;
+      const PairedRatio& pr = r.paired;
+      const bool ok = pr.rounds > 0 ? 100.0 * pr.median >= bound : r.pct_triad >= bound;
       all_ok &= ok;
-      std::printf(
-          "  %s, %d threads: %.2f GB/s = %.1f%% of the triad's %.2f GB/s (best seen in this "
-          "run; bound >= %.0f%%): %s\n",
-          r.shape.c_str(), r.threads, r.gbs, r.pct_triad, r.gbs / r.pct_triad * 100.0, bound,
-          ok ? "holds" : "FAILS");
+      if (pr.rounds > 0) {
+        std::printf(
+            "  %s, %d threads: %.1f%% of the triad timed next to it, median of %d paired rounds "
+            "(range %.1f-%.1f%%; triads %.2f-%.2f GB/s, kernel %.2f-%.2f GB/s; bound >= %.0f%%): "
+            "%s\n",
+            r.shape.c_str(), r.threads, 100.0 * pr.median, pr.rounds, 100.0 * pr.lo, 100.0 * pr.hi,
+            pr.triad_lo, pr.triad_hi, pr.kernel_lo, pr.kernel_hi, bound, ok ? "holds" : "FAILS");
+        std::printf(
+            "    (the kernel against a contiguous read-only pass of 1 x %lld MiB in the same "
+            "rounds: %.1f%%, median; unpaired: the run's best %.2f GB/s = %.1f%% of its highest "
+            "triad, %.2f GB/s)\n",
+            static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)), 100.0 * pr.read_median, r.gbs,
+            r.pct_triad, r.gbs / r.pct_triad * 100.0);
+      } else {
+        std::printf(
+            "  %s, %d threads: %.2f GB/s = %.1f%% of the triad's %.2f GB/s (best seen in this "
+            "run; bound >= %.0f%%): %s\n",
+            r.shape.c_str(), r.threads, r.gbs, r.pct_triad, r.gbs / r.pct_triad * 100.0, bound,
+            ok ? "holds" : "FAILS");
+      }
       double read_only = 0;
       for (const Row& o : rows) {
         if (o.is_probe && o.shape == r.shape && o.threads == r.threads) {
