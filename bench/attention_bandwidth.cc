@@ -46,7 +46,6 @@
 // baselines (which take the value as the whole row) are printed for comparison, their values past
 // value_dim zeroed before the output comparison.
 #include <omp.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +63,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/memory_probes.h"
 #include "cpu_attention/attention/decode_attention.h"
 #include "cpu_attention/attention/decode_attention_internal.h"
 #include "cpu_attention/attention/paged_attention.h"
@@ -131,129 +131,13 @@ Timing TimeCalls(int64_t repeats, F&& call) {
 // STREAM triad, bytes/s as STREAM counts them (3 arrays) over the best repetition.
 struct Triad {
   double gbs3 = 0, gbs3_median = 0, gbs4 = 0;
-  double read = 0;  // MeasureRead over one array of the same size
-};
-
-// An uninitialised array of n T in its own anonymous mapping with transparent huge pages asked
-// for, like the KV cache (engine/kv/kv_cache.cc), so that the bound and the kernels see the same
-// page size; its pages are first touched by the threads that use them.
-template <class T>
-struct HugeArray {
-  explicit HugeArray(int64_t n) : bytes(static_cast<size_t>(n) * sizeof(T)) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      std::fprintf(stderr, "cannot map %zu bytes\n", bytes);
-      std::exit(1);
-    }
-    (void)::madvise(p, bytes, MADV_HUGEPAGE);
-    data = static_cast<T*>(p);
-  }
-  ~HugeArray() { ::munmap(data, bytes); }
-  HugeArray(const HugeArray&) = delete;
-  HugeArray& operator=(const HugeArray&) = delete;
-  size_t bytes;
-  T* data;
+  double read = 0;  // MeasureReadGbs over one array of the same size
 };
 
 Triad MeasureTriadGbs(int64_t mib, int64_t repeats) {
   const TriadBandwidth t = MeasureTriad(mib, static_cast<int>(repeats));  // host_roof.h
   return Triad{t.best / 1e9, t.median / 1e9, t.best * 4.0 / 3.0 / 1e9};
 }
-
-// XOR of the n 64-bit words at w into acc[8] (8 independent lanes). Compiled for AVX-512, AVX2 and
-// baseline x86-64, picked at load time (target_clones), so the probe reads with the widest loads
-// the CPU has, like the kernels.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void XorWords(const uint64_t* w,
-                                                                           size_t n,
-                                                                           uint64_t* acc) {
-  uint64_t a[8] = {acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) a[j] ^= w[i + j];
-  }
-  for (; i < n; ++i) a[0] ^= w[i];
-  for (int j = 0; j < 8; ++j) acc[j] = a[j];
-}
-
-// The XOR of the n words at w, split statically over the calling thread's OpenMP pool, each
-// thread's share read once by XorWords.
-uint64_t XorRead(const uint64_t* w, int64_t n) {
-  uint64_t x = 0;
-#pragma omp parallel reduction(^ : x)
-  {
-    const int64_t threads = omp_get_num_threads();
-    const int64_t per = (n / threads + 7) / 8 * 8;
-    const int64_t begin = std::min(n, per * omp_get_thread_num());
-    const int64_t end = std::min(n, begin + per);
-    uint64_t acc[8] = {};
-    XorWords(w + begin, static_cast<size_t>(end - begin), acc);
-    for (int j = 0; j < 8; ++j) x ^= acc[j];
-  }
-  return x;
-}
-
-// Read bandwidth: one array of `mib` MiB read once per call by a loop with no math (XOR of 64-bit
-// words), contiguous, split statically over the threads that first touched it; best of `repeats`.
-double MeasureRead(int64_t mib, int64_t repeats) {
-  const int64_t n = mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(uint64_t));
-  HugeArray<uint64_t> a(n);
-  uint64_t* pa = a.data;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) pa[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
-  uint64_t sink = 0;
-  const Timing t = TimeCalls(repeats, [&] { sink ^= XorRead(pa, n); });
-  if (sink == 0x5eed) std::printf(" ");  // keeps the reads
-  return static_cast<double>(n) * sizeof(uint64_t) / t.best / 1e9;
-}
-
-// The triad's three arrays, kept mapped for the paired rounds (the same arrays every round, first
-// touched by the threads that run the passes): Pass() runs a[i] = b[i] + s * c[i] once and returns
-// its seconds; Bytes() counts 3 x 4 bytes per element, as STREAM and MeasureTriad do.
-class TriadArrays {
- public:
-  explicit TriadArrays(int64_t mib)
-      : n_(std::max<int64_t>(mib, 1) * (int64_t{1} << 20) / int64_t{sizeof(float)}),
-        a_(n_),
-        b_(n_),
-        c_(n_) {
-    float *a = a_.data, *b = b_.data, *c = c_.data;
-    const int64_t n = n_;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      a[i] = 0.0f;
-      b[i] = 1.0f;
-      c[i] = 2.0f;
-    }
-  }
-  double Pass() {
-    float *a = a_.data, *b = b_.data, *c = c_.data;
-    const int64_t n = n_;
-    const float s = 3.0f;
-    const double t0 = Now();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-    return Now() - t0;
-  }
-  double Bytes() const { return 3.0 * static_cast<double>(n_) * sizeof(float); }
-  // Reads array b once with no math (XorWords, split statically over the threads as the triad
-  // splits it) and returns its seconds; ReadBytes() counts them.
-  double ReadPass() {
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(b_.data);
-    const int64_t words = n_ * int64_t{sizeof(float)} / int64_t{sizeof(uint64_t)};
-    const double t0 = Now();
-    const uint64_t x = XorRead(w, words);
-    const double seconds = Now() - t0;
-    sink_ ^= x;
-    return seconds;
-  }
-  double ReadBytes() const { return static_cast<double>(n_) * sizeof(float); }
-  uint64_t sink() const { return sink_; }
-
- private:
-  int64_t n_;
-  HugeArray<float> a_, b_, c_;
-  uint64_t sink_ = 0;
-};
 
 // The paired rounds of one shape: per round, the kernel's GB/s over the triad's GB/s timed just
 // before it.
@@ -571,7 +455,7 @@ int main(int argc, char** argv) {
   for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
     omp_set_num_threads(thread_counts[ti]);
     triad[ti] = MeasureTriadGbs(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
-    triad[ti].read = MeasureRead(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
+    triad[ti].read = MeasureReadGbs(absl::GetFlag(FLAGS_triad_mib), std::max<int64_t>(repeats, 10));
     std::printf(
         "triad %d thread(s), 3 x %lld MiB f32: %.2f GB/s best (median %.2f; %.2f GB/s "
         "counting the write-allocate read); read-only, 1 x %lld MiB contiguous: %.2f GB/s "
@@ -593,7 +477,12 @@ int main(int argc, char** argv) {
     // same threads, so that both live in memory of the same age.
     std::unique_ptr<TriadArrays> paired_arrays;
     if (absl::GetFlag(FLAGS_paired_rounds) > 0 && all_threads > 1) {
-      paired_arrays = std::make_unique<TriadArrays>(absl::GetFlag(FLAGS_triad_mib));
+      paired_arrays = std::make_unique<TriadArrays>(absl::GetFlag(FLAGS_triad_mib));  // host_roof.h
+      if (!paired_arrays->ok()) {
+        std::fprintf(stderr, "cannot map the triad arrays (3 x %lld MiB)\n",
+                     static_cast<long long>(absl::GetFlag(FLAGS_triad_mib)));
+        return 1;
+      }
     }
     const std::string shape = std::to_string(num_seqs) + "x" + std::to_string(tokens);
     std::printf("\nshape %s: %lld KV tokens, %.0f MiB of K+V per call\n", shape.c_str(),
@@ -658,9 +547,11 @@ int main(int argc, char** argv) {
         TriadArrays& arrays = *paired_arrays;
         const auto& [isa, amx] = kernels.back();
         std::vector<double> ratios, triads, kernel_gbs, reads;
+        uint64_t read_sink = 0;
         for (int64_t r = 0; r < rounds; ++r) {
           const double triad_s = std::min(arrays.Pass(), arrays.Pass());
-          const double read_s = std::min(arrays.ReadPass(), arrays.ReadPass());
+          const double read_s =
+              std::min(ReadPassSeconds(arrays, &read_sink), ReadPassSeconds(arrays, &read_sink));
           double kernel_s = 1e30;
           for (int c = 0; c < 2; ++c) {
             const double t0 = Now();
@@ -672,9 +563,9 @@ int main(int argc, char** argv) {
           triads.push_back(arrays.Bytes() / triad_s / 1e9);
           kernel_gbs.push_back(p->kv_bytes_per_call / kernel_s / 1e9);
           ratios.push_back(kernel_gbs.back() / triads.back());
-          reads.push_back(arrays.ReadBytes() / read_s / 1e9);
+          reads.push_back(arrays.elements() * double{sizeof(float)} / read_s / 1e9);
         }
-        if (arrays.sink() == 0x5eed) std::printf(" ");  // keeps the reads
+        if (read_sink == 0x5eed) std::printf(" ");  // keeps the reads
         PairedRatio& pr = rows[rows.size() - 1].paired;
         pr.rounds = static_cast<int>(rounds);
         std::vector<double> sorted = ratios;

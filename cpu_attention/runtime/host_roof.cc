@@ -62,35 +62,48 @@ float* MapFloats(int64_t n) {
 
 }  // namespace
 
+TriadArrays::TriadArrays(int64_t mib)
+    : n_(std::max<int64_t>(mib, 1) * (int64_t{1} << 20) / int64_t{sizeof(float)}),
+      a_(MapFloats(n_)),
+      b_(MapFloats(n_)),
+      c_(MapFloats(n_)) {
+  if (!ok()) return;
+  float *a = a_, *b = b_, *c = c_;
+  const int64_t n = n_;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = 0.0f;
+    b[i] = 1.0f;
+    c[i] = 2.0f;
+  }
+}
+
+TriadArrays::~TriadArrays() {
+  for (float* p : {a_, b_, c_}) {
+    if (p != nullptr) ::munmap(p, static_cast<size_t>(n_) * sizeof(float));
+  }
+}
+
+double TriadArrays::Pass() {
+  float* a = a_;
+  const float *b = b_, *c = c_;
+  const int64_t n = n_;
+  const float s = 3.0f;
+  const double t0 = Now();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+  return Now() - t0;
+}
+
 TriadBandwidth MeasureTriad(int64_t mib, int repeats) {
-  const int64_t n = std::max<int64_t>(mib, 1) * (int64_t{1} << 20) / int64_t{sizeof(float)};
-  float* a = MapFloats(n);
-  float* b = MapFloats(n);
-  float* c = MapFloats(n);
+  TriadArrays arrays(mib);
   TriadBandwidth out;
-  if (a != nullptr && b != nullptr && c != nullptr) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      a[i] = 0.0f;
-      b[i] = 1.0f;
-      c[i] = 2.0f;
-    }
-    const float s = 3.0f;
-    std::vector<double> seconds;
-    for (int r = 0; r < std::max(repeats, 1); ++r) {
-      const double t0 = Now();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-      seconds.push_back(Now() - t0);
-    }
-    std::sort(seconds.begin(), seconds.end());
-    const double bytes = 3.0 * static_cast<double>(n) * sizeof(float);
-    if (seconds.front() > 0) out.best = bytes / seconds.front();
-    if (seconds[seconds.size() / 2] > 0) out.median = bytes / seconds[seconds.size() / 2];
-  }
-  for (float* p : {a, b, c}) {
-    if (p != nullptr) ::munmap(p, static_cast<size_t>(n) * sizeof(float));
-  }
+  if (!arrays.ok()) return out;
+  std::vector<double> seconds;
+  for (int r = 0; r < std::max(repeats, 1); ++r) seconds.push_back(arrays.Pass());
+  std::sort(seconds.begin(), seconds.end());
+  if (seconds.front() > 0) out.best = arrays.Bytes() / seconds.front();
+  if (seconds[seconds.size() / 2] > 0) out.median = arrays.Bytes() / seconds[seconds.size() / 2];
   return out;
 }
 

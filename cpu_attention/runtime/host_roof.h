@@ -30,6 +30,33 @@ struct TriadBandwidth {
 };
 TriadBandwidth MeasureTriad(int64_t mib, int repeats);
 
+// The triad's three f32 arrays of `mib` MiB each (at least 1), each in its own anonymous mapping
+// with transparent huge pages asked for, filled (a = 0, b = 1, c = 2) and so first touched by the
+// calling thread's OpenMP pool, and kept for repeated passes: MeasureTriad's arrays, for callers
+// that time the triad next to other work again and again (bench_attention_bandwidth's paired
+// rounds). ok() is false when a mapping failed; the other members then must not be called.
+// Threading: as MeasureTriad. Owns the mappings (unmapped on destruction); not copyable.
+class TriadArrays {
+ public:
+  explicit TriadArrays(int64_t mib);
+  ~TriadArrays();
+  TriadArrays(const TriadArrays&) = delete;
+  TriadArrays& operator=(const TriadArrays&) = delete;
+
+  bool ok() const { return a_ != nullptr && b_ != nullptr && c_ != nullptr; }
+  // One pass of a[i] = b[i] + s * c[i] over the pool, statically split; seconds.
+  double Pass();
+  // Bytes one pass moves as STREAM counts them: 3 arrays x elements() x 4.
+  double Bytes() const { return 3.0 * static_cast<double>(n_) * sizeof(float); }
+  int64_t elements() const { return n_; }
+  // Array b (elements() floats, read by every pass), for a read-only pass over the same memory.
+  const float* b() const { return b_; }
+
+ private:
+  int64_t n_;
+  float *a_, *b_, *c_;
+};
+
 // The f32 FMA peak: `iterations` steps of the 16 chains per thread, the best of `repeats` runs.
 struct FmaPeak {
   double flops_per_s = 0;  // 0 without AVX2+FMA or AVX-512
