@@ -1,8 +1,10 @@
-// The CPU dense layer y = x · Wᵀ (cpu_attention/gemm/matmul.h) in its three forms, at Mixtral-8x7B
+// The CPU dense layer y = x · Wᵀ (cpu_attention/gemm/matmul.h) in its four forms, at Mixtral-8x7B
 // expert shapes: oneDNN f32 (bf16 weights widened once and cached), oneDNN bf16 (AMX / AVX512-BF16,
-// where the CPU has it), and the batch-invariant kernel (cpu_attention/gemm/invariant_linear.h,
-// bf16 weights read in place). For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight
-// bytes read (the bound at small M, when the layer streams its weights once).
+// where the CPU has it), and the batch-invariant kernels (cpu_attention/gemm/invariant_linear.h,
+// bf16 weights read in place) in f32 compute and in bf16 compute (InvariantLinearBf16: vdpbf16ps
+// where the CPU has AVX512-BF16 and MOEBATCH_CPU_BF16 is not 0, else f32 FMAs with the same bits).
+// For each M (tokens): seconds per call, GFLOP/s, and GB/s of weight bytes read (the bound at small
+// M, when the layer streams its weights once).
 //
 //   bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]
 #include <omp.h>
@@ -62,10 +64,14 @@ int Main() {
   };
   const Form forms[] = {{"oneDNN f32 (widened weights)", DType::kF32, false},
                         {"oneDNN bf16", DType::kBF16, false},
-                        {"batch-invariant f32", DType::kF32, true}};
-  std::printf("weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s\n", static_cast<long>(n),
-              static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
-              CpuIsaName(SelectedCpuIsa()));
+                        {"batch-invariant f32", DType::kF32, true},
+                        {"batch-invariant bf16", DType::kBF16, true}};
+  std::printf("weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s, batch-invariant bf16 on %s\n",
+              static_cast<long>(n), static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
+              CpuIsaName(SelectedCpuIsa()),
+              SelectedCpuIsa() == CpuIsa::kAvx512 && CpuAvx512Bf16Usable()
+                  ? "vdpbf16ps"
+                  : "f32 FMAs (a pair = two, odd first)");
   std::printf("%-30s %6s %12s %10s %12s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s");
   for (const Form& f : forms) {
     auto mm = Matmul::Create(f.compute, int64_t{4} << 30, f.invariant);
@@ -100,6 +106,6 @@ int Main() {
 int main(int argc, char** argv) {
   moebatch::ParseProgramFlags(argc, argv,
                               "bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]\n"
-                              "The CPU dense layer in its three forms.");
+                              "The CPU dense layer in its four forms.");
   return moebatch::Main();
 }

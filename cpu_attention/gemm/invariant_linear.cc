@@ -3,8 +3,10 @@
 #include "cpu_attention/gemm/invariant_linear.h"
 
 #include <omp.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,24 +17,69 @@ namespace moebatch {
 
 namespace ili = invariant_linear_internal;
 
+namespace invariant_linear_internal {
+
+// MXCSR bits 6 (DAZ) and 15 (FTZ).
+constexpr unsigned kDenormalsFlushed = 0x8040;
+
+ScopedDenormalsFlushed::ScopedDenormalsFlushed() : saved_(_mm_getcsr()) {
+  _mm_setcsr(saved_ | kDenormalsFlushed);
+}
+ScopedDenormalsFlushed::~ScopedDenormalsFlushed() { _mm_setcsr(saved_); }
+
+void PermutePairs32(const uint16_t* x, int64_t k, float* dst) {
+  const int64_t k32 = k - k % 32;
+  for (int64_t c = 0; c < k32; c += 32) {
+    for (int64_t j = 0; j < 16; ++j) {
+      dst[c + j] = BF16ToF32(x[c + 2 * j + 1]);
+      dst[c + 16 + j] = BF16ToF32(x[c + 2 * j]);
+    }
+  }
+  for (int64_t t = k32; t < k; ++t) dst[t] = BF16ToF32(x[t]);
+}
+
+}  // namespace invariant_linear_internal
+
 // The lane path of an ISA level (none for the portable one).
-static ili::LaneKernel LaneKernelOf(CpuIsa isa, DType w_dtype) {
+static ili::LaneKernel LaneKernelOf(CpuIsa isa, ili::WForm w_form) {
   switch (isa) {
     case CpuIsa::kAvx512:
-      return ili::Avx512LaneKernel(w_dtype);
+      return ili::Avx512LaneKernel(w_form);
     case CpuIsa::kAvx2:
-      return ili::Avx2LaneKernel(w_dtype);
+      return ili::Avx2LaneKernel(w_form);
     default:
       return ili::LaneKernel{};
   }
 }
 
-void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
-                     int64_t n, float* y) {
+// Runs fn(m0, m1, n0, n1) over the dot-product path's tiles of y [m, n], in parallel (dynamic):
+// 64 rows of x by as many weight rows (of row_bytes each) as fit in ~256 KiB (within a core's L2),
+// so the weights are read from memory once per 64 rows and from cache for each block of rows.
+template <class Fn>
+static void ForEachDotTile(int64_t m, int64_t n, int64_t row_bytes, const Fn& fn) {
+  constexpr int64_t kTileRows = 64;
+  constexpr int64_t kTileWeightBytes = int64_t{256} << 10;
+  const int64_t tile_cols =
+      std::clamp<int64_t>(kTileWeightBytes / std::max<int64_t>(1, row_bytes) / 4 * 4, 4, 256);
+  const int64_t tiles_m = (m + kTileRows - 1) / kTileRows;
+  const int64_t tiles_n = (n + tile_cols - 1) / tile_cols;
+  const int64_t tiles = tiles_m * tiles_n;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t m0 = t / tiles_n * kTileRows, n0 = t % tiles_n * tile_cols;
+    fn(m0, std::min(m, m0 + kTileRows), n0, std::min(n, n0 + tile_cols));
+  }
+}
+
+// InvariantLinear over weights read as w_form; kBF16Pairs: x permuted (PermutePairs32), every
+// tile under ScopedDenormalsFlushed.
+static void RunInvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const void* w,
+                               ili::WForm w_form, int64_t n, float* y) {
   if (m <= 0 || n <= 0) return;
+  const bool flush = w_form == ili::WForm::kBF16Pairs;
   // The split into tiles changes which thread computes an element, never how.
   const int threads = omp_get_max_threads();
-  const ili::LaneKernel lanes = LaneKernelOf(isa, w_dtype);
+  const ili::LaneKernel lanes = LaneKernelOf(isa, w_form);
   if (lanes.tile != nullptr && m >= lanes.min_rows) {
     // Many rows, lane by lane: x packed once (in parallel, blocks of mr rows), then tiles of up to
     // 256 rows (split evenly, a multiple of mr) by 256 weight rows, fewer columns when that leaves
@@ -60,29 +107,46 @@ void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const voi
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t m0 = t / tiles_n * tile_rows, n0 = t % tiles_n * tile_cols;
       if (m0 >= m) continue;
+      std::optional<ili::ScopedDenormalsFlushed> flushed;
+      if (flush) flushed.emplace();
       lanes.tile(x, packed, m0, std::min(m, m0 + tile_rows), k, w, n0, std::min(n, n0 + tile_cols),
                  y, n);
     }
     return;
   }
-  ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(w_dtype)
-                     : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(w_dtype)
-                                            : ili::PortableTile(w_dtype);
-  // Tiles: 64 rows of x by as many weight rows as fit in ~256 KiB (within a core's L2), so the
-  // weights are read from memory once per 64 rows and from cache for each block of rows in them.
-  constexpr int64_t kTileRows = 64;
-  constexpr int64_t kTileWeightBytes = int64_t{256} << 10;
-  const int64_t row_bytes = std::max<int64_t>(1, k * static_cast<int64_t>(DTypeSize(w_dtype)));
-  const int64_t tile_cols = std::clamp<int64_t>(kTileWeightBytes / row_bytes / 4 * 4, 4, 256);
-  const int64_t tiles_m = (m + kTileRows - 1) / kTileRows;
-  const int64_t tiles_n = (n + tile_cols - 1) / tile_cols;
-  const int64_t tiles = tiles_m * tiles_n;
-#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t m0 = t / tiles_n * kTileRows;
-    const int64_t n0 = t % tiles_n * tile_cols;
-    tile(x, m0, std::min(m, m0 + kTileRows), k, w, n0, std::min(n, n0 + tile_cols), y, n);
+  ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(w_form)
+                     : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(w_form)
+                                            : ili::PortableTile(w_form);
+  ForEachDotTile(m, n, k * (w_form == ili::WForm::kF32 ? 4 : 2),
+                 [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                   std::optional<ili::ScopedDenormalsFlushed> flushed;
+                   if (flush) flushed.emplace();
+                   tile(x, m0, m1, k, w, n0, n1, y, n);
+                 });
+}
+
+void InvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const void* w, DType w_dtype,
+                     int64_t n, float* y) {
+  RunInvariantLinear(isa, x, m, k, w, ili::WFormOf(w_dtype), n, y);
+}
+
+void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w,
+                         int64_t n, float* y, bool vdpbf16ps) {
+  if (m <= 0 || n <= 0) return;
+  if (!vdpbf16ps || isa != CpuIsa::kAvx512 || !CpuAvx512Bf16Usable()) {
+    // The calling thread's (kept between calls); the pool's threads see it through `permuted`.
+    thread_local std::vector<float> xp;
+    xp.resize(static_cast<size_t>(m * k));
+    float* permuted = xp.data();
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
+    for (int64_t r = 0; r < m; ++r) ili::PermutePairs32(x + r * k, k, permuted + r * k);
+    return RunInvariantLinear(isa, permuted, m, k, w, ili::WForm::kBF16Pairs, n, y);
   }
+  const ili::Bf16TileFn tile = ili::Avx512Bf16Tile();
+  ForEachDotTile(m, n, 2 * k, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    ili::ScopedDenormalsFlushed flushed;
+    tile(x, m0, m1, k, w, n0, n1, y, n);
+  });
 }
 
 absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t k,
@@ -98,7 +162,7 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
   namespace qli = quant_linear_internal;
   const int threads = omp_get_max_threads();
   const int64_t block_row_bytes = k / 32 * 17;
-  const ili::LaneKernel lanes = LaneKernelOf(isa, DType::kF32);
+  const ili::LaneKernel lanes = LaneKernelOf(isa, ili::WForm::kF32);
   if (isa != CpuIsa::kPortable && m < lanes.min_rows) {
     // Few rows: each block widened in registers where it is used (AVX2 code: AVX-512 hosts have
     // AVX2 too, and InvariantLinear's bits are the same at every level). Weight rows split evenly.
@@ -113,9 +177,9 @@ absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t
   // Many rows: tiles of weight rows, ~256 KiB once widened (L2), each widened once and then run
   // against every row of x by InvariantLinear's f32 code (lane by lane, x packed once).
   const auto widen = isa == CpuIsa::kPortable ? qli::PortableWidenMxfp4Row : qli::Avx2WidenMxfp4Row;
-  const ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(DType::kF32)
-                           : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(DType::kF32)
-                                                  : ili::PortableTile(DType::kF32);
+  const ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(ili::WForm::kF32)
+                           : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(ili::WForm::kF32)
+                                                  : ili::PortableTile(ili::WForm::kF32);
   float* packed = nullptr;
   if (lanes.tile != nullptr) {
     const int64_t mr = lanes.mr, blocks = (m + mr - 1) / mr;

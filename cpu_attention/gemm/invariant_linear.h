@@ -42,6 +42,27 @@ inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w,
   InvariantLinear(SelectedCpuIsa(), x, m, k, w, w_dtype, n, y);
 }
 
+// bf16 compute (Matmul's bf16 mode): y = x · Wᵀ with x [m, k] and W [n, k] both bf16 (the
+// activations already rounded), y [m, n] f32, every element by one fixed sequence in the "pair
+// order", the order of AVX512-BF16's vdpbf16ps:
+//   1. 16 partial sums; for each whole 32-element chunk c of K (t < K32 = K - K % 32), lane j takes
+//      x[t]·w[t] for t = 32c + 2j + 1, then t = 32c + 2j, each product exact (8-bit by 8-bit
+//      significands fit f32's 24) and each addition rounded to nearest even; then, when
+//      K % 32 >= 16, lane j takes t = K32 + j by one fused multiply-add;
+//   2. InvariantLinear's lane tree;
+//   3. the K % 16 remaining products, fused into the sum in increasing t;
+//   all with denormal inputs read as zero and denormal results flushed to zero (MXCSR DAZ and FTZ,
+//   which vdpbf16ps always applies; set on each working thread for the call and restored).
+// Same bits at every ISA level and with or without AVX512-BF16. `vdpbf16ps`: run on it where
+// `isa` is kAvx512 and CpuAvx512Bf16Usable() (4 x 4 blocks, operands read in place: twice the f32
+// FMA's multiply-adds per instruction); elsewhere, or false, the activations are widened and
+// permuted per 32-element chunk (odd elements, then even) into a buffer of the calling thread
+// (m·k·4 bytes, kept for the next call) and InvariantLinear's tiles run on them with the weights
+// read in the same permuted order (a pair = two f32 FMAs, odd first). Threading and tiles as
+// InvariantLinear.
+void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w,
+                         int64_t n, float* y, bool vdpbf16ps = true);
+
 // The same product with W [n, k] in ggml's MXFP4 blocks (n rows of k / 32 blocks of 17 bytes:
 // an E8M0 exponent e, then 16 bytes of 4-bit codes q; element value kvalues_mxfp4[q] · 2^(e - 128),
 // engine/model/ggml_quants.h), each weight widened exactly to f32 (those values are floats):

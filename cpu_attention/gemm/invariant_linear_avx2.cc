@@ -19,18 +19,31 @@ struct V {
   __m256 lo, hi;
   static V Zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static V LoadX(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static __m256 Widen8(const uint16_t* p, DType wd) {
+  static __m256 Widen8(const uint16_t* p, WForm wd) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    if (wd == DType::kF16) return _mm256_cvtph_ps(h);
+    if (wd == WForm::kF16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
   }
-  template <DType WD>
+  template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
-    if constexpr (WD == DType::kF32) {
+    if constexpr (WD == WForm::kF32) {
       return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
     } else {
       return {Widen8(p, WD), Widen8(p + 8, WD)};
     }
+  }
+  // The 32-bit word j of 32 bf16 holds elements 2j (low half) and 2j + 1 (high half).
+  static __m256i Words8(const uint16_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static V LoadOdd(const uint16_t* p) {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    return {_mm256_castsi256_ps(_mm256_and_si256(Words8(p), high)),
+            _mm256_castsi256_ps(_mm256_and_si256(Words8(p + 16), high))};
+  }
+  static V LoadEven(const uint16_t* p) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(Words8(p), 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(Words8(p + 16), 16))};
   }
   static V Fma(const V& a, const V& b, const V& acc) {
     return {_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)};
@@ -62,15 +75,13 @@ struct CV : LanePacking {
 }  // namespace
 }  // namespace avx2
 
-TileFn Avx2Tile(DType w_dtype) { return avx2::TileFor<avx2::V, 2, 2>(w_dtype); }
+TileFn Avx2Tile(WForm w_form) { return avx2::TileFor<avx2::V, 2, 2>(w_form); }
 
 // 6 rows x 16 columns: 12 accumulators, 2 weight vectors and a broadcast in the 16 registers; per
 // step 2 loads and 6 broadcasts for 12 FMAs (Zen 3 and Haswell on: two FMAs and two loads a cycle).
 // From 10 rows (Zen 3, [14336, 4096] bf16: 8 rows 13.4 ms by dot products vs 16.1 ms lane by lane,
 // 12 rows 20.5 vs 15.9 ms).
-LaneKernel Avx2LaneKernel(DType w_dtype) {
-  return avx2::LaneKernelFor<avx2::CV, 6, 2>(w_dtype, 10);
-}
+LaneKernel Avx2LaneKernel(WForm w_form) { return avx2::LaneKernelFor<avx2::CV, 6, 2>(w_form, 10); }
 
 }  // namespace invariant_linear_internal
 }  // namespace moebatch

@@ -19,15 +19,23 @@ struct V {
   __m512 v;
   static V Zero() { return {_mm512_setzero_ps()}; }
   static V LoadX(const float* p) { return {_mm512_loadu_ps(p)}; }
-  template <DType WD>
+  template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
-    if constexpr (WD == DType::kF32) {
+    if constexpr (WD == WForm::kF32) {
       return {_mm512_loadu_ps(p)};
     } else {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      if constexpr (WD == DType::kF16) return {_mm512_cvtph_ps(h)};
+      if constexpr (WD == WForm::kF16) return {_mm512_cvtph_ps(h)};
       return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};  // bf16
     }
+  }
+  // The 32-bit word j of 32 bf16 holds elements 2j (low half) and 2j + 1 (high half).
+  static V LoadOdd(const uint16_t* p) {
+    return {_mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+  }
+  static V LoadEven(const uint16_t* p) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))};
   }
   static V Fma(const V& a, const V& b, const V& acc) { return {_mm512_fmadd_ps(a.v, b.v, acc.v)}; }
   static void Store(const V& a, float* p) { _mm512_storeu_ps(p, a.v); }
@@ -57,15 +65,15 @@ struct CV : LanePacking {
 }  // namespace
 }  // namespace avx512
 
-TileFn Avx512Tile(DType w_dtype) { return avx512::TileFor<avx512::V, 4, 4>(w_dtype); }
+TileFn Avx512Tile(WForm w_form) { return avx512::TileFor<avx512::V, 4, 4>(w_form); }
 
 // 8 rows x 32 columns: 16 accumulators, 2 weight vectors and a broadcast; per step 2 loads and 8
 // broadcasts for 16 FMAs. From 16 rows. Zen 4 (2 cores, [14336, 4096] bf16, f32 FMA peak 233
 // GFLOP/s), against 6 x 64, 12 x 32, 14 x 32 and 8 x 48 blocks: 8 x 32 was the fastest at every M
 // from 16 to 512 (M = 512: 202 GFLOP/s; 12 x 32 193, 6 x 64 198); the dot-product tiles win below
 // 16 rows (14 rows: 10.4 ms vs 16.8 ms lane by lane; 16 rows 17.2 vs 16.7).
-LaneKernel Avx512LaneKernel(DType w_dtype) {
-  return avx512::LaneKernelFor<avx512::CV, 8, 2>(w_dtype, 16);
+LaneKernel Avx512LaneKernel(WForm w_form) {
+  return avx512::LaneKernelFor<avx512::CV, 8, 2>(w_form, 16);
 }
 
 }  // namespace invariant_linear_internal

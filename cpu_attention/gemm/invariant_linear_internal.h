@@ -8,13 +8,25 @@
 namespace moebatch {
 namespace invariant_linear_internal {
 
+// How the tiles read the weights: f32, f16 or bf16 in K order, or bf16 in the pair order of
+// InvariantLinearBf16 (invariant_linear.h): within each whole 32-element chunk of K, the tiles see
+// the 16 odd-indexed elements, then the 16 even-indexed ones (Pairs32 below), so that
+// InvariantLinear's lane j takes element 2j+1 and then 2j of each chunk, as vdpbf16ps does. The
+// activations come permuted the same way (PermutePairs32), and the same f32 steps 1-3 then give
+// the pair order's bits.
+enum class WForm : uint8_t { kF32, kF16, kBF16, kBF16Pairs };
+
+constexpr WForm WFormOf(DType d) {
+  return d == DType::kF32 ? WForm::kF32 : d == DType::kF16 ? WForm::kF16 : WForm::kBF16;
+}
+
 // y[m0:m1, n0:n1] = x[m0:m1, :k] · w[n0:n1, :k]ᵀ, y row stride ldy (invariant_linear.h's order).
 using TileFn = void (*)(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w,
                         int64_t n0, int64_t n1, float* y, int64_t ldy);
 
-TileFn PortableTile(DType w_dtype);
-TileFn Avx2Tile(DType w_dtype);    // invariant_linear_avx2.cc: AVX2+FMA+F16C
-TileFn Avx512Tile(DType w_dtype);  // invariant_linear_avx512.cc: AVX-512 F/BW
+TileFn PortableTile(WForm w_form);
+TileFn Avx2Tile(WForm w_form);    // invariant_linear_avx2.cc: AVX2+FMA+F16C
+TileFn Avx512Tile(WForm w_form);  // invariant_linear_avx512.cc: AVX-512 F/BW
 
 // The same elements lane by lane, for calls of many rows (invariant_linear_lanes.h; same bits):
 // pack_rows writes the blocks of the packed activations xp for rows [0, rows) of x
@@ -34,8 +46,33 @@ struct LaneKernel {
   void (*tile)(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k, const void* w,
                int64_t n0, int64_t n1, float* y, int64_t ldy) = nullptr;
 };
-LaneKernel Avx2LaneKernel(DType w_dtype);
-LaneKernel Avx512LaneKernel(DType w_dtype);
+LaneKernel Avx2LaneKernel(WForm w_form);
+LaneKernel Avx512LaneKernel(WForm w_form);
+
+// InvariantLinearBf16's tiles on vdpbf16ps (invariant_linear_avx512bf16.cc, AVX-512 F/BW +
+// AVX512-BF16; run only where CPUID has avx512_bf16): x [*, k] and w [*, k] bf16 in K order, read
+// in place; the same bits as the pair-order tiles above over the permuted, widened activations.
+using Bf16TileFn = void (*)(const uint16_t* x, int64_t m0, int64_t m1, int64_t k, const uint16_t* w,
+                            int64_t n0, int64_t n1, float* y, int64_t ldy);
+Bf16TileFn Avx512Bf16Tile();
+
+// dst[0:k] = x[0:k] widened to f32 and, within each whole 32-element chunk, permuted: dst[32c + j]
+// = x[32c + 2j + 1], dst[32c + 16 + j] = x[32c + 2j] (j < 16); the K % 32 tail in place.
+void PermutePairs32(const uint16_t* x, int64_t k, float* dst);
+
+// The calling thread's MXCSR with DAZ and FTZ set (denormal inputs read as zero, denormal results
+// flushed to zero) for the object's lifetime: vdpbf16ps's fixed behaviour, which the pair order's
+// every path follows. Restores the previous MXCSR.
+class ScopedDenormalsFlushed {
+ public:
+  ScopedDenormalsFlushed();
+  ~ScopedDenormalsFlushed();
+  ScopedDenormalsFlushed(const ScopedDenormalsFlushed&) = delete;
+  ScopedDenormalsFlushed& operator=(const ScopedDenormalsFlushed&) = delete;
+
+ private:
+  unsigned saved_;
+};
 
 }  // namespace invariant_linear_internal
 }  // namespace moebatch

@@ -4,9 +4,10 @@
 // stands in for the baseline build of the same function (no ODR clash between the copies).
 //
 // V must provide (16 f32 lanes): Zero(), LoadX(const float*), LoadW(const W*) for W = float
-// (f32) and uint16_t (bf16 or f16 through the DType template argument), Fma(a, b, acc) = one
-// rounding of a·b + acc per lane, Store(V, float*), and Reduce(V) = step 2's tree (TreeSum's
-// additions, pair for pair, in registers).
+// (f32) and uint16_t (bf16 or f16 through the WForm template argument; kBF16Pairs loads as kBF16),
+// LoadOdd(const uint16_t* p) / LoadEven(const uint16_t* p) = the bf16 elements p[2j + 1] / p[2j]
+// (j < 16) widened, Fma(a, b, acc) = one rounding of a·b + acc per lane, Store(V, float*), and
+// Reduce(V) = step 2's tree (TreeSum's additions, pair for pair, in registers).
 //
 // Every output element goes through Block's sequence (invariant_linear.h, steps 1-3) whatever the
 // block shape MR x NR it falls in, so edge blocks give the same bits as full ones.
@@ -33,17 +34,17 @@ namespace moebatch {
 namespace invariant_linear_internal {
 namespace MOEBATCH_INVARIANT_ISA {
 
-template <DType WD>
-using WElem = std::conditional_t<WD == DType::kF32, float, uint16_t>;
+template <WForm WD>
+using WElem = std::conditional_t<WD == WForm::kF32, float, uint16_t>;
 
-template <DType WD>
+template <WForm WD>
 inline float ScalarW(const WElem<WD>* p) {
-  if constexpr (WD == DType::kF32) {
+  if constexpr (WD == WForm::kF32) {
     return *p;
-  } else if constexpr (WD == DType::kBF16) {
-    return BF16ToF32(*p);
-  } else {
+  } else if constexpr (WD == WForm::kF16) {
     return F16ToF32(*p);
+  } else {
+    return BF16ToF32(*p);
   }
 }
 
@@ -67,7 +68,7 @@ inline float TreeSum8(__m256 s8) {
 #endif
 
 // Step 3: the K % 16 tail, fused into the tree's sum in increasing t.
-template <DType WD>
+template <WForm WD>
 inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, int64_t k) {
   for (int64_t t = k16; t < k; ++t) acc = std::fma(x[t], ScalarW<WD>(w + t), acc);
   return acc;
@@ -78,7 +79,7 @@ inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, 
 // steps 2-3 into y (row stride ldy). Otherwise the accumulators come from part[r * ldp + c] (zero
 // when t0 is 0) and go back there, or, when t1 is K16, on to steps 2-3: storing and reloading them
 // is exact, so a K-blocked element gets the same bits as a whole one.
-template <class V, DType WD, int MR, int NR>
+template <class V, WForm WD, int MR, int NR>
 void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t0, int64_t t1,
            V* part, int64_t ldp, float* y, int64_t ldy) {
   const int64_t k16 = k - k % 16;
@@ -88,7 +89,24 @@ void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t
       acc[r][c] = part == nullptr || t0 == 0 ? V::Zero() : part[r * ldp + c];
     }
   }
-  for (int64_t t = t0; t < t1; t += 16) {
+  // The pair order's whole 32-element chunks (t0 then a multiple of 32): steps t and t + 16 take
+  // the chunk's odd weights, then its even ones; x comes permuted to match (PermutePairs32).
+  const int64_t tp = WD == WForm::kBF16Pairs ? std::min(t1, std::max(t0, k - k % 32)) : t0;
+  for (int64_t t = t0; t < tp; t += 32) {
+    for (int half = 0; half < 2; ++half) {
+      V wv[NR];
+      for (int c = 0; c < NR; ++c) {
+        if constexpr (WD == WForm::kBF16Pairs) {
+          wv[c] = half == 0 ? V::LoadOdd(w + c * ldw + t) : V::LoadEven(w + c * ldw + t);
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        const V xv = V::LoadX(x + r * k + t + 16 * half);
+        for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int64_t t = tp; t < t1; t += 16) {
     V wv[NR];
     for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
     for (int r = 0; r < MR; ++r) {
@@ -109,7 +127,7 @@ void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t
   }
 }
 
-template <class V, DType WD, int MR, int NR_MAX, class... Args>
+template <class V, WForm WD, int MR, int NR_MAX, class... Args>
 inline void BlockNr(int nr, Args... args) {
   if (nr >= NR_MAX) return Block<V, WD, MR, NR_MAX>(args...);
   if constexpr (NR_MAX > 1) {
@@ -124,7 +142,7 @@ inline void BlockNr(int nr, Args... args) {
 }
 
 // Block<mr, nr> for 1 <= mr <= MR_MAX, 1 <= nr <= NR_MAX.
-template <class V, DType WD, int MR_MAX, int NR_MAX, class... Args>
+template <class V, WForm WD, int MR_MAX, int NR_MAX, class... Args>
 inline void BlockMrNr(int mr, int nr, Args... args) {
   if (mr >= MR_MAX) return BlockNr<V, WD, MR_MAX, NR_MAX>(nr, args...);
   if constexpr (MR_MAX > 1) {
@@ -140,7 +158,7 @@ inline void BlockMrNr(int mr, int nr, Args... args) {
 
 // Steps [t0, t1) of a rows x cols tile: x at its first row, w at its first weight row (row stride
 // ldw), y at its corner, part [rows, cols] accumulators or nullptr (see Block).
-template <class V, DType WD, int MR_MAX, int NR_MAX>
+template <class V, WForm WD, int MR_MAX, int NR_MAX>
 void Blocks(const float* x, int64_t rows, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t cols,
             int64_t t0, int64_t t1, V* part, float* y, int64_t ldy) {
   for (int64_t i = 0; i < rows; i += MR_MAX) {
@@ -161,8 +179,8 @@ constexpr int64_t kKBlock = 512;
 constexpr int64_t kSubCols = 16;
 
 // y[m0:m1, n0:n1] of y [*, ldy]: x rows m0.. (stride k), w rows n0.. (stride k). MR_MAX, NR_MAX
-// <= 4.
-template <class V, DType WD, int MR_MAX, int NR_MAX>
+// <= 4. kBF16Pairs: x permuted (PermutePairs32), w bf16 in K order.
+template <class V, WForm WD, int MR_MAX, int NR_MAX>
 void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
           int64_t n1, float* y, int64_t ldy) {
   const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
@@ -183,12 +201,19 @@ void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void,
   for (int64_t j = 0; j < cols; ++j) {
     const WElem<WD>* src = w + j * k;
     float* dst = wide.data() + j * ldw;
-    for (int64_t t = 0; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
+    int64_t t = 0;
+    if constexpr (WD == WForm::kBF16Pairs) {  // the copy permuted as x is: f32 order then applies
+      for (; t < k - k % 32; t += 32) {
+        V::Store(V::LoadOdd(src + t), dst + t);
+        V::Store(V::LoadEven(src + t), dst + t + 16);
+      }
+    }
+    for (; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
     for (int64_t t = k16; t < k; ++t) dst[t] = ScalarW<WD>(src + t);
   }
   const float* wf = wide.data();
   if (k16 <= kKBlock) {
-    return Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf, ldw, cols, 0, k16, nullptr, y,
+    return Blocks<V, WForm::kF32, MR_MAX, NR_MAX>(x, rows, k, wf, ldw, cols, 0, k16, nullptr, y,
                                                   ldy);
   }
   // Columns kSubCols at a time, K in kKBlock slices: one slice of those columns' weights
@@ -198,22 +223,24 @@ void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void,
   for (int64_t c0 = 0; c0 < cols; c0 += kSubCols) {
     const int64_t sub = std::min(kSubCols, cols - c0);
     for (int64_t t0 = 0; t0 < k16; t0 += kKBlock) {
-      Blocks<V, DType::kF32, MR_MAX, NR_MAX>(x, rows, k, wf + c0 * ldw, ldw, sub, t0,
+      Blocks<V, WForm::kF32, MR_MAX, NR_MAX>(x, rows, k, wf + c0 * ldw, ldw, sub, t0,
                                              std::min(k16, t0 + kKBlock), part.data(), y + c0, ldy);
     }
   }
 }
 
-// The tile function of weight type w_dtype with MR_MAX x NR_MAX blocks.
+// The tile function of weight form w_form with MR_MAX x NR_MAX blocks.
 template <class V, int MR_MAX, int NR_MAX>
-TileFn TileFor(DType w_dtype) {
-  switch (w_dtype) {
-    case DType::kF32:
-      return Tile<V, DType::kF32, MR_MAX, NR_MAX>;
-    case DType::kBF16:
-      return Tile<V, DType::kBF16, MR_MAX, NR_MAX>;
-    case DType::kF16:
-      return Tile<V, DType::kF16, MR_MAX, NR_MAX>;
+TileFn TileFor(WForm w_form) {
+  switch (w_form) {
+    case WForm::kF32:
+      return Tile<V, WForm::kF32, MR_MAX, NR_MAX>;
+    case WForm::kBF16:
+      return Tile<V, WForm::kBF16, MR_MAX, NR_MAX>;
+    case WForm::kF16:
+      return Tile<V, WForm::kF16, MR_MAX, NR_MAX>;
+    case WForm::kBF16Pairs:
+      return Tile<V, WForm::kBF16Pairs, MR_MAX, NR_MAX>;
   }
   return nullptr;
 }

@@ -41,13 +41,13 @@ inline void Transpose8(__m256 r[8]) {
 }
 
 // 8 weights at p widened to f32 (bf16: the bits shifted up; f16: F16C).
-template <DType WD>
+template <WForm WD>
 inline __m256 LoadWeights8(const WElem<WD>* p) {
-  if constexpr (WD == DType::kF32) {
+  if constexpr (WD == WForm::kF32) {
     return _mm256_loadu_ps(p);
   } else {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    if constexpr (WD == DType::kF16) return _mm256_cvtph_ps(h);
+    if constexpr (WD == WForm::kF16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
   }
 }
@@ -83,19 +83,44 @@ inline void PackRowsByTranspose(const float* x, int64_t rows, int64_t k, float* 
   }
 }
 
+// Lanes 0-7 (*lo) and 8-15 (*hi) of step s (K elements 16s..16s+15 in f32 order) of a weight row,
+// widened. kBF16Pairs, within the whole 32-element chunks (16s < k32): step 2c takes chunk c's odd
+// elements (lane j: element 32c + 2j + 1, the high half of the chunk's 32-bit word j), step 2c + 1
+// its even ones (the low halves, shifted up); beyond them, K order.
+template <WForm WD>
+inline void LoadWeightStep(const WElem<WD>* row, int64_t s, int64_t k32, __m256* lo, __m256* hi) {
+  if constexpr (WD == WForm::kBF16Pairs) {
+    if (s * 16 < k32) {
+      const uint16_t* chunk = row + s / 2 * 32;
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 16));
+      if (s % 2 == 0) {
+        const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+        *lo = _mm256_castsi256_ps(_mm256_and_si256(a, high));
+        *hi = _mm256_castsi256_ps(_mm256_and_si256(b, high));
+      } else {
+        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+        *hi = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+      }
+      return;
+    }
+  }
+  *lo = LoadWeights8<WD>(row + s * 16);
+  *hi = LoadWeights8<WD>(row + s * 16 + 8);
+}
+
 // invariant_linear_lanes.h's PackWeights: wp from weight rows [0, cols) of w (row stride k,
 // cols <= NR), zero columns after them.
-template <DType WD, int NR>
+template <WForm WD, int NR>
 inline void PackWeightsByTranspose(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
   static_assert(NR % 8 == 0);
-  const int64_t steps = k / 16, lane = LaneStride(steps * NR);
+  const int64_t steps = k / 16, lane = LaneStride(steps * NR), k32 = k - k % 32;
   for (int64_t s = 0; s < steps; ++s) {
     for (int g = 0; g < NR; g += 8) {
       __m256 lo[8], hi[8];
       for (int i = 0; i < 8; ++i) {
         if (g + i < cols) {
-          lo[i] = LoadWeights8<WD>(w + (g + i) * k + s * 16);
-          hi[i] = LoadWeights8<WD>(w + (g + i) * k + s * 16 + 8);
+          LoadWeightStep<WD>(w + (g + i) * k, s, k32, &lo[i], &hi[i]);
         } else {
           lo[i] = hi[i] = _mm256_setzero_ps();
         }
@@ -116,7 +141,7 @@ struct LanePacking {
   static void PackRows(const float* x, int64_t rows, int64_t k, float* xp) {
     PackRowsByTranspose<MR>(x, rows, k, xp);
   }
-  template <DType WD, int NR>
+  template <WForm WD, int NR>
   static void PackWeights(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
     PackWeightsByTranspose<WD, NR>(w, cols, k, wp);
   }

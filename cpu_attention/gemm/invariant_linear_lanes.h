@@ -15,8 +15,9 @@
 // Packed data (exact copies):
 //   xp  [rows / MR][16 lanes][K/16 steps][MR] f32: x's rows, lane-major, zero rows padding the
 //       last block; packed once per call by the caller (invariant_linear.cc), shared by all tiles;
-//   wp  [16 lanes][K/16 steps][NR] f32: one panel of NR weight rows, widened from bf16/f16, zero
-//       columns padding it; per tile and panel, thread_local;
+//   wp  [16 lanes][K/16 steps][NR] f32: one panel of NR weight rows, widened from bf16/f16 (in the
+//       pair order, kBF16Pairs, permuted as xp's rows are), zero columns padding it; per tile and
+//       panel, thread_local;
 //   acc [16 lanes][rows][NR] f32: each lane's partial sums, parked between K slices; thread_local.
 // Lanes are LaneStride(...) floats apart (invariant_linear_internal.h), a little more than their
 // size.
@@ -29,7 +30,7 @@
 // packing:
 //   template <int MR> PackRows(const float* x, int64_t rows, int64_t k, float* xp): the blocks of
 //     xp for rows [0, rows) of x (row stride k), zero rows padding the last;
-//   template <DType WD, int NR> PackWeights(const WElem<WD>* w, int64_t cols, int64_t k,
+//   template <WForm WD, int NR> PackWeights(const WElem<WD>* w, int64_t cols, int64_t k,
 //     float* wp): wp from weight rows [0, cols) of w (row stride k, cols <= NR), zero columns
 //     after them.
 #pragma once
@@ -79,7 +80,7 @@ __attribute__((always_inline)) inline void LaneMicroKernel(const float* xp, cons
 
 // y[m0:m1, n0:n1] (LaneKernel::tile): x rows m0.. (stride k), xp the packed rows of the whole call
 // (m0 a multiple of MR), w rows n0.. (stride k), y row stride ldy.
-template <class CV, DType WD, int MR, int NRV>
+template <class CV, WForm WD, int MR, int NRV>
 void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k,
               const void* w_void, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   constexpr int NR = NRV * CV::kWidth;
@@ -142,20 +143,23 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   }
 }
 
-// The lane path of weight type w_dtype with MR x (NRV vectors) micro-kernels, for calls of at
+// The lane path of weight form w_form with MR x (NRV vectors) micro-kernels, for calls of at
 // least min_rows rows.
 template <class CV, int MR, int NRV>
-LaneKernel LaneKernelFor(DType w_dtype, int64_t min_rows) {
+LaneKernel LaneKernelFor(WForm w_form, int64_t min_rows) {
   LaneKernel kernel{MR, min_rows, CV::template PackRows<MR>, nullptr};
-  switch (w_dtype) {
-    case DType::kF32:
-      kernel.tile = LaneTile<CV, DType::kF32, MR, NRV>;
+  switch (w_form) {
+    case WForm::kF32:
+      kernel.tile = LaneTile<CV, WForm::kF32, MR, NRV>;
       break;
-    case DType::kBF16:
-      kernel.tile = LaneTile<CV, DType::kBF16, MR, NRV>;
+    case WForm::kBF16:
+      kernel.tile = LaneTile<CV, WForm::kBF16, MR, NRV>;
       break;
-    case DType::kF16:
-      kernel.tile = LaneTile<CV, DType::kF16, MR, NRV>;
+    case WForm::kF16:
+      kernel.tile = LaneTile<CV, WForm::kF16, MR, NRV>;
+      break;
+    case WForm::kBF16Pairs:
+      kernel.tile = LaneTile<CV, WForm::kBF16Pairs, MR, NRV>;
       break;
   }
   return kernel;

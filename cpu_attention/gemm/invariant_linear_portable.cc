@@ -19,10 +19,20 @@ struct V {
     for (int i = 0; i < 16; ++i) r.v[i] = p[i];
     return r;
   }
-  template <DType WD>
+  template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
     V r;
     for (int i = 0; i < 16; ++i) r.v[i] = ScalarW<WD>(p + i);
+    return r;
+  }
+  static V LoadOdd(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < 16; ++i) r.v[i] = BF16ToF32(p[2 * i + 1]);
+    return r;
+  }
+  static V LoadEven(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < 16; ++i) r.v[i] = BF16ToF32(p[2 * i]);
     return r;
   }
   static V Fma(const V& a, const V& b, const V& acc) {
@@ -39,7 +49,7 @@ struct V {
 }  // namespace
 }  // namespace portable
 
-TileFn PortableTile(DType w_dtype) { return portable::TileFor<portable::V, 2, 2>(w_dtype); }
+TileFn PortableTile(WForm w_form) { return portable::TileFor<portable::V, 2, 2>(w_form); }
 
 }  // namespace invariant_linear_internal
 }  // namespace moebatch

@@ -37,7 +37,7 @@ struct Matmul::Impl {
     return dst->data();
   }
   std::vector<uint16_t> src_bf16;  // rounded activations (bf16 mode)
-  std::vector<float> src_rounded;  // the same widened back to f32 (bf16 mode, batch-invariant)
+  std::vector<float> src_rounded;  // rounded to f16 and widened back to f32 (f16 mode)
 
   // x[count] rounded to f16 (nearest even) and widened back to f32: f16 compute's activations.
   const float* RoundToF16(const float* x, int64_t count) {
@@ -92,7 +92,12 @@ Matmul::Path Matmul::PathFor(int64_t m, DType w_dtype) const {
 }
 
 std::string Matmul::Describe() const {
-  if (batch_invariant_) return "batch-invariant kernels";
+  if (batch_invariant_) {
+    if (compute_dtype_ != DType::kBF16) return "batch-invariant kernels";
+    return absl::StrCat(
+        "batch-invariant kernels (bf16 weights in the pair order, on ",
+        SelectedCpuIsa() == CpuIsa::kAvx512 && CpuAvx512Bf16Usable() ? "vdpbf16ps)" : "f32 FMAs)");
+  }
   const std::string f32 = absl::StrCat("batch-invariant kernels below ", kOneDnnF32MinRows,
                                        " rows, oneDNN f32 from ", kOneDnnF32MinRows);
   if (compute_dtype_ != DType::kBF16) return f32;
@@ -114,10 +119,13 @@ absl::Status Matmul::Linear(const float* x, int64_t m, int64_t k, const void* w,
   if (PathFor(m, w_dtype) == Path::kInvariant) {
     const float* src = x;
     if (compute_dtype_ == DType::kBF16 && w_dtype == DType::kBF16) {  // as the bf16 GEMM rounds
-      im.src_rounded.resize(static_cast<size_t>(m * k));
-      for (int64_t i = 0; i < m * k; ++i) im.src_rounded[i] = BF16ToF32(F32ToBF16(x[i]));
-      src = im.src_rounded.data();
-    } else if (compute_dtype_ == DType::kF16 && w_dtype == DType::kF16) {
+      im.src_bf16.resize(static_cast<size_t>(m * k));
+      ConvertFromF32(DType::kBF16, x, im.src_bf16.data(), im.src_bf16.size());
+      InvariantLinearBf16(SelectedCpuIsa(), im.src_bf16.data(), m, k,
+                          static_cast<const uint16_t*>(w), n, y);
+      return absl::OkStatus();
+    }
+    if (compute_dtype_ == DType::kF16 && w_dtype == DType::kF16) {
       src = im.RoundToF16(x, m * k);
     }
     InvariantLinear(src, m, k, w, w_dtype, n, y);

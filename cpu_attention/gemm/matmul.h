@@ -18,8 +18,9 @@
 // Batch-invariant (the default the engine uses, cpu_attention/gemm/invariant_linear.h): every row's
 // result is bitwise the same whatever else shares the call; f32 compute reads the weights in place
 // with our kernels; bf16 compute with bf16 weights rounds the activations to bf16 first (as
-// oneDNN's bf16 mode does) and accumulates bf16·bf16 products, exact in f32, in the same fixed
-// order.
+// oneDNN's bf16 mode does) and accumulates bf16·bf16 products, exact in f32, in vdpbf16ps's pair
+// order (InvariantLinearBf16): on vdpbf16ps where the CPU has AVX512-BF16 (about twice the f32
+// kernels' GFLOP/s from 8 rows, docs/performance.md), on f32 FMAs with the same bits elsewhere.
 // Otherwise (batch_invariant false) each call takes the faster path for its size (PathFor), so no
 // setting is slower than the default: decode-sized calls stay on the batch-invariant kernels, which
 // stream bf16 weights in place (1.5-3x faster than oneDNN f32 on a widened copy at M <= 32,
@@ -75,7 +76,8 @@ class Matmul {
   // The path Linear takes for `m` rows of `w_dtype` weights.
   Path PathFor(int64_t m, DType w_dtype) const;
   // The paths in words, for the engine's log: "batch-invariant kernels", "batch-invariant kernels
-  // below 16 rows, oneDNN bf16 (AVX512-BF16 / AMX) from 16", ...
+  // (bf16 weights in the pair order, on vdpbf16ps)", "batch-invariant kernels below 16 rows,
+  // oneDNN bf16 (AVX512-BF16 / AMX) from 16", ...
   std::string Describe() const;
 
   DType compute_dtype() const { return compute_dtype_; }

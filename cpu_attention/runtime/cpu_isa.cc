@@ -80,6 +80,24 @@ CpuIsa SelectedCpuIsa() {
   return selected;
 }
 
+bool CpuAvx512Bf16Usable() {
+  static const bool usable = [] {
+#if defined(__x86_64__)
+    const std::vector<CpuIsa> isas = SupportedCpuIsas();
+    if (isas.back() != CpuIsa::kAvx512) return false;
+    if (const char* env = std::getenv("MOEBATCH_CPU_BF16");
+        env != nullptr && std::string(env) == "0") {
+      return false;
+    }
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && ((a >> 5) & 1);
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
 bool CpuAmxUsable() {
   static const bool usable = [] {
 #if defined(__x86_64__) && defined(__linux__)

@@ -24,6 +24,12 @@ std::vector<CpuIsa> SupportedCpuIsas();
 // The level the kernels use: the highest supported, or MOEBATCH_CPU_ISA's (read once).
 CpuIsa SelectedCpuIsa();
 
+// Whether the AVX512-BF16 kernels may run: the CPU has AVX-512 (kAvx512 supported) and
+// AVX512-BF16 (CPUID 7.1 EAX bit 5), and MOEBATCH_CPU_BF16=0 does not turn them off. The AVX-512
+// level's bf16 GEMM (gemm/invariant_linear.h, InvariantLinearBf16) runs on vdpbf16ps where it is
+// true, on f32 FMAs with the same bits elsewhere. Read once.
+bool CpuAvx512Bf16Usable();
+
 // Whether the AMX kernels may run: the CPU has AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24, 22)
 // beside AVX512-BF16, the OS saves the tile state (XCR0 bits 17, 18) and grants this process its
 // use (Linux arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once), and neither

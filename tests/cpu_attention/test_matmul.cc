@@ -2,6 +2,7 @@
 // its row thresholds), against a float64 loop, for every weight dtype and every compute mode, M
 // from 1 to 300 (the run-time dimension), with the widened-weight cache on and off.
 #include <omp.h>
+#include <xmmintrin.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -147,6 +148,107 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
   }
 }
 
+// The pair order (invariant_linear.h, InvariantLinearBf16) written out for one element, as the
+// header states it; the caller sets DAZ and FTZ.
+float PairOrderModel(const uint16_t* x, const uint16_t* w, int64_t k) {
+  const auto f = [](uint16_t b) { return BF16ToF32(b); };
+  const int64_t k32 = k - k % 32, k16 = k - k % 16;
+  float lanes[16] = {};
+  for (int64_t c = 0; c < k32; c += 32) {
+    for (int j = 0; j < 16; ++j) {
+      lanes[j] = std::fma(f(x[c + 2 * j + 1]), f(w[c + 2 * j + 1]), lanes[j]);
+      lanes[j] = std::fma(f(x[c + 2 * j]), f(w[c + 2 * j]), lanes[j]);
+    }
+  }
+  if (k16 > k32) {
+    for (int j = 0; j < 16; ++j) lanes[j] = std::fma(f(x[k32 + j]), f(w[k32 + j]), lanes[j]);
+  }
+  for (int s = 8; s >= 1; s >>= 1) {
+    for (int i = 0; i < s; ++i) lanes[i] += lanes[i + s];
+  }
+  float sum = lanes[0];
+  for (int64_t t = k16; t < k; ++t) sum = std::fma(f(x[t]), f(w[t]), sum);
+  return sum;
+}
+
+// bf16 compute: every path (each ISA level; on AVX-512, with and without vdpbf16ps where the CPU
+// has it) gives the model's bits, with products exact and sums rounded (float64 within K
+// roundings), and with denormal inputs and results flushed as vdpbf16ps flushes them. Shapes cover
+// K's whole chunks, a half chunk and a tail, K sliced (> 512), and the row counts of every path
+// (dot products, widened tiles, lane by lane).
+TEST_CASE("InvariantLinearBf16 gives the pair order's bits on every path") {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const Shape shapes[] = {
+      {1, 32, 1},     {3, 15, 5},    {5, 17, 7},     {4, 64, 4},     {9, 100, 13},  {70, 64, 300},
+      {2, 4096, 9},   {130, 33, 67}, {40, 1040, 37}, {17, 1300, 21}, {10, 48, 16},  {23, 4100, 40},
+      {48, 2048, 64}, {300, 50, 20}, {12, 7, 40},    {11, 0, 17},    {16, 560, 33}, {64, 2080, 48}};
+  for (bool tiny : {false, true}) {
+    for (const Shape& s : shapes) {
+      std::vector<uint16_t> x(s.m * s.k), w(s.n * s.k);
+      for (uint16_t& v : x) v = F32ToBF16(normal(rng));
+      for (uint16_t& v : w) v = F32ToBF16(normal(rng));
+      if (tiny) {  // products below f32's normal range, and denormal bf16 inputs
+        for (size_t i = 0; i < x.size(); i += 3) x[i] = F32ToBF16(normal(rng) * 1e-20f);
+        for (size_t i = 0; i < w.size(); i += 5) w[i] = F32ToBF16(normal(rng) * 1e-19f);
+        for (size_t i = 1; i < x.size(); i += 7) x[i] = static_cast<uint16_t>(1 + i % 0x7f);
+        for (size_t i = 2; i < w.size(); i += 11) w[i] = static_cast<uint16_t>(0x8001 + i % 0x7f);
+        // Whole rows of them, so that sums stay in the denormal range: x's first row tiny against
+        // w's first row tiny, x's last row denormal against every weight row.
+        for (int64_t t = 0; t < s.k; ++t) {
+          x[t] = F32ToBF16(normal(rng) * 1e-20f);
+          w[t] = F32ToBF16(normal(rng) * 1e-19f);
+          x[(s.m - 1) * s.k + t] = static_cast<uint16_t>((t % 2 ? 0x8000 : 0) + 1 + t % 0x7f);
+        }
+      }
+      std::vector<float> want(s.m * s.n);
+      {
+        const unsigned csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040);
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < s.n; ++j) {
+            want[i * s.n + j] = PairOrderModel(x.data() + i * s.k, w.data() + j * s.k, s.k);
+          }
+        }
+        _mm_setcsr(csr);
+      }
+      if (!tiny) {  // the model against float64 (no denormals here)
+        double err = 0, scale = 0;
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < s.n; ++j) {
+            double acc = 0, mag = 0;
+            for (int64_t t = 0; t < s.k; ++t) {
+              const double p = double(BF16ToF32(x[i * s.k + t])) * BF16ToF32(w[j * s.k + t]);
+              acc += p;
+              mag += std::abs(p);
+            }
+            err = std::max(err, std::abs(want[i * s.n + j] - acc));
+            scale = std::max(scale, mag);
+          }
+        }
+        CHECK(err <= 1e-6 * scale);
+      }
+      for (CpuIsa isa : SupportedCpuIsas()) {
+        for (bool vdpbf16ps : {false, true}) {
+          if (vdpbf16ps && (isa != CpuIsa::kAvx512 || !CpuAvx512Bf16Usable())) continue;
+          std::vector<float> y(s.m * s.n, std::nanf(""));
+          InvariantLinearBf16(isa, x.data(), s.m, s.k, w.data(), s.n, y.data(), vdpbf16ps);
+          INFO("isa " << CpuIsaName(isa) << " vdpbf16ps " << vdpbf16ps << " tiny " << tiny << " m "
+                      << s.m << " k " << s.k << " n " << s.n);
+          int64_t differ = 0;
+          for (size_t i = 0; i < y.size(); ++i) {
+            differ += std::memcmp(&y[i], &want[i], sizeof(float)) != 0;
+          }
+          CHECK(differ == 0);
+        }
+      }
+    }
+  }
+}
+
 // Hugging Face MXFP4 checkpoints (gpt-oss): the weights widened exactly, so the product is
 // InvariantLinear's over the dequantized f32 weights (engine/model/ggml_quants.h's DequantizeRow),
 // bit for bit at every ISA level: every code, and the exponents of subnormal (e 0, 1), tiny,
@@ -261,7 +363,7 @@ TEST_CASE("Matmul without batch invariance: each call's path by its size, on eve
     REQUIRE(fixed.ok());
     INFO("compute " << DTypeName(compute) << ": " << (*fast)->Describe());
     CHECK((*fixed)->PathFor(100000, DType::kBF16) == Matmul::Path::kInvariant);
-    CHECK((*fixed)->Describe() == "batch-invariant kernels");
+    CHECK((*fixed)->Describe().rfind("batch-invariant kernels", 0) == 0);
     for (DType wtype : {DType::kF32, DType::kBF16}) {
       const bool bf16 = compute == DType::kBF16 && wtype == DType::kBF16;
       const int64_t threshold = bf16 ? Matmul::kOneDnnBf16MinRows : Matmul::kOneDnnF32MinRows;
