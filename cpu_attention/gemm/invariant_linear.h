@@ -53,15 +53,22 @@ inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w,
 //   3. the K % 16 remaining products, fused into the sum in increasing t;
 //   all with denormal inputs read as zero and denormal results flushed to zero (MXCSR DAZ and FTZ,
 //   which vdpbf16ps always applies; set on each working thread for the call and restored).
-// Same bits at every ISA level and with or without AVX512-BF16. `vdpbf16ps`: run on it where
-// `isa` is kAvx512 and CpuAvx512Bf16Usable() (4 x 4 blocks, operands read in place: twice the f32
-// FMA's multiply-adds per instruction); elsewhere, or false, the activations are widened and
-// permuted per 32-element chunk (odd elements, then even) into a buffer of the calling thread
-// (m·k·4 bytes, kept for the next call) and InvariantLinear's tiles run on them with the weights
-// read in the same permuted order (a pair = two f32 FMAs, odd first). Threading and tiles as
-// InvariantLinear.
+// Same bits at every ISA level and with or without AVX512-BF16. `vdpbf16ps` true: run on that
+// instruction where `isa` is kAvx512 and CpuAvx512Bf16Usable() (4 x 4 blocks, operands read in
+// place: twice the f32 FMA's multiply-adds per instruction); false, or elsewhere: the activations
+// are widened and permuted per 32-element chunk (odd elements, then even) into a buffer of the
+// calling thread (m·k·4 bytes, kept for the next call) and InvariantLinear's tiles run on them with
+// the weights read in the same permuted order (a pair = two f32 FMAs, odd first). Threading and
+// tiles as InvariantLinear.
 void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w,
-                         int64_t n, float* y, bool vdpbf16ps = true);
+                         int64_t n, float* y, bool vdpbf16ps);
+
+// The same, on vdpbf16ps where it is the faster path on this CPU (runtime/cpu_isa.h,
+// CpuVdpbf16psPays()).
+inline void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k,
+                                const uint16_t* w, int64_t n, float* y) {
+  InvariantLinearBf16(isa, x, m, k, w, n, y, isa == CpuIsa::kAvx512 && CpuVdpbf16psPays());
+}
 
 // The same product with W [n, k] in ggml's MXFP4 blocks (n rows of k / 32 blocks of 17 bytes:
 // an E8M0 exponent e, then 16 bytes of 4-bit codes q; element value kvalues_mxfp4[q] · 2^(e - 128),

@@ -1,5 +1,6 @@
 // InvariantLinearBf16's tiles on AVX512-BF16 (compiled with AVX-512 F/BW/DQ + BF16 flags; run only
-// where CPUID has avx512_bf16, e.g. AMD Zen 4, Intel Cooper Lake and Sapphire Rapids on). One
+// where CPUID has avx512_bf16, by default only where the instruction measures faster than the f32
+// FMAs: AMD Zen 4, not the Sapphire Rapids VMs, runtime/cpu_isa.h CpuVdpbf16psPays()). One
 // vdpbf16ps per 32 bf16 activations and weights is step 1 of the pair order (invariant_linear.h):
 // lane j += x[2j+1]·w[2j+1], then += x[2j]·w[2j], products exact, each addition rounded to nearest
 // even, denormal inputs and results flushed to zero (Intel SDM, VDPBF16PS; measured on Zen 4,

@@ -96,7 +96,7 @@ std::string Matmul::Describe() const {
     if (compute_dtype_ != DType::kBF16) return "batch-invariant kernels";
     return absl::StrCat(
         "batch-invariant kernels (bf16 weights in the pair order, on ",
-        SelectedCpuIsa() == CpuIsa::kAvx512 && CpuAvx512Bf16Usable() ? "vdpbf16ps)" : "f32 FMAs)");
+        SelectedCpuIsa() == CpuIsa::kAvx512 && CpuVdpbf16psPays() ? "vdpbf16ps)" : "f32 FMAs)");
   }
   const std::string f32 = absl::StrCat("batch-invariant kernels below ", kOneDnnF32MinRows,
                                        " rows, oneDNN f32 from ", kOneDnnF32MinRows);

@@ -19,8 +19,9 @@
 // result is bitwise the same whatever else shares the call; f32 compute reads the weights in place
 // with our kernels; bf16 compute with bf16 weights rounds the activations to bf16 first (as
 // oneDNN's bf16 mode does) and accumulates bf16·bf16 products, exact in f32, in vdpbf16ps's pair
-// order (InvariantLinearBf16): on vdpbf16ps where the CPU has AVX512-BF16 (about twice the f32
-// kernels' GFLOP/s from 8 rows, docs/performance.md), on f32 FMAs with the same bits elsewhere.
+// order (InvariantLinearBf16): on vdpbf16ps where the CPU has AVX512-BF16 and it is the faster
+// path (CpuVdpbf16psPays(): on Zen 4 about twice the f32 kernels' GFLOP/s from 8 rows; on Sapphire
+// Rapids VMs slower than them, docs/performance.md), on f32 FMAs with the same bits elsewhere.
 // Otherwise (batch_invariant false) each call takes the faster path for its size (PathFor), so no
 // setting is slower than the default: decode-sized calls stay on the batch-invariant kernels, which
 // stream bf16 weights in place (1.5-3x faster than oneDNN f32 on a widened copy at M <= 32,

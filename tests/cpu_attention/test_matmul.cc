@@ -231,13 +231,19 @@ TEST_CASE("InvariantLinearBf16 gives the pair order's bits on every path") {
         }
         CHECK(err <= 1e-6 * scale);
       }
+      // The explicit paths (vdpbf16ps off, on where usable) and the default choice (2).
       for (CpuIsa isa : SupportedCpuIsas()) {
-        for (bool vdpbf16ps : {false, true}) {
-          if (vdpbf16ps && (isa != CpuIsa::kAvx512 || !CpuAvx512Bf16Usable())) continue;
+        for (int path : {0, 1, 2}) {
+          if (path == 1 && (isa != CpuIsa::kAvx512 || !CpuAvx512Bf16Usable())) continue;
+          const bool vdpbf16ps = path == 1;
           std::vector<float> y(s.m * s.n, std::nanf(""));
-          InvariantLinearBf16(isa, x.data(), s.m, s.k, w.data(), s.n, y.data(), vdpbf16ps);
-          INFO("isa " << CpuIsaName(isa) << " vdpbf16ps " << vdpbf16ps << " tiny " << tiny << " m "
-                      << s.m << " k " << s.k << " n " << s.n);
+          if (path == 2) {
+            InvariantLinearBf16(isa, x.data(), s.m, s.k, w.data(), s.n, y.data());
+          } else {
+            InvariantLinearBf16(isa, x.data(), s.m, s.k, w.data(), s.n, y.data(), vdpbf16ps);
+          }
+          INFO("isa " << CpuIsaName(isa) << " path " << path << " tiny " << tiny << " m " << s.m
+                      << " k " << s.k << " n " << s.n);
           int64_t differ = 0;
           for (size_t i = 0; i < y.size(); ++i) {
             differ += std::memcmp(&y[i], &want[i], sizeof(float)) != 0;
@@ -247,6 +253,8 @@ TEST_CASE("InvariantLinearBf16 gives the pair order's bits on every path") {
       }
     }
   }
+  // The default takes vdpbf16ps only where the CPU can run it.
+  CHECK((!CpuVdpbf16psPays() || CpuAvx512Bf16Usable()));
 }
 
 // Hugging Face MXFP4 checkpoints (gpt-oss): the weights widened exactly, so the product is
