@@ -66,12 +66,11 @@ int Main() {
                         {"oneDNN bf16", DType::kBF16, false},
                         {"batch-invariant f32", DType::kF32, true},
                         {"batch-invariant bf16", DType::kBF16, true}};
-  std::printf("weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s, batch-invariant bf16 on %s\n",
-              static_cast<long>(n), static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
-              CpuIsaName(SelectedCpuIsa()),
-              SelectedCpuIsa() == CpuIsa::kAvx512 && CpuVdpbf16psPays()
-                  ? "vdpbf16ps"
-                  : "f32 FMAs (a pair = two, odd first)");
+  std::printf(
+      "weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s, batch-invariant bf16 on %s\n",
+      static_cast<long>(n), static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
+      CpuIsaName(SelectedCpuIsa()),
+      Bf16OnVdpbf16ps(SelectedCpuIsa()) ? "vdpbf16ps" : "f32 FMAs (a pair = two, odd first)");
   std::printf("%-30s %6s %12s %10s %12s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s");
   for (const Form& f : forms) {
     auto mm = Matmul::Create(f.compute, int64_t{4} << 30, f.invariant);

@@ -63,11 +63,14 @@ inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w,
 void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w,
                          int64_t n, float* y, bool vdpbf16ps);
 
-// The same, on vdpbf16ps where it is the faster path on this CPU (runtime/cpu_isa.h,
-// CpuVdpbf16psPays()).
+// Whether InvariantLinearBf16 at `isa` runs on vdpbf16ps by default: kAvx512 and the instruction
+// is the faster path on this CPU (runtime/cpu_isa.h, CpuVdpbf16psPays()).
+inline bool Bf16OnVdpbf16ps(CpuIsa isa) { return isa == CpuIsa::kAvx512 && CpuVdpbf16psPays(); }
+
+// The same, on the default path (Bf16OnVdpbf16ps).
 inline void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k,
                                 const uint16_t* w, int64_t n, float* y) {
-  InvariantLinearBf16(isa, x, m, k, w, n, y, isa == CpuIsa::kAvx512 && CpuVdpbf16psPays());
+  InvariantLinearBf16(isa, x, m, k, w, n, y, Bf16OnVdpbf16ps(isa));
 }
 
 // The same product with W [n, k] in ggml's MXFP4 blocks (n rows of k / 32 blocks of 17 bytes:

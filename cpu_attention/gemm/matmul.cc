@@ -94,9 +94,8 @@ Matmul::Path Matmul::PathFor(int64_t m, DType w_dtype) const {
 std::string Matmul::Describe() const {
   if (batch_invariant_) {
     if (compute_dtype_ != DType::kBF16) return "batch-invariant kernels";
-    return absl::StrCat(
-        "batch-invariant kernels (bf16 weights in the pair order, on ",
-        SelectedCpuIsa() == CpuIsa::kAvx512 && CpuVdpbf16psPays() ? "vdpbf16ps)" : "f32 FMAs)");
+    return absl::StrCat("batch-invariant kernels (bf16 weights in the pair order, on ",
+                        Bf16OnVdpbf16ps(SelectedCpuIsa()) ? "vdpbf16ps)" : "f32 FMAs)");
   }
   const std::string f32 = absl::StrCat("batch-invariant kernels below ", kOneDnnF32MinRows,
                                        " rows, oneDNN f32 from ", kOneDnnF32MinRows);

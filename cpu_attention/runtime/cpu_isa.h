@@ -33,13 +33,14 @@ bool CpuAvx512Bf16Usable();
 
 // Whether InvariantLinearBf16 runs on vdpbf16ps by default: CpuAvx512Bf16Usable() and the
 // instruction does more multiply-adds per second than the f32 FMA path it replaces, measured once
-// per process (about 5 ms on first use): 12 independent accumulators of each instruction in
-// registers, best of 3 interleaved rounds, and vdpbf16ps taken when its 32 multiply-adds per
-// instruction run at >= 1.2x vfmadd231ps's 16. Both paths give the same bits, so only speed
-// depends on it. Why: on AMD Zen 4 vdpbf16ps issues as fast as an FMA (2x the multiply-adds); on
-// the Sapphire Rapids VMs of this project it issues at under a third of the FMA's rate (0.88x the
-// multiply-adds), where the f32 path is 1.3-1.8x faster (docs/performance.md). MOEBATCH_CPU_BF16=1
-// takes vdpbf16ps wherever it is usable, =0 never. Logs the rates and the choice (spdlog info).
+// per process (about 1 ms, on the first call's thread): 12 independent accumulators of each
+// instruction in registers, best of 3 interleaved rounds, and vdpbf16ps taken when its 32
+// multiply-adds per instruction run at >= 1.2x vfmadd231ps's 16. Both paths give the same bits, so
+// only speed depends on it. Why: on AMD Zen 4 vdpbf16ps issues as fast as an FMA (2x the
+// multiply-adds); on the Sapphire Rapids VMs of this project at a quarter of the FMA's rate (1.16
+// against 4.63 G/s: 0.50x the multiply-adds), where the f32 path is 1.3-1.8x faster
+// (docs/performance.md). MOEBATCH_CPU_BF16=1 takes vdpbf16ps wherever it is usable, =0 never. Logs
+// the rates and the choice (spdlog info). Thread-safe (a function-local static).
 bool CpuVdpbf16psPays();
 
 // Whether the AMX kernels may run: the CPU has AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24, 22)
