@@ -21,12 +21,16 @@
 #include "absl/strings/str_split.h"
 #include "cpu_attention/gemm/invariant_linear.h"
 #include "cpu_attention/gemm/matmul.h"
+#include "cpu_attention/runtime/host_roof.h"
 #include "engine/tools/program_flags.h"
 
 ABSL_FLAG(int64_t, k, 4096, "in_features (Mixtral-8x7B w1/w3: hidden 4096)");
 ABSL_FLAG(int64_t, n, 14336, "out_features (Mixtral-8x7B w1/w3: intermediate 14336)");
 ABSL_FLAG(std::string, m, "1,8,32,128,512", "comma-separated token counts");
 ABSL_FLAG(int, reps, 5, "timed calls per point (after one warm-up call); the best is reported");
+ABSL_FLAG(std::string, forms, "onednn_f32,onednn_bf16,invariant_f32,invariant_bf16",
+          "comma-separated forms to time, of onednn_f32, onednn_bf16, invariant_f32 and "
+          "invariant_bf16");
 
 namespace moebatch {
 namespace {
@@ -58,20 +62,38 @@ int Main() {
   for (float& v : x) v = normal(rng);
 
   struct Form {
+    const char* flag;
     const char* name;
     DType compute;
     bool invariant;
   };
-  const Form forms[] = {{"oneDNN f32 (widened weights)", DType::kF32, false},
-                        {"oneDNN bf16", DType::kBF16, false},
-                        {"batch-invariant f32", DType::kF32, true},
-                        {"batch-invariant bf16", DType::kBF16, true}};
+  const Form all_forms[] = {{"onednn_f32", "oneDNN f32 (widened weights)", DType::kF32, false},
+                            {"onednn_bf16", "oneDNN bf16", DType::kBF16, false},
+                            {"invariant_f32", "batch-invariant f32", DType::kF32, true},
+                            {"invariant_bf16", "batch-invariant bf16", DType::kBF16, true}};
+  std::vector<Form> forms;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_forms), ',')) {
+    const Form* found = nullptr;
+    for (const Form& f : all_forms) {
+      if (part == f.flag) found = &f;
+    }
+    if (found == nullptr) {
+      std::fprintf(stderr, "--forms: unknown form '%s'\n", std::string(part).c_str());
+      return 2;
+    }
+    forms.push_back(*found);
+  }
+  // The f32 FMA peak of the pool's threads (host_roof.h), for each figure's share of it.
+  const FmaPeak peak = MeasureFmaPeak();
   std::printf(
       "weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s, batch-invariant bf16 on %s\n",
       static_cast<long>(n), static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
       CpuIsaName(SelectedCpuIsa()),
       Bf16OnVdpbf16ps(SelectedCpuIsa()) ? "vdpbf16ps" : "f32 FMAs (a pair = two, odd first)");
-  std::printf("%-30s %6s %12s %10s %12s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s");
+  std::printf("f32 FMA peak of these threads (%s): %.1f GFLOP/s\n", peak.isa.c_str(),
+              peak.flops_per_s / 1e9);
+  std::printf("%-30s %6s %12s %10s %12s %8s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s",
+              "of peak");
   for (const Form& f : forms) {
     auto mm = Matmul::Create(f.compute, int64_t{4} << 30, f.invariant);
     if (!mm.ok()) {
@@ -92,8 +114,10 @@ int Main() {
       }
       // Weight bytes the form reads: f32 copies for oneDNN f32, bf16 in place otherwise.
       const double wbytes = double(n) * k * (f.compute == DType::kF32 && !f.invariant ? 4 : 2);
-      std::printf("%-30s %6ld %12.3f %10.1f %12.1f\n", f.name, static_cast<long>(m), best * 1e3,
-                  2.0 * m * n * k / best / 1e9, wbytes / best / 1e9);
+      const double flops = 2.0 * m * n * k / best;
+      std::printf("%-30s %6ld %12.3f %10.1f %12.1f %7.0f%%\n", f.name, static_cast<long>(m),
+                  best * 1e3, flops / 1e9, wbytes / best / 1e9,
+                  peak.flops_per_s > 0 ? 100.0 * flops / peak.flops_per_s : 0.0);
     }
   }
   return 0;
@@ -103,8 +127,9 @@ int Main() {
 }  // namespace moebatch
 
 int main(int argc, char** argv) {
-  moebatch::ParseProgramFlags(argc, argv,
-                              "bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5]\n"
-                              "The CPU dense layer in its four forms.");
+  moebatch::ParseProgramFlags(
+      argc, argv,
+      "bench_linear [--k 4096 --n 14336 --m 1,8,32,128,512 --reps 5 --forms ...]\n"
+      "The CPU dense layer in its four forms.");
   return moebatch::Main();
 }

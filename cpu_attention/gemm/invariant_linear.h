@@ -15,8 +15,8 @@
 // layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or
 // k may be 0 (k 0: y is zeros).
 // Paths (same bits): few rows, a dot product per element over the weights in place
-// (invariant_linear_kernel.h); on AVX2, calls of 10 or more rows lane by lane, register-blocked
-// over packed copies (invariant_linear_lanes.h).
+// (invariant_linear_kernel.h); calls of 10 or more rows on AVX2, 32 or more on AVX-512, lane by
+// lane, register-blocked over packed copies (invariant_linear_lanes.h).
 // Threading: parallel over (row tile, weight-row tile) on the calling thread's OpenMP pool; each
 // output element is computed whole by one thread. Reentrant. Memory: per thread, scratch for one
 // tile's packed weights and partial sums (under 2 MB at K 14,336); on the lane path, a lane-major

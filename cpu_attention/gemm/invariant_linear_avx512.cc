@@ -68,12 +68,14 @@ struct CV : LanePacking {
 TileFn Avx512Tile(WForm w_form) { return avx512::TileFor<avx512::V, 4, 4>(w_form); }
 
 // 8 rows x 32 columns: 16 accumulators, 2 weight vectors and a broadcast; per step 2 loads and 8
-// broadcasts for 16 FMAs. From 16 rows. Zen 4 (2 cores, [14336, 4096] bf16, f32 FMA peak 233
+// broadcasts for 16 FMAs. From 32 rows. Zen 4 (2 cores, [14336, 4096] bf16, f32 FMA peak 233
 // GFLOP/s), against 6 x 64, 12 x 32, 14 x 32 and 8 x 48 blocks: 8 x 32 was the fastest at every M
-// from 16 to 512 (M = 512: 202 GFLOP/s; 12 x 32 193, 6 x 64 198); the dot-product tiles win below
-// 16 rows (14 rows: 10.4 ms vs 16.8 ms lane by lane; 16 rows 17.2 vs 16.7).
+// from 16 to 512 (M = 512: 202 GFLOP/s; 12 x 32 193, 6 x 64 198). The dot-product tiles win below
+// 32 rows: on a Sapphire Rapids VM (same shape, the two paths interleaved in one process, best of
+// 5) 17.7 against 23.2 ms at 16 rows, 29.4 against 31.9 at 24, even at 32 (34.1 / 31.1 f32, 33.2 /
+// 35.6 bf16 pairs), 48.7 against 38.5 at 48.
 LaneKernel Avx512LaneKernel(WForm w_form) {
-  return avx512::LaneKernelFor<avx512::CV, 8, 2>(w_form, 16);
+  return avx512::LaneKernelFor<avx512::CV, 8, 2>(w_form, 32);
 }
 
 }  // namespace invariant_linear_internal

@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "cpu_attention/gemm/invariant_linear_internal.h"
 #include "engine/model/dtype.h"
@@ -74,25 +73,19 @@ inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, 
   return acc;
 }
 
-// Steps [t0, t1) (multiples of 16, t1 <= K16) of y[r, c] for r < MR rows of x (row stride k) and
-// c < NR rows of w (row stride ldw >= k). part == nullptr: the whole of step 1 in registers, then
-// steps 2-3 into y (row stride ldy). Otherwise the accumulators come from part[r * ldp + c] (zero
-// when t0 is 0) and go back there, or, when t1 is K16, on to steps 2-3: storing and reloading them
-// is exact, so a K-blocked element gets the same bits as a whole one.
+// y[r, c] for r < MR rows of x (row stride k) and c < NR rows of w (row stride ldw >= k), steps
+// 1-3 whole, the accumulators in registers; y row stride ldy.
 template <class V, WForm WD, int MR, int NR>
-void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t0, int64_t t1,
-           V* part, int64_t ldp, float* y, int64_t ldy) {
+void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, float* y, int64_t ldy) {
   const int64_t k16 = k - k % 16;
   V acc[MR][NR];
   for (int r = 0; r < MR; ++r) {
-    for (int c = 0; c < NR; ++c) {
-      acc[r][c] = part == nullptr || t0 == 0 ? V::Zero() : part[r * ldp + c];
-    }
+    for (int c = 0; c < NR; ++c) acc[r][c] = V::Zero();
   }
-  // The pair order's whole 32-element chunks (t0 then a multiple of 32): steps t and t + 16 take
-  // the chunk's odd weights, then its even ones; x comes permuted to match (PermutePairs32).
-  const int64_t tp = WD == WForm::kBF16Pairs ? std::min(t1, std::max(t0, k - k % 32)) : t0;
-  for (int64_t t = t0; t < tp; t += 32) {
+  // The pair order's whole 32-element chunks: steps t and t + 16 take the chunk's odd weights,
+  // then its even ones; x comes permuted to match (PermutePairs32).
+  const int64_t tp = WD == WForm::kBF16Pairs ? k - k % 32 : 0;
+  for (int64_t t = 0; t < tp; t += 32) {
     for (int half = 0; half < 2; ++half) {
       V wv[NR];
       for (int c = 0; c < NR; ++c) {
@@ -106,19 +99,13 @@ void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t t
       }
     }
   }
-  for (int64_t t = tp; t < t1; t += 16) {
+  for (int64_t t = tp; t < k16; t += 16) {
     V wv[NR];
     for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
     for (int r = 0; r < MR; ++r) {
       const V xv = V::LoadX(x + r * k + t);
       for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
     }
-  }
-  if (part != nullptr && t1 < k16) {
-    for (int r = 0; r < MR; ++r) {
-      for (int c = 0; c < NR; ++c) part[r * ldp + c] = acc[r][c];
-    }
-    return;
   }
   for (int r = 0; r < MR; ++r) {
     for (int c = 0; c < NR; ++c) {
@@ -156,75 +143,25 @@ inline void BlockMrNr(int mr, int nr, Args... args) {
   }
 }
 
-// Steps [t0, t1) of a rows x cols tile: x at its first row, w at its first weight row (row stride
-// ldw), y at its corner, part [rows, cols] accumulators or nullptr (see Block).
-template <class V, WForm WD, int MR_MAX, int NR_MAX>
-void Blocks(const float* x, int64_t rows, int64_t k, const WElem<WD>* w, int64_t ldw, int64_t cols,
-            int64_t t0, int64_t t1, V* part, float* y, int64_t ldy) {
-  for (int64_t i = 0; i < rows; i += MR_MAX) {
-    const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, rows - i));
-    for (int64_t j = 0; j < cols; j += NR_MAX) {
-      const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, cols - j));
-      V* p = part == nullptr ? nullptr : part + i * cols + j;
-      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * ldw, ldw, t0, t1, p, cols,
-                                       y + i * ldy + j, ldy);
-    }
-  }
-}
-
-// Tiles of at least this many rows widen bf16/f16 weights into an f32 buffer first and block K.
-constexpr int64_t kManyRows = 16;
-// K slice (multiple of 16) and column group of the K-blocked path (see Tile).
-constexpr int64_t kKBlock = 512;
-constexpr int64_t kSubCols = 16;
-
-// y[m0:m1, n0:n1] of y [*, ldy]: x rows m0.. (stride k), w rows n0.. (stride k). MR_MAX, NR_MAX
-// <= 4. kBF16Pairs: x permuted (PermutePairs32), w bf16 in K order.
+// y[m0:m1, n0:n1] of y [*, ldy]: x rows m0.. (stride k), w rows n0.. (stride k), MR_MAX x NR_MAX
+// blocks (<= 4 x 4), each over the whole of K with the weights read in place and widened in
+// registers. The caller's tiles keep a tile's weight rows within L2 (invariant_linear.cc), so a
+// block of rows reads them from memory once and the next blocks from L2. (An f32 copy of a tile's
+// widened weights with K sliced through L1 measured 1.3-1.4x slower at 16-48 rows on a Sapphire
+// Rapids VM, and so did a copy per K slice streamed with prefetches: docs/performance.md.)
+// kBF16Pairs: x permuted (PermutePairs32), w bf16 in K order.
 template <class V, WForm WD, int MR_MAX, int NR_MAX>
 void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
           int64_t n1, float* y, int64_t ldy) {
   const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
   x += m0 * k;
   y += m0 * ldy + n0;
-  const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16;
-  if (rows < kManyRows) {  // few rows: the weights stream through once, whole K per block
-    return Blocks<V, WD, MR_MAX, NR_MAX>(x, rows, k, w, k, cols, 0, k16, nullptr, y, ldy);
-  }
-  // Many rows: copy the tile's weights, widened to f32 (exact), once, rather than convert them in
-  // every block's inner loop, where the conversions would compete with the FMAs for ports; then
-  // block K so that the slices the inner loop reads stay in L1. Same bits either way.
-  // The copy's rows are 16 floats longer than K: with K a multiple of 1024, rows exactly 4 KiB
-  // multiples apart would all map to the same L1 sets and evict each other.
-  const int64_t ldw = k + 16;
-  thread_local std::vector<float> wide;
-  wide.resize(static_cast<size_t>(cols * ldw));
-  for (int64_t j = 0; j < cols; ++j) {
-    const WElem<WD>* src = w + j * k;
-    float* dst = wide.data() + j * ldw;
-    int64_t t = 0;
-    if constexpr (WD == WForm::kBF16Pairs) {  // the copy permuted as x is: f32 order then applies
-      for (; t < k - k % 32; t += 32) {
-        V::Store(V::LoadOdd(src + t), dst + t);
-        V::Store(V::LoadEven(src + t), dst + t + 16);
-      }
-    }
-    for (; t < k16; t += 16) V::Store(V::template LoadW<WD>(src + t), dst + t);
-    for (int64_t t = k16; t < k; ++t) dst[t] = ScalarW<WD>(src + t);
-  }
-  const float* wf = wide.data();
-  if (k16 <= kKBlock) {
-    return Blocks<V, WForm::kF32, MR_MAX, NR_MAX>(x, rows, k, wf, ldw, cols, 0, k16, nullptr, y,
-                                                  ldy);
-  }
-  // Columns kSubCols at a time, K in kKBlock slices: one slice of those columns' weights
-  // (kSubCols x kKBlock f32, 32 KiB) stays in L1 while every block of rows passes over it.
-  thread_local std::vector<V> part;
-  part.resize(static_cast<size_t>(rows * kSubCols));
-  for (int64_t c0 = 0; c0 < cols; c0 += kSubCols) {
-    const int64_t sub = std::min(kSubCols, cols - c0);
-    for (int64_t t0 = 0; t0 < k16; t0 += kKBlock) {
-      Blocks<V, WForm::kF32, MR_MAX, NR_MAX>(x, rows, k, wf + c0 * ldw, ldw, sub, t0,
-                                             std::min(k16, t0 + kKBlock), part.data(), y + c0, ldy);
+  const int64_t rows = m1 - m0, cols = n1 - n0;
+  for (int64_t i = 0; i < rows; i += MR_MAX) {
+    const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, rows - i));
+    for (int64_t j = 0; j < cols; j += NR_MAX) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, cols - j));
+      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * k, k, y + i * ldy + j, ldy);
     }
   }
 }

@@ -88,9 +88,9 @@ TEST_CASE("Matmul::Create refuses a compute dtype it does not have") {
 
 // invariant_linear.h: the fixed-order kernel at every ISA level this CPU has, against float64 and
 // against each other bit for bit; K not a multiple of 16 (the scalar tail), edge blocks in M and N,
-// tiles of 16+ rows with K > 512 (K sliced, partial sums parked between slices); on AVX2 the calls
-// of 10+ rows go lane by lane (invariant_linear_lanes.h): rows not a multiple of its 6-row blocks,
-// columns not a multiple of its 16-column panels, whole panels with no tail (stored straight),
+// dot-product tiles of up to 31 rows over long K (17 and 23 rows); the calls of 10+ rows on AVX2
+// and 32+ on AVX-512 go lane by lane (invariant_linear_lanes.h): rows not a multiple of its 6- or
+// 8-row blocks, columns not a multiple of its panels, whole panels with no tail (stored straight),
 // K over 2,048 (lane sums parked between K slices), more than one tile of rows (over 256), K
 // under 16 (no lane steps at all).
 TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA level") {
@@ -99,11 +99,12 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
   struct Shape {
     int64_t m, k, n;
   };
-  const Shape shapes[] = {{1, 1, 1},      {3, 15, 5},     {5, 17, 7},     {4, 64, 4},
-                          {9, 100, 13},   {70, 64, 300},  {2, 4096, 9},   {130, 33, 67},
-                          {40, 1040, 37}, {17, 1300, 21},  // these two: K in slices
-                          {10, 16, 16},   {23, 4100, 40}, {48, 2048, 64}, {300, 48, 20},
-                          {12, 7, 40},    {11, 0, 17}};  // these two: K < 16, only the tail
+  const Shape shapes[] = {{1, 1, 1},      {3, 15, 5},    {5, 17, 7},
+                          {4, 64, 4},     {9, 100, 13},  {70, 64, 300},
+                          {2, 4096, 9},   {130, 33, 67}, {40, 1040, 37},
+                          {17, 1300, 21}, {10, 16, 16},  {23, 4100, 40},
+                          {48, 2048, 64}, {300, 48, 20}, {12, 7, 40},
+                          {11, 0, 17}};  // these two: K < 16, only the tail
   for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       std::vector<float> x(s.m * s.k), w32(s.n * s.k);
@@ -174,8 +175,8 @@ float PairOrderModel(const uint16_t* x, const uint16_t* w, int64_t k) {
 // bf16 compute: every path (each ISA level; on AVX-512, with and without vdpbf16ps where the CPU
 // has it) gives the model's bits, with products exact and sums rounded (float64 within K
 // roundings), and with denormal inputs and results flushed as vdpbf16ps flushes them. Shapes cover
-// K's whole chunks, a half chunk and a tail, K sliced (> 512), and the row counts of every path
-// (dot products, widened tiles, lane by lane).
+// K's whole chunks, a half chunk and a tail, long K (> 512), and the row counts of every path
+// (dot products, lane by lane).
 TEST_CASE("InvariantLinearBf16 gives the pair order's bits on every path") {
   std::mt19937 rng(17);
   std::normal_distribution<float> normal;
