@@ -48,10 +48,6 @@ struct V {
   static V Fma(const V& a, const V& b, const V& acc) {
     return {_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)};
   }
-  static void Store(const V& a, float* p) {
-    _mm256_storeu_ps(p, a.lo);
-    _mm256_storeu_ps(p + 8, a.hi);
-  }
   // TreeSum's pairs: i + (i+8), then TreeSum8.
   static float Reduce(const V& a) { return TreeSum8(_mm256_add_ps(a.lo, a.hi)); }
 };

@@ -38,7 +38,6 @@ struct V {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))};
   }
   static V Fma(const V& a, const V& b, const V& acc) { return {_mm512_fmadd_ps(a.v, b.v, acc.v)}; }
-  static void Store(const V& a, float* p) { _mm512_storeu_ps(p, a.v); }
   // TreeSum's pairs: i + (i+8), then TreeSum8.
   static float Reduce(const V& a) {
     return TreeSum8(_mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)));

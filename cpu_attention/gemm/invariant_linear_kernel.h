@@ -6,8 +6,8 @@
 // V must provide (16 f32 lanes): Zero(), LoadX(const float*), LoadW(const W*) for W = float
 // (f32) and uint16_t (bf16 or f16 through the WForm template argument; kBF16Pairs loads as kBF16),
 // LoadOdd(const uint16_t* p) / LoadEven(const uint16_t* p) = the bf16 elements p[2j + 1] / p[2j]
-// (j < 16) widened, Fma(a, b, acc) = one rounding of a·b + acc per lane, Store(V, float*), and
-// Reduce(V) = step 2's tree (TreeSum's additions, pair for pair, in registers).
+// (j < 16) widened, Fma(a, b, acc) = one rounding of a·b + acc per lane, and Reduce(V) = step 2's
+// tree (TreeSum's additions, pair for pair, in registers).
 //
 // Every output element goes through Block's sequence (invariant_linear.h, steps 1-3) whatever the
 // block shape MR x NR it falls in, so edge blocks give the same bits as full ones.

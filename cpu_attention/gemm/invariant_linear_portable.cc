@@ -40,9 +40,6 @@ struct V {
     for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], acc.v[i]);
     return r;
   }
-  static void Store(const V& a, float* p) {
-    for (int i = 0; i < 16; ++i) p[i] = a.v[i];
-  }
   static float Reduce(V a) { return TreeSum(a.v); }
 };
 
