@@ -83,17 +83,19 @@ int Main() {
     }
     forms.push_back(*found);
   }
-  // The f32 FMA peak of the pool's threads (host_roof.h), for each figure's share of it.
-  const FmaPeak peak = MeasureFmaPeak();
   std::printf(
       "weights [%ld, %ld] bf16 (%.1f MB), %d threads, ISA %s, batch-invariant bf16 on %s\n",
       static_cast<long>(n), static_cast<long>(k), n * k * 2 / 1e6, omp_get_max_threads(),
       CpuIsaName(SelectedCpuIsa()),
       Bf16OnVdpbf16ps(SelectedCpuIsa()) ? "vdpbf16ps" : "f32 FMAs (a pair = two, odd first)");
-  std::printf("f32 FMA peak of these threads (%s): %.1f GFLOP/s\n", peak.isa.c_str(),
-              peak.flops_per_s / 1e9);
-  std::printf("%-30s %6s %12s %10s %12s %8s\n", "form", "M", "ms/call", "GFLOP/s", "weight GB/s",
-              "of peak");
+  // Each timed call is paired with the f32 FMA peak of the pool's threads (host_roof.h) measured
+  // right before it; "of peak" is the median of the pairs' ratios: on a VM whose speed moves
+  // within minutes, a peak measured once would judge later calls against another machine.
+  std::printf("%-30s %6s %12s %10s %12s %8s  %s\n", "form", "M", "ms/call", "GFLOP/s",
+              "weight GB/s", "of peak",
+              "(paired: median ratio of each call to the FMA peak measured before it; range)");
+  double peak_lo = 1e30, peak_hi = 0;
+  std::string peak_isa;
   for (const Form& f : forms) {
     auto mm = Matmul::Create(f.compute, int64_t{4} << 30, f.invariant);
     if (!mm.ok()) {
@@ -102,7 +104,9 @@ int Main() {
     }
     for (int64_t m : ms) {
       double best = 1e30;
+      std::vector<double> ratios;
       for (int r = 0; r <= absl::GetFlag(FLAGS_reps); ++r) {
+        const FmaPeak peak = r > 0 ? MeasureFmaPeak() : FmaPeak{};
         const double t0 = Now();
         auto st = (*mm)->Linear(x.data(), m, k, w.data(), DType::kBF16, n, y.data());
         const double dt = Now() - t0;
@@ -110,15 +114,32 @@ int Main() {
           std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
           return 1;
         }
-        if (r > 0) best = std::min(best, dt);  // r 0: warm-up (and oneDNN's widening)
+        if (r == 0) continue;  // warm-up (and oneDNN's widening)
+        best = std::min(best, dt);
+        if (peak.flops_per_s > 0) {
+          ratios.push_back(2.0 * m * n * k / dt / peak.flops_per_s);
+          peak_lo = std::min(peak_lo, peak.flops_per_s);
+          peak_hi = std::max(peak_hi, peak.flops_per_s);
+          peak_isa = peak.isa;
+        }
       }
+      std::sort(ratios.begin(), ratios.end());
       // Weight bytes the form reads: f32 copies for oneDNN f32, bf16 in place otherwise.
       const double wbytes = double(n) * k * (f.compute == DType::kF32 && !f.invariant ? 4 : 2);
       const double flops = 2.0 * m * n * k / best;
-      std::printf("%-30s %6ld %12.3f %10.1f %12.1f %7.0f%%\n", f.name, static_cast<long>(m),
-                  best * 1e3, flops / 1e9, wbytes / best / 1e9,
-                  peak.flops_per_s > 0 ? 100.0 * flops / peak.flops_per_s : 0.0);
+      std::printf("%-30s %6ld %12.3f %10.1f %12.1f", f.name, static_cast<long>(m), best * 1e3,
+                  flops / 1e9, wbytes / best / 1e9);
+      if (ratios.empty()) {
+        std::printf(" %8s\n", "-");
+      } else {
+        std::printf(" %7.0f%%  (%.0f-%.0f%%)\n", 100.0 * ratios[ratios.size() / 2],
+                    100.0 * ratios.front(), 100.0 * ratios.back());
+      }
     }
+  }
+  if (peak_hi > 0) {
+    std::printf("f32 FMA peak of these threads (%s), paired measurements: %.1f-%.1f GFLOP/s\n",
+                peak_isa.c_str(), peak_lo / 1e9, peak_hi / 1e9);
   }
   return 0;
 }
