@@ -148,7 +148,8 @@ inline void BlockMrNr(int mr, int nr, Args... args) {
 // registers. The caller's tiles keep a tile's weight rows within L2 (invariant_linear.cc), so a
 // block of rows reads them from memory once and the next blocks from L2. (An f32 copy of a tile's
 // widened weights with K sliced through L1 measured 1.3-1.4x slower at 16-48 rows on a Sapphire
-// Rapids VM, and so did a copy per K slice streamed with prefetches: docs/performance.md.)
+// Rapids VM; a copy per K slice streamed with prefetches gained nothing consistent there:
+// docs/performance.md.)
 // kBF16Pairs: x permuted (PermutePairs32), w bf16 in K order.
 template <class V, WForm WD, int MR_MAX, int NR_MAX>
 void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
