@@ -55,8 +55,6 @@ struct Chunk {
 
 }  // namespace
 
-static_assert(kChunkTokens <= dai::kAmxMaxKeys, "a chunk must fit AttendMlaAmx's buffers");
-
 void PagedAttention(CpuIsa isa, const KvLayerView& kv, const AttentionSequence* seqs,
                     int64_t num_seqs, const float* q, int64_t num_heads, float scale,
                     std::optional<int64_t> sliding_window, float* out, const float* sinks) {

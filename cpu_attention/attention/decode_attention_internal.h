@@ -57,10 +57,10 @@ void AttendGroupAvx512(const KvLayerView& kv, const int32_t* block_table, int64_
 // [first, last] of the cache's single KV head (kv.num_kv_heads == 1, kv.value_dim > 0) for
 // kAmxHeads query heads whose scaled queries are q[kAmxHeads][head_dim]. Writes acc[kAmxHeads]
 // [head_dim] (0 past value_dim), m[kAmxHeads] and l[kAmxHeads] as AttendGroupFn does. Requires
-// kv.dtype bf16, head_dim and value_dim multiples of 32 and at most kAmxMaxDim, and at most
-// kAmxMaxKeys keys. Each head's result depends on its own query and the keys only.
+// kv.dtype bf16, head_dim and value_dim multiples of 32 and at most kAmxMaxDim; any number of keys
+// (m is the max the exponentials were taken against: at most the largest score and within 16 of it;
+// l and acc are relative to it). Each head's result depends on its own query and the keys only.
 inline constexpr int kAmxHeads = 16;
-inline constexpr int64_t kAmxMaxKeys = 512;
 inline constexpr int64_t kAmxMaxDim = 1024;
 void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t first, int64_t last,
                   const float* q, float* acc, float* m, float* l);

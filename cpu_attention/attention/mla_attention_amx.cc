@@ -16,20 +16,29 @@
 // hi + lo parts (x = hi + lo + O(2^-17 x)) and both parts multiplied, so the result matches the
 // f32 kernels to ~1e-5 relative, not bf16's 4e-3.
 //
-// Per call (one query row, 16 query heads, at most kAmxMaxKeys keys: one chunk of
-// decode_attention.cc), two passes over the keys: (1) the scores of every key into a [keys, 16]
-// buffer while each 32-key step's value rows are interleaved into a [keys, value_dim] buffer
-// (from L1, right after the tile loads read them from memory); (2) the chunk's max and exp per
-// head, P in bf16 hi/lo, and the p.V products with each output tile accumulated over all steps in a
-// tile register. The buffers (1.2 MiB per thread, allocated at a thread's first call; about
-// 600 KiB of them used for DeepSeek's shapes) stay in L2.
+// Per call (one query row, 16 query heads, the keys of one chunk of decode_attention.cc), one pass
+// over the keys in 32-key steps with an online softmax. Per step: the scores (the step's rows
+// loaded as K tiles straight from the cache; four accumulators, the step's two key tiles times Q
+// hi and lo), the step's exp and P tiles, then O += P V over the value columns, 32 at a time: the
+// two rows of each key pair are interleaved into a small ring one column block ahead of the tiles
+// that load it, and O lives in a per-thread buffer of output tiles that each step loads and stores
+// back, alternating between two accumulator pairs so one block's loads do not wait for the
+// previous block's products. The next step's rows are prefetched into L2 while this step computes.
+// The max used for the exponentials only moves where a score passes it by more than kSlack
+// (softmax does not depend on the shift; exp(s - max) <= e^16 stays far inside f32's and bf16's
+// range), so O is rescaled about once per call, at the first step. The buffers: about 200 KiB
+// per thread, allocated at a thread's first call.
 //
-// Where the time goes (docs/performance.md, "MLA decode attention on AMX tiles"): 2.5x the
-// AVX-512 FMA kernel, but not yet the memory's rate. Tile registers are not renamed, so a tile load
-// waits until the products reading the previous contents are done, and the K tile loads (16 lines
-// 1,152 bytes apart, from L2 or memory) are the longest part of a step; the V interleave is the
-// next. Copying the rows into contiguous tiles with vector loads first, or interleaving V inside the
-// q . K loop, measured no faster on the development VM.
+// Where the time goes (docs/performance.md, "MLA decode attention on AMX tiles"): 2-3x the
+// AVX-512 FMA kernel and 1.1-1.25x a two-pass form (every score first, then P V with each output
+// tile held in a register over the whole chunk, its V interleaved into an L2 buffer), but not the
+// memory's rate: per step the q . K tiles take ~40% (their tile loads from L2), P V with its output
+// tiles' round trips through L2 ~45%, the softmax ~15%. Tile registers are not renamed, so a tile
+// load waits until the products reading the previous contents are done; the working set of a step
+// (Q hi/lo 36 KiB, O 32 KiB, the rows 36 KiB) does not fit L1. Measured no faster on the
+// development VM: 64-key steps (Q's tiles loaded once per 64 keys, O's once per 64), hi and lo
+// accumulated in one tile, software prefetch of O's and the rows' lines into L1, copying the rows
+// into contiguous tiles first, prefetching the rows two steps ahead.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -47,6 +56,8 @@ namespace {
 
 constexpr int kHeads = kAmxHeads;  // 16: S^T's columns, P's and O's rows
 constexpr int kStep = 32;          // keys per step: two score tiles, one p.V reduction step
+constexpr float kSlack = 16.0f;    // how far a score may pass the max in use before it moves
+constexpr int kVRing = 4;          // V tile blocks in flight (a ring)
 
 // The palette-1 tile configuration (Intel SDM, LDTILECFG): every tile used is 16 rows of 64
 // bytes (16 f32, or 32 bf16 = 16 VNNI pairs).
@@ -113,18 +124,41 @@ inline void SplitBf16(__m512 a, __m512 b, __m512i& hi, __m512i& lo) {
   lo = AsInt(_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha)));
 }
 
-// Per-thread buffers, sized for head_dim, value_dim <= kAmxMaxDim and kAmxMaxKeys keys.
+// One column block of O += P V: O's two tiles (o[half]) in tiles C0 and C1, zeroed at the first
+// step, else loaded; V's two tiles (vt[half]) in tiles 6 and 7; P hi and lo already in tiles 4 and
+// 5. A macro because the tile numbers are spliced into the instructions' text (amxtileintrin.h's
+// intrinsics are macros that stringify them).
+#define MOEBATCH_ACCUMULATE_PV(C0, C1, first, o, vt) \
+  do {                                               \
+    if (first) {                                     \
+      _tile_zero(C0);                                \
+      _tile_zero(C1);                                \
+    } else {                                         \
+      _tile_loadd(C0, (o)[0], 64);                   \
+      _tile_loadd(C1, (o)[1], 64);                   \
+    }                                                \
+    _tile_loadd(6, (vt)[0], 64);                     \
+    _tile_loadd(7, (vt)[1], 64);                     \
+    _tile_dpbf16ps(C0, 4, 6);                        \
+    _tile_dpbf16ps(C1, 4, 7);                        \
+    _tile_dpbf16ps(C0, 5, 6);                        \
+    _tile_dpbf16ps(C1, 5, 7);                        \
+    _tile_stored(C0, (o)[0], 64);                    \
+    _tile_stored(C1, (o)[1], 64);                    \
+  } while (0)
+
+// Per-thread buffers, sized for head_dim, value_dim <= kAmxMaxDim.
 struct Buffers {
   // Q^T in VNNI pairs: [head_dim / 32 steps][hi, lo][16 pair rows][16 heads] dwords.
   alignas(64) uint32_t q[kAmxMaxDim / 32][2][16][kHeads];
-  alignas(64) float s[kAmxMaxKeys][kHeads];  // S^T, scaled scores
-  // P in bf16: [hi, lo][16 heads][keys].
-  alignas(64) uint16_t p[2][kHeads][kAmxMaxKeys];
-  // V interleaved: [keys / 32 steps][value_dim / 32 blocks][half][16 pair rows][32] bf16.
-  alignas(64) uint16_t v[kAmxMaxKeys / kStep][kAmxMaxDim / 32][2][16][32];
   alignas(64) uint16_t stage[2][16][kAmxMaxDim];  // key tiles that are not 16 rows of one block
   alignas(64) float sp[2][2][16][kHeads];         // a step's S^T tiles: [keys 0-15, 16-31][hi, lo]
-  alignas(64) float o[4][kHeads][16];             // an output column block's four tiles
+  alignas(64) uint16_t p[2][kHeads][kStep];       // a step's P in bf16: [hi, lo][16 heads][keys]
+  // A column block's V tiles (two keys' values interleaved), a ring of kVRing blocks.
+  alignas(64) uint16_t v[kVRing][2][16][32];
+  // O as output tiles: [value_dim / 32 blocks][half][16 heads][16 columns] f32; tile half's
+  // column c is value 8 (c / 4) + c % 4 + 4 half of the block (vpunpck{l,h}wd's order).
+  alignas(64) float o[kAmxMaxDim / 32][2][kHeads][16];
 };
 
 Buffers& ThreadBuffers() {
@@ -177,9 +211,9 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
     }
   };
 
-  // Pass 1: scores, and the value rows interleaved per step. A tile load waits for its 16 rows'
-  // lines, and the hardware prefetchers do not follow 16 rows read 64 bytes at a time across
-  // blocks and pages: each q . K step prefetches into L2 the same lines of the next step's rows.
+  // The max in use and the sum of exp(s - max), per head.
+  __m512 mx = _mm512_set1_ps(-__builtin_inff());
+  __m512 sum = _mm512_setzero_ps();
   const std::byte* rows_buf[2][kStep];
   step_rows(0, rows_buf[0]);
   for (int64_t st = 0; st < steps; ++st) {
@@ -212,8 +246,11 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
       base[half] = reinterpret_cast<const std::byte*>(buf.stage[half]);
       stride[half] = sizeof(buf.stage[half][0]);
     }
-    // Four independent accumulators (keys 0-15 and 16-31, times Q hi and lo): a chain of
-    // TDPBF16PS into one tile waits for each one's latency.
+
+    // Scores. Four independent accumulators (keys 0-15 and 16-31, times Q hi and lo): a chain of
+    // TDPBF16PS into one tile waits for each one's latency. A tile load waits for its 16 rows'
+    // lines, and the hardware prefetchers do not follow 16 rows read 64 bytes at a time across
+    // blocks and pages: each q . K step prefetches into L2 the same lines of the next step's rows.
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -233,41 +270,49 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
       _tile_dpbf16ps(1, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
-    float* s = buf.s[st * kStep];
     _tile_stored(0, buf.sp[0][0], 64);
     _tile_stored(1, buf.sp[0][1], 64);
     _tile_stored(2, buf.sp[1][0], 64);
     _tile_stored(3, buf.sp[1][1], 64);
+    __m512 s[kStep];
+    __m512 smax = _mm512_set1_ps(-__builtin_inff());
     for (int i = 0; i < kStep; ++i) {
-      const __m512 x = rows[i] == nullptr
-                           ? _mm512_set1_ps(-__builtin_inff())
-                           : _mm512_add_ps(_mm512_load_ps(buf.sp[i / 16][0][i % 16]),
-                                           _mm512_load_ps(buf.sp[i / 16][1][i % 16]));
-      _mm512_store_ps(s + i * kHeads, x);
+      s[i] = rows[i] == nullptr ? _mm512_set1_ps(-__builtin_inff())
+                                : _mm512_add_ps(_mm512_load_ps(buf.sp[i / 16][0][i % 16]),
+                                                _mm512_load_ps(buf.sp[i / 16][1][i % 16]));
+      smax = _mm512_max_ps(smax, s[i]);
     }
-    // Value rows of keys 2r and 2r + 1 interleaved (zeros past the last key).
-    for (int r = 0; r < 16; ++r) {
-      const std::byte* a = rows[2 * r];
-      const std::byte* b = rows[2 * r + 1];
-      for (int64_t cb = 0; cb < vblocks; ++cb) {
-        const __m512i va = a ? _mm512_loadu_si512(a + cb * 64) : _mm512_setzero_si512();
-        const __m512i vb = b ? _mm512_loadu_si512(b + cb * 64) : _mm512_setzero_si512();
-        _mm512_store_si512(buf.v[st][cb][0][r], _mm512_unpacklo_epi16(va, vb));
-        _mm512_store_si512(buf.v[st][cb][1][r], _mm512_unpackhi_epi16(va, vb));
-      }
-    }
-  }
 
-  // Softmax over the chunk: max per head, p = exp(s - max), l = sum p; P^T hi/lo in bf16.
-  __m512 mx = _mm512_set1_ps(-__builtin_inff());
-  for (int64_t t = 0; t < steps * kStep; ++t) mx = _mm512_max_ps(mx, _mm512_load_ps(buf.s[t]));
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t st = 0; st < steps; ++st) {
+    // The max in use moves for the heads where a score passes it by more than kSlack (all of
+    // them at the first step); their sum and O rows are rescaled by exp(old max - new max).
+    const __mmask16 moved =
+        _mm512_cmp_ps_mask(smax, _mm512_add_ps(mx, _mm512_set1_ps(kSlack)), _CMP_GT_OQ);
+    if (moved != 0) {
+      const __m512 new_mx = _mm512_mask_max_ps(mx, moved, mx, smax);
+      const __m512 alpha = Avx512Ops::Exp(_mm512_sub_ps(mx, new_mx));  // 0 where mx was -inf
+      sum = _mm512_mul_ps(sum, alpha);
+      if (st > 0) {
+        alignas(64) float a[kHeads];
+        _mm512_store_ps(a, alpha);
+        for (int h = 0; h < kHeads; ++h) {
+          if (((moved >> h) & 1) == 0) continue;
+          const __m512 ah = _mm512_set1_ps(a[h]);
+          for (int64_t cb = 0; cb < vblocks; ++cb) {
+            for (int half = 0; half < 2; ++half) {
+              float* row = buf.o[cb][half][h];
+              _mm512_store_ps(row, _mm512_mul_ps(ah, _mm512_load_ps(row)));
+            }
+          }
+        }
+      }
+      mx = new_mx;
+    }
+
+    // p = exp(s - max), l += p; P^T [16 heads, 32 keys] in bf16 hi/lo.
     __m512i pt[2][16];
     for (int half = 0; half < 2; ++half) {
       for (int i = 0; i < 16; ++i) {
-        const __m512 p =
-            Avx512Ops::Exp(_mm512_sub_ps(_mm512_load_ps(buf.s[st * kStep + half * 16 + i]), mx));
+        const __m512 p = Avx512Ops::Exp(_mm512_sub_ps(s[half * 16 + i], mx));
         sum = _mm512_add_ps(sum, p);
         pt[half][i] = _mm512_castps_si512(p);
       }
@@ -276,41 +321,50 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
     for (int h = 0; h < kHeads; ++h) {
       __m512i hi, lo;
       SplitBf16(_mm512_castsi512_ps(pt[0][h]), _mm512_castsi512_ps(pt[1][h]), hi, lo);
-      _mm512_store_si512(buf.p[0][h] + st * kStep, hi);
-      _mm512_store_si512(buf.p[1][h] + st * kStep, lo);
+      _mm512_store_si512(buf.p[0][h], hi);
+      _mm512_store_si512(buf.p[1][h], lo);
+    }
+    _tile_loadd(4, buf.p[0], 64);
+    _tile_loadd(5, buf.p[1], 64);
+
+    // O += P V, one block of 32 value columns at a time; the value rows of keys 2r and 2r + 1
+    // interleaved (zeros past the last key) one block ahead of the tile loads that read them.
+    auto interleave = [&](int64_t cb) {
+      uint16_t(*vt)[16][32] = buf.v[cb % kVRing];
+      for (int r = 0; r < 16; ++r) {
+        const std::byte* a = rows[2 * r];
+        const std::byte* b = rows[2 * r + 1];
+        const __m512i va = a ? _mm512_loadu_si512(a + cb * 64) : _mm512_setzero_si512();
+        const __m512i vb = b ? _mm512_loadu_si512(b + cb * 64) : _mm512_setzero_si512();
+        _mm512_store_si512(vt[0][r], _mm512_unpacklo_epi16(va, vb));
+        _mm512_store_si512(vt[1][r], _mm512_unpackhi_epi16(va, vb));
+      }
+    };
+    interleave(0);
+    for (int64_t cb = 0; cb < vblocks; ++cb) {
+      if (cb + 1 < vblocks) interleave(cb + 1);
+      const uint16_t(*vt)[16][32] = buf.v[cb % kVRing];
+      float(*o)[kHeads][16] = buf.o[cb];
+      // Accumulator pairs (0, 1) for even blocks, (2, 3) for odd ones.
+      if (cb % 2 == 0) {
+        MOEBATCH_ACCUMULATE_PV(0, 1, st == 0, o, vt);
+      } else {
+        MOEBATCH_ACCUMULATE_PV(2, 3, st == 0, o, vt);
+      }
     }
   }
   _mm512_storeu_ps(m_out, mx);
   _mm512_storeu_ps(l_out, sum);
 
-  // Pass 2: O = P V, one block of 32 value columns at a time, accumulated over every step.
+  // O's tiles back in column order: tile 0's column c is value 8 (c / 4) + c % 4 of the block,
+  // tile 1's the same + 4.
   const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i hi_idx =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int64_t cb = 0; cb < vblocks; ++cb) {
-    // Four independent accumulators: value halves 0 and 1 of the block, times P hi and lo.
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t st = 0; st < steps; ++st) {
-      _tile_loadd(4, buf.p[0][0] + st * kStep, sizeof(buf.p[0][0]));
-      _tile_loadd(6, buf.v[st][cb][0], 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, buf.v[st][cb][1], 64);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_loadd(5, buf.p[1][0] + st * kStep, sizeof(buf.p[1][0]));
-      _tile_dpbf16ps(1, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, buf.o[0], 64);
-    _tile_stored(1, buf.o[1], 64);
-    _tile_stored(2, buf.o[2], 64);
-    _tile_stored(3, buf.o[3], 64);
-    // Tile 0's column c is value 8 (c / 4) + c % 4 of the block, tile 1's the same + 4.
     for (int h = 0; h < kHeads; ++h) {
-      const __m512 x0 = _mm512_add_ps(_mm512_load_ps(buf.o[0][h]), _mm512_load_ps(buf.o[1][h]));
-      const __m512 x1 = _mm512_add_ps(_mm512_load_ps(buf.o[2][h]), _mm512_load_ps(buf.o[3][h]));
+      const __m512 x0 = _mm512_load_ps(buf.o[cb][0][h]);
+      const __m512 x1 = _mm512_load_ps(buf.o[cb][1][h]);
       float* o = acc + h * d + cb * 32;
       _mm512_storeu_ps(o, _mm512_permutex2var_ps(x0, lo_idx, x1));
       _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(x0, hi_idx, x1));
@@ -321,6 +375,8 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
   }
   _tile_release();
 }
+
+#undef MOEBATCH_ACCUMULATE_PV
 
 }  // namespace decode_attention_internal
 }  // namespace moebatch

@@ -30,6 +30,10 @@ struct Case {
   // gpt-oss's attention sinks: one random logit per query head (head 0's far above every score,
   // head 1's far below) in the softmax's denominator.
   bool sinks = false;
+  // > 0: key row p (and so its value, for MLA) scaled by 1 + key_ramp * p / context_len: scores
+  // that grow along the keys, so a kernel's running max moves by far more than the softmax's
+  // range at later keys (AMX's lagging max rescales O then).
+  float key_ramp = 0;
 };
 
 // A filled cache and the float64 answer for one Case.
@@ -75,8 +79,9 @@ Fixture Build(const Case& tc, uint64_t seed) {
     for (int64_t p = 0; p < len; ++p) {
       float* k = keys[s].data() + p * tc.kv_heads * d;
       float* v = values[s].data() + p * tc.kv_heads * d;
+      const float gain = 1.0f + tc.key_ramp * static_cast<float>(p) / static_cast<float>(len);
       for (int64_t i = 0; i < tc.kv_heads * d; ++i) {
-        k[i] = normal(rng);
+        k[i] = gain * normal(rng);
         v[i] = normal(rng);
       }
       if (tc.value_dim > 0) std::copy(k, k + tc.kv_heads * d, v);  // V = the key row's prefix
@@ -328,6 +333,11 @@ TEST_CASE("decode attention, every ISA: MLA latent cache (value = prefix of the 
   Check({16, 1, 576, 8, {300, 9}, {2, 1}, std::nullopt, DType::kBF16, 512}, 86);
   Check({32, 1, 576, 32, {1000, 45}, {1, 5}, 300, DType::kBF16, 512}, 87);
   Check({16, 1, 128, 7, {77}, {1}, std::nullopt, DType::kBF16, 64}, 88);
+  // Scores growing along the keys (up to ~9x): the max in use moves at later steps and O's rows
+  // are rescaled, within a chunk and across the chunks' merge.
+  Check({16, 1, 576, 16, {1100, 300, 40}, {1, 2, 1}, std::nullopt, DType::kBF16, 512, false, 8.0f},
+        89);
+  Check({8, 2, 64, 16, {700}, {2}, std::nullopt, DType::kBF16, 0, false, 8.0f}, 92);
 }
 
 // Batch invariance: each sequence's rows come out bit for bit the same whether it is attended alone
