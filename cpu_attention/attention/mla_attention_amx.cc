@@ -23,11 +23,11 @@
 // two rows of each key pair are interleaved into a small ring one column block ahead of the tiles
 // that load it, and O lives in a per-thread buffer of output tiles that each step loads and stores
 // back, alternating between two accumulator pairs so one block's loads do not wait for the
-// previous block's products. The next step's rows are prefetched into L2 while this step computes.
-// The max used for the exponentials only moves where a score passes it by more than kSlack
-// (softmax does not depend on the shift; exp(s - max) <= e^16 stays far inside f32's and bf16's
-// range), so O is rescaled about once per call, at the first step. The buffers: about 200 KiB
-// per thread, allocated at a thread's first call.
+// previous block's products. The next step's rows are prefetched into L2 while this step computes,
+// half during q . K and half during P V. The max used for the exponentials only moves where a
+// score passes it by more than kSlack (softmax does not depend on the shift; exp(s - max) <= e^16
+// stays far inside f32's and bf16's range), so O is rescaled about once per call, at the first
+// step. The buffers: about 200 KiB per thread, allocated at a thread's first call.
 //
 // Where the time goes (docs/performance.md, "MLA decode attention on AMX tiles"): 2-3x the
 // AVX-512 FMA kernel and 1.1-1.25x a two-pass form (every score first, then P V with each output
@@ -250,13 +250,15 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
     // Scores. Four independent accumulators (keys 0-15 and 16-31, times Q hi and lo): a chain of
     // TDPBF16PS into one tile waits for each one's latency. A tile load waits for its 16 rows'
     // lines, and the hardware prefetchers do not follow 16 rows read 64 bytes at a time across
-    // blocks and pages: each q . K step prefetches into L2 the same lines of the next step's rows.
+    // blocks and pages, so the kernel prefetches the next step's rows into L2 itself, spread over
+    // the whole step so the memory streams under all of its arithmetic: the first key tile's rows
+    // during q . K (line ks of each at step ks), the second's during P V.
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t ks = 0; ks < dsteps; ++ks) {
-      for (int i = 0; i < kStep; ++i) {
+      for (int i = 0; i < 16; ++i) {
         if (next[i] != nullptr) {
           _mm_prefetch(reinterpret_cast<const char*>(next[i] + ks * 64), _MM_HINT_T1);
         }
@@ -343,6 +345,14 @@ void AttendMlaAmx(const KvLayerView& kv, const int32_t* block_table, int64_t fir
     interleave(0);
     for (int64_t cb = 0; cb < vblocks; ++cb) {
       if (cb + 1 < vblocks) interleave(cb + 1);
+      // The next step's second key tile: lines [cb, cb + 1) x dsteps / vblocks of each row.
+      for (int64_t c = cb * dsteps / vblocks; c < (cb + 1) * dsteps / vblocks; ++c) {
+        for (int i = 16; i < kStep; ++i) {
+          if (next[i] != nullptr) {
+            _mm_prefetch(reinterpret_cast<const char*>(next[i] + c * 64), _MM_HINT_T1);
+          }
+        }
+      }
       const uint16_t(*vt)[16][32] = buf.v[cb % kVRing];
       float(*o)[kHeads][16] = buf.o[cb];
       // Accumulator pairs (0, 1) for even blocks, (2, 3) for odd ones.
