@@ -29,11 +29,11 @@
 // stays far inside f32's and bf16's range), so O is rescaled about once per call, at the first
 // step. The buffers: about 200 KiB per thread, allocated at a thread's first call.
 //
-// Where the time goes (docs/performance.md, "MLA decode attention on AMX tiles"): 2-3x the
-// AVX-512 FMA kernel and 1.1-1.25x a two-pass form (every score first, then P V with each output
-// tile held in a register over the whole chunk, its V interleaved into an L2 buffer), but not the
-// memory's rate: per step the q . K tiles take ~40% (their tile loads from L2), P V with its output
-// tiles' round trips through L2 ~45%, the softmax ~15%. Tile registers are not renamed, so a tile
+// Where the time goes (docs/performance.md, "MLA decode attention on AMX tiles"): ~3x the AVX-512
+// FMA kernel and 1.2-1.35x a two-pass form (every score first, then P V with each output tile held
+// in a register over the whole chunk, its V interleaved into an L2 buffer), but not the memory's
+// rate: the row fetches are hidden in part only, and per step the q . K tiles take ~40% (their
+// tile loads from L2), P V with its output tiles' round trips through L2 ~45%, the softmax ~15%. Tile registers are not renamed, so a tile
 // load waits until the products reading the previous contents are done; the working set of a step
 // (Q hi/lo 36 KiB, O 32 KiB, the rows 36 KiB) does not fit L1. Measured no faster on the
 // development VM: 64-key steps (Q's tiles loaded once per 64 keys, O's once per 64), hi and lo
