@@ -15,7 +15,9 @@
 // and for the engine (scheduler + sampling + detokenization around the same forward): a greedy
 // job of --batch requests -> generated tokens/s over the whole job.
 // Next to each figure: achieved GFLOP/s (2 x active parameters per token, plus attention) against
-// the host's peak f32 FMA rate measured by cpu_attention/runtime/host_roof.h (same thread count);
+// the host's peak f32 FMA rate measured by cpu_attention/runtime/host_roof.h (same thread count)
+// right before and right after the prefill and the decode timings (their mean is the reference: a
+// shared host's FMA rate drifts within a run, docs/performance.md);
 // for prefill and decode also the weight bytes a pass reads (the experts its tokens touch, counted
 // from the routing) and the process's peak RSS (getrusage).
 #include <omp.h>
@@ -151,6 +153,8 @@ int Run() {
   }
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> token(3, static_cast<int32_t>(c.vocab_size) - 1);
+  // The host's f32 FMA peak in GFLOP/s, measured now (a short probe, same threads).
+  const auto fma_peak = [] { return MeasureFmaPeak(6'250'000, 1).flops_per_s / 1e9; };
   const FmaPeak fma = MeasureFmaPeak(6'250'000, 1);
   const char* isa = fma.isa.c_str();
   const double peak = fma.flops_per_s / 1e9;
@@ -158,7 +162,7 @@ int Run() {
               dir.c_str(), (long long)c.num_hidden_layers, (long long)c.hidden_size,
               (long long)c.num_local_experts, (long long)c.num_experts_per_tok,
               std::string(DTypeName(dtype)).c_str(), omp_get_max_threads());
-  std::printf("host peak f32 FMA rate (measured, %s, %d threads): %.1f GFLOP/s\n", isa,
+  std::printf("host peak f32 FMA rate (measured at the start, %s, %d threads): %.1f GFLOP/s\n", isa,
               omp_get_max_threads(), peak);
   nlohmann::json result = {{"model", dir},
                            {"batch", batch},
@@ -189,19 +193,26 @@ int Run() {
   const int64_t reps = std::max<int64_t>(1, absl::GetFlag(FLAGS_reps));
   const double mem_gbs = absl::GetFlag(FLAGS_mem_gbs);
   ForwardStats prefill_stats;
+  const double prefill_peak_before = fma_peak();
   double t0 = Now();
   for (int64_t r = 0; r < reps; ++r) {
     prefill_stats = ForwardStats{};
     if (!model->Forward(prefill, **cache, &logits, &prefill_stats).ok()) return 1;
   }
   const double prefill_s = (Now() - t0) / reps;
+  const double prefill_peak_after = fma_peak();
+  const double prefill_peak = (prefill_peak_before + prefill_peak_after) / 2;
   const double prefill_tokens = double(batch) * prompt;
   const double prefill_flops = prefill_tokens * TokenFlops(c, prompt / 2.0, false) +
                                batch * 2.0 * c.hidden_size * c.vocab_size;
   std::printf(
-      "prefill: %lld x %lld tokens in %.4f s: %.0f tokens/s, %.1f GFLOP/s (%.1f%% of peak)\n",
+      "prefill: %lld x %lld tokens in %.4f s: %.0f tokens/s, %.1f GFLOP/s (%.1f%% of the FMA peak "
+      "measured before and after it, %.1f / %.1f GFLOP/s)\n",
       (long long)batch, (long long)prompt, prefill_s, prefill_tokens / prefill_s,
-      prefill_flops / prefill_s / 1e9, 100.0 * prefill_flops / prefill_s / 1e9 / peak);
+      prefill_flops / prefill_s / 1e9, 100.0 * prefill_flops / prefill_s / 1e9 / prefill_peak,
+      prefill_peak_before, prefill_peak_after);
+  result["prefill_gflops"] = prefill_flops / prefill_s / 1e9;
+  result["prefill_fma_peak_gflops"] = prefill_peak;
   const double prefill_bytes = PassBytes(c, weights, prefill_stats, dtype, true);
   result["prefill_tokens_per_s"] = prefill_tokens / prefill_s;
   result["prefill_bytes_per_pass"] = prefill_bytes;
@@ -216,6 +227,7 @@ int Run() {
 
   // Decode: one token per sequence per pass.
   double decode_s = 0, decode_flops = 0, decode_bytes = 0;
+  const double decode_peak_before = fma_peak();
   for (int64_t step = 0; step < gen; ++step) {
     ForwardBatch d;
     for (int64_t s = 0; s < batch; ++s) {
@@ -229,11 +241,16 @@ int Run() {
     decode_bytes += PassBytes(c, weights, stats, dtype, true);
     decode_flops += batch * TokenFlops(c, prompt + step + 1, true);
   }
+  const double decode_peak_after = fma_peak();
+  const double decode_peak = (decode_peak_before + decode_peak_after) / 2;
   std::printf(
       "decode : %lld sequences x %lld passes in %.4f s: %.0f tokens/s, %.1f GFLOP/s (%.1f%% of "
-      "peak)\n",
+      "the FMA peak measured before and after them, %.1f / %.1f GFLOP/s)\n",
       (long long)batch, (long long)gen, decode_s, batch * gen / decode_s,
-      decode_flops / decode_s / 1e9, 100.0 * decode_flops / decode_s / 1e9 / peak);
+      decode_flops / decode_s / 1e9, 100.0 * decode_flops / decode_s / 1e9 / decode_peak,
+      decode_peak_before, decode_peak_after);
+  result["decode_gflops"] = decode_flops / decode_s / 1e9;
+  result["decode_fma_peak_gflops"] = decode_peak;
   std::printf("decode : %.3f GB read per pass on average", decode_bytes / gen / 1e9);
   result["decode_tokens_per_s"] = batch * gen / decode_s;
   result["decode_bytes_per_pass"] = decode_bytes / gen;
