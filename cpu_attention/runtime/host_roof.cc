@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
+
+#include "cpu_attention/runtime/cpu_isa.h"
 
 namespace moebatch {
 namespace {
@@ -105,6 +108,55 @@ TriadBandwidth MeasureTriad(int64_t mib, int repeats) {
   if (seconds.front() > 0) out.best = arrays.Bytes() / seconds.front();
   if (seconds[seconds.size() / 2] > 0) out.median = arrays.Bytes() / seconds[seconds.size() / 2];
   return out;
+}
+
+namespace {
+
+// TDPBF16PS on one thread: `iterations` x 4 into four accumulators; seconds. Leaves the tiles
+// released.
+__attribute__((target("amx-tile,amx-bf16"))) double AmxLoopSeconds(int64_t iterations) {
+  struct alignas(64) {
+    uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  alignas(64) uint16_t operand[512];
+  uint32_t x = 12345;
+  for (uint16_t& v : operand) {  // bf16 in [0.5, 2), either sign
+    x = x * 1103515245u + 12345u;
+    v = static_cast<uint16_t>(0x3f00u + ((x >> 16) & 0xffu) + ((x >> 8) & 1u) * 0x8000u);
+  }
+  alignas(64) float out[256];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  const double t0 = Now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);  // waits for the products
+  const double dt = Now() - t0;
+  _tile_release();
+  return out[0] == 42.0f ? dt + 0.0 : dt;  // the products' result is used
+}
+
+}  // namespace
+
+double MeasureAmxTileNs(int64_t iterations) {
+  if (!CpuAmxUsable() || iterations <= 0) return 0;
+  double worst = 0;
+#pragma omp parallel reduction(max : worst)
+  worst = AmxLoopSeconds(iterations);
+  return worst / (4.0 * static_cast<double>(iterations)) * 1e9;
 }
 
 FmaPeak MeasureFmaPeak(int64_t iterations, int repeats) {

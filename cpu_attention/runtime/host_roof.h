@@ -64,6 +64,13 @@ struct FmaPeak {
 };
 FmaPeak MeasureFmaPeak(int64_t iterations = 1'000'000, int repeats = 3);
 
+// The AMX tile unit's rate where CpuAmxUsable() (runtime/cpu_isa.h): `iterations` rounds of 4
+// TDPBF16PS per thread of the pool (four independent accumulators, operands in tile registers,
+// random bf16 values), ns per instruction on the pool's slowest thread; 0 elsewhere. About
+// iterations x 30 ns. On a shared host it moves with the neighbours' use of the core's tile unit
+// (docs/performance.md, "This VM's AMX runs in two phases": 7 ns against 17).
+double MeasureAmxTileNs(int64_t iterations = 2000);
+
 // Both, with the defaults above and a triad of `triad_mib` MiB arrays, best of `repeats`.
 MeasuredHost MeasureHost(int64_t triad_mib = 128, int repeats = 5);
 
