@@ -33,12 +33,13 @@
 // FMA kernel and 1.2-1.35x a two-pass form (every score first, then P V with each output tile held
 // in a register over the whole chunk, its V interleaved into an L2 buffer), but not the memory's
 // rate: the row fetches are hidden in part only, and per step the q . K tiles take ~40% (their
-// tile loads from L2), P V with its output tiles' round trips through L2 ~45%, the softmax ~15%. Tile registers are not renamed, so a tile
-// load waits until the products reading the previous contents are done; the working set of a step
-// (Q hi/lo 36 KiB, O 32 KiB, the rows 36 KiB) does not fit L1. Measured no faster on the
-// development VM: 64-key steps (Q's tiles loaded once per 64 keys, O's once per 64), hi and lo
-// accumulated in one tile, software prefetch of O's and the rows' lines into L1, copying the rows
-// into contiguous tiles first, prefetching the rows two steps ahead.
+// tile loads from L2), P V with its output tiles' round trips through L2 ~45%, the softmax ~15%.
+// Tile registers are not renamed, so a tile load waits until the products reading the previous
+// contents are done; the working set of a step (Q hi/lo 36 KiB, O 32 KiB, the rows 36 KiB) does
+// not fit L1. Measured no faster on the development VM: 64-key steps (Q's tiles loaded once per 64
+// keys, O's once per 64), hi and lo accumulated in one tile, software prefetch of O's and the
+// rows' lines into L1, copying the rows into contiguous tiles first, interleaving V inside the
+// q . K loop, other prefetch orders and distances (docs).
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
