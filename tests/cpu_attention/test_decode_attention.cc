@@ -333,9 +333,9 @@ TEST_CASE("decode attention, every ISA: MLA latent cache (value = prefix of the 
   Check({16, 1, 576, 8, {300, 9}, {2, 1}, std::nullopt, DType::kBF16, 512}, 86);
   Check({32, 1, 576, 32, {1000, 45}, {1, 5}, 300, DType::kBF16, 512}, 87);
   Check({16, 1, 128, 7, {77}, {1}, std::nullopt, DType::kBF16, 64}, 88);
-  // Scores growing along the keys (up to ~9x): the max in use moves at later steps and O's rows
+  // Scores growing along the keys (up to ~7x): the max in use moves at later steps and O's rows
   // are rescaled, within a chunk and across the chunks' merge.
-  Check({16, 1, 576, 16, {1100, 300, 40}, {1, 2, 1}, std::nullopt, DType::kBF16, 512, false, 8.0f},
+  Check({16, 1, 576, 16, {1100, 300, 40}, {1, 2, 1}, std::nullopt, DType::kBF16, 512, false, 6.0f},
         89);
   Check({8, 2, 64, 16, {700}, {2}, std::nullopt, DType::kBF16, 0, false, 8.0f}, 92);
 }
