@@ -56,8 +56,10 @@
 // second time from L1; at m = 1 AVX2 unpacks each block where it is used instead); larger m unpacks
 // a tile of weight rows once into a ~256 KiB buffer (L2) and runs 8 rows of x at a time (AVX2: 4)
 // over it in K slices of 1024 that stay in L1 (as InvariantLinear); AVX2's types of 32-blocks take
-// those rows block by block, each block's unpacked weights loaded once for all of them (the order
-// of each output's operations is unchanged). The activations are quantized once per call, on the
+// those rows block by block, each block's unpacked weights loaded once for all of them, and its
+// K-quants take 4 rows of x against 2 weight rows at once, then the mins term (Q4_K / Q5_K) in a
+// second pass, 8 weight rows per vector (the order of each output's operations is unchanged:
+// quant_linear_avx2.cc, TileK). The activations are quantized once per call, on the
 // calling thread's pool, into a thread_local buffer of the calling thread (~3.3 bytes per element
 // of x). Threading: parallel over tiles of weight rows (and of 64 x rows) on the calling thread's
 // OpenMP pool; each output element is computed whole by one thread. Reentrant. Rounding of q uses

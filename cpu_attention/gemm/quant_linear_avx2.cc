@@ -262,11 +262,235 @@ struct PolicyK {
   static float Finish(const Acc& acc) { return KFinish<kHasC>(acc); }
 };
 
+// --- The K-quants' prefill-sized tiles ---------------------------------------------------------
+// quant_linear.h's K-quant steps split in two passes over a tile of rows of x and unpacked weight
+// rows, each with every output's own float operations in their order, so the bits of PolicyK:
+//   1. SuperBlockTile: kTileRows rows of x against kTileCols weight rows at once, the integer lanes
+//      L of each product summed over a super-block's blocks in registers (exact, so one chain gives
+//      the L of PolicyK's two), then a[l] = fma(d · dx, float(L[l]), a[l]); a in memory, touched
+//      once per super-block. Each block's weights and scales (2 loads per weight row) and
+//      activations (1 load per row of x) serve 8 products; row after row (PolicyK::AccumulateRow)
+//      loads all three for each product.
+//   2. Q4_K / Q5_K, MinsPass: the mins term e[j] = fma(dmin · dx, float(E[j]), e[j]) of one row of
+//      x against 8 weight rows at once, one weight row per lane (MinCols: each super-block's mins
+//      as int16 pairs, 8 weight rows side by side), the 4 sums e[0..4) in registers over all of K;
+//      then y = Tree(a) - Tree(e) for the 8 outputs in the lanes. Per output that is KStep's and
+//      KFinish's arithmetic; per product it costs a quarter of KStep's mins part in instructions.
+// On Zen 3 (bench_quant_linear, one thread, L2-resident weights, M 256, best of 3 runs) this took
+// Q4_K from 95.1 to 104.9 GFLOP/s at 480 x 2048 and from 84.5 to 92.5 at 256 x 5632 (Q5_K +7-11%,
+// Q6_K +9%) against PolicyK's rows; 4 x 2 tiles ran 1.95 cycles per block and product with the mins
+// still in step 1, against 2.04 at 3 x 2 and 2.11 at 2 x 3.
+constexpr int kTileRows = 4, kTileCols = 2;
+constexpr int kMinLanes = 8;  // weight rows per MinCols
+
+// One output's step-1 sums, parked between K slices.
+struct Sum8 {
+  __m256 v;
+};
+static_assert(sizeof(Sum8) == sizeof(__m256), "parked sums are contiguous vectors");
+
+// One super-block of kMinLanes weight rows, for MinsPass: pair[j] lane c holds the int16 mins
+// (m_2j, m_2j+1) of weight row c (zeros past the tile's last row); dmin lane c its dmin.
+struct MinCols {
+  __m256i pair[4];
+  __m256 dmin;
+};
+
+// Step 1 for one super-block: rows x[r] against unpacked weight rows d[c], r < MR, c < NR, into
+// a[c · kTileRows + r].
+template <GgmlType T, int MR, int NR>
+__attribute__((always_inline)) inline void SuperBlockTile(__m256* a,
+                                                          const typename PolicyK<T>::DG* const* d,
+                                                          const XRow* x) {
+  using P = PolicyK<T>;
+  __m256i s[MR][NR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) s[r][c] = _mm256_setzero_si256();
+  }
+  // Not unrolled: unrolled, GCC scheduled all 8 blocks' products first and spilled them.
+#pragma GCC unroll 1
+  for (int j = 0; j < kGroupBlocks; ++j) {
+    __m256i w[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) {
+      w[c] = _mm256_load_si256(&d[c]->w[j]);
+      // w and q in registers: as memory operands GCC loaded them again for every product (18
+      // loads per block at 4 x 2; Zen 3 loads two ymm per cycle). sc stays a memory operand
+      // (14 loads then, against 16 vpmaddubsw / vpmaddwd at two per cycle): in registers too,
+      // the 8 sums, 2 w, 2 sc and q did not fit and GCC spilled a sum.
+      asm("" : "+x"(w[c]));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + j * kBlock));
+      asm("" : "+x"(q));
+      __m256i corr = _mm256_setzero_si256();
+      if constexpr (P::kBias != 0) {
+        corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].corr16 + j * kBlock / 2));
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; ++c) {
+        __m256i p16 = _mm256_maddubs_epi16(w[c], q);
+        if constexpr (P::kBias != 0) p16 = _mm256_add_epi16(p16, corr);
+        s[r][c] =
+            _mm256_add_epi32(s[r][c], _mm256_madd_epi16(p16, _mm256_load_si256(&d[c]->sc[j])));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) {
+      const __m128 f = TimesDx(d[c]->dmin, x[r].dx);  // lane 0: d · dx (KStep's)
+      __m256* ac = &a[c * kTileRows + r];
+      *ac = _mm256_fmadd_ps(_mm256_broadcastss_ps(f), _mm256_cvtepi32_ps(s[r][c]), *ac);
+    }
+  }
+}
+
+// Step 1 for rows r0 .. r0 + MR of x and unpacked weight rows drow + c · groups (c < NR) over
+// super-blocks [g0, g1): the sums start at zero (first) or from park (row r, weight row c at
+// park[c · kTileRows + r]) and end there (!last) or reduced, y[r · ldy + c] = Tree(a).
+template <GgmlType T, int MR, int NR>
+void MicroK(const QuantizedRows& xq, int64_t r0, const typename PolicyK<T>::DG* drow,
+            int64_t groups, int64_t g0, int64_t g1, __m256* park, bool first, bool last, float* y,
+            int64_t ldy) {
+  using P = PolicyK<T>;
+  if (first) {
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < NR; ++c) park[c * kTileRows + r] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t g = g0; g < g1; ++g) {
+    XRow x[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) x[r] = RowAt<P>(xq, r0 + r, g);
+    const typename P::DG* d[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) d[c] = drow + c * groups + g;
+    SuperBlockTile<T, MR, NR>(park, d, x);
+    // The sums are loaded and stored back once per super-block: GCC otherwise kept a second copy
+    // of all of them on the stack besides storing them.
+    asm volatile("" ::: "memory");
+  }
+  if (!last) return;
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < NR; ++c) y[r * ldy + c] = TreeSum8(park[c * kTileRows + r]);
+  }
+}
+
+// MicroK<T, mr, nr> for 1 <= mr <= MR, 1 <= nr <= NR.
+template <GgmlType T, int MR, int NR, class... Args>
+inline void MicroKRows(int mr, int nr, Args... args) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return MicroKRows<T, MR - 1, NR>(mr, nr, args...);
+  }
+  if constexpr (NR > 1) {
+    if (nr < NR) return MicroKRows<T, MR, NR - 1>(mr, nr, args...);
+  }
+  MicroK<T, MR, NR>(args...);
+}
+
+// Step 2 for row r of x against the weight rows of mins (MinCols, `groups` per kMinLanes weight
+// rows): y[c] -= Tree(e) for the cols <= kMinLanes weight rows there.
+inline void MinsPass(const QuantizedRows& xq, int64_t r, const MinCols* mins, int64_t groups,
+                     int cols, float* y) {
+  __m256 e[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g) {
+    const XGroup& x = xq.x[g * xq.stride + r];
+    const MinCols& m = mins[g];
+    // dmin · dx rounded to float, as TimesDx.
+    const __m256 f = _mm256_mul_ps(m.dmin, _mm256_set1_ps(x.dx));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      int32_t bsum_pair;  // (B_2j, B_2j+1) as int16 pair
+      std::memcpy(&bsum_pair, x.bsum + 2 * j, 4);
+      const __m256i ej = _mm256_madd_epi16(m.pair[j], _mm256_set1_epi32(bsum_pair));
+      e[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(ej), e[j]);
+    }
+  }
+  // TreeSum4 per lane: (e0 + e2) + (e1 + e3).
+  const __m256 tree = _mm256_add_ps(_mm256_add_ps(e[0], e[2]), _mm256_add_ps(e[1], e[3]));
+  alignas(32) float t[kMinLanes];
+  _mm256_store_ps(t, tree);
+  for (int c = 0; c < cols; ++c) y[c] -= t[c];
+}
+
+// The TileFn of the K-quants: decode-sized tiles as Tile<PolicyK<T>> (each weight row streamed);
+// prefill-sized ones unpack the tile's weight rows once, as Tile does (and, Q4_K / Q5_K, their mins
+// as MinCols), then for each kTileRows rows of x, K slice by K slice, run step 1 over the weight
+// rows kTileCols at a time, then step 2.
+template <GgmlType T>
+void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
+           int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  using P = PolicyK<T>;
+  if (m1 - m0 <= kStreamRows) return Tile<P>(xq, m0, m1, w, row_bytes, n0, n1, y, ldy);
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  const int64_t groups = xq.groups;
+  const int64_t cols = n1 - n0;
+  const int64_t min_blocks = (cols + kMinLanes - 1) / kMinLanes;
+  thread_local std::vector<typename P::DG> unpacked;
+  thread_local std::vector<MinCols> mins;
+  thread_local std::vector<Sum8> park;
+  unpacked.resize(static_cast<size_t>(cols * groups));
+  park.resize(static_cast<size_t>(cols * kTileRows));
+  for (int64_t c = 0; c < cols; ++c) {
+    const uint8_t* row = wb + (n0 + c) * row_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      P::Decode(row, g, kGroupBlocks, &unpacked[static_cast<size_t>(c * groups + g)]);
+    }
+  }
+  if constexpr (P::kHasC) {
+    mins.resize(static_cast<size_t>(min_blocks * groups));
+    for (int64_t b = 0; b < min_blocks; ++b) {
+      for (int64_t g = 0; g < groups; ++g) {
+        alignas(32) uint32_t pair[4][kMinLanes] = {};
+        alignas(32) float dmin[kMinLanes] = {};
+        for (int64_t c = b * kMinLanes; c < std::min(cols, (b + 1) * kMinLanes); ++c) {
+          const typename P::DG& dg = unpacked[static_cast<size_t>(c * groups + g)];
+          alignas(16) uint32_t m[4];
+          _mm_store_si128(reinterpret_cast<__m128i*>(m), dg.mins);
+          for (int j = 0; j < 4; ++j) pair[j][c - b * kMinLanes] = m[j];
+          dmin[c - b * kMinLanes] = _mm_cvtss_f32(_mm_shuffle_ps(dg.dmin, dg.dmin, 0x55));
+        }
+        MinCols& mc = mins[static_cast<size_t>(b * groups + g)];
+        for (int j = 0; j < 4; ++j) {
+          mc.pair[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pair[j]));
+        }
+        mc.dmin = _mm256_load_ps(dmin);
+      }
+    }
+  }
+  for (int64_t r = m0; r < m1; r += kTileRows) {
+    const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m1 - r));
+    for (int64_t s0 = 0; s0 < groups; s0 += kSliceGroups) {
+      const int64_t s1 = std::min(groups, s0 + kSliceGroups);
+      for (int64_t c = 0; c < cols; c += kTileCols) {
+        const int nr = static_cast<int>(std::min<int64_t>(kTileCols, cols - c));
+        MicroKRows<T, kTileRows, kTileCols>(mr, nr, xq, r, unpacked.data() + c * groups, groups, s0,
+                                            s1, &park[static_cast<size_t>(c * kTileRows)].v,
+                                            s0 == 0, s1 == groups, y + r * ldy + n0 + c, ldy);
+      }
+    }
+    if constexpr (P::kHasC) {
+      for (int64_t i = r; i < r + mr; ++i) {
+        for (int64_t b = 0; b < min_blocks; ++b) {
+          MinsPass(xq, i, mins.data() + b * groups, groups,
+                   static_cast<int>(std::min<int64_t>(kMinLanes, cols - b * kMinLanes)),
+                   y + i * ldy + n0 + b * kMinLanes);
+        }
+      }
+    }
+  }
+}
+
 template <GgmlType T>
 Kernel KernelOf() {
   if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K || T == GgmlType::kQ6_K) {
-    Kernel k{Tile<PolicyK<T>>, PolicyK<T>::kBias,
-             static_cast<int64_t>(sizeof(typename PolicyK<T>::DG))};
+    Kernel k{TileK<T>, PolicyK<T>::kBias, static_cast<int64_t>(sizeof(typename PolicyK<T>::DG))};
     k.superblock = true;
     return k;
   } else {
