@@ -268,9 +268,9 @@ struct PolicyK {
 //   1. SuperBlockTile: kTileRows rows of x against kTileCols weight rows at once, the integer lanes
 //      L of each product summed over a super-block's blocks in registers (exact, so one chain gives
 //      the L of PolicyK's two), then a[l] = fma(d · dx, float(L[l]), a[l]); a in memory, touched
-//      once per super-block. Each block's weights and scales (2 loads per weight row) and
-//      activations (1 load per row of x) serve 8 products; row after row (PolicyK::AccumulateRow)
-//      loads all three for each product.
+//      once per super-block. Each block's weights (1 load per weight row) and activations (1
+//      load per row of x) serve its 8 products, the scales staying memory operands: 14 loads per
+//      block where row after row (PolicyK::AccumulateRow) takes 24, three for each product.
 //   2. Q4_K / Q5_K, MinsPass: the mins term e[j] = fma(dmin · dx, float(E[j]), e[j]) of one row of
 //      x against 8 weight rows at once, one weight row per lane (MinCols: each super-block's mins
 //      as int16 pairs, 8 weight rows side by side), the 4 sums e[0..4) in registers over all of K;
