@@ -419,30 +419,23 @@ inline void MinsPass(const QuantizedRows& xq, int64_t r, const MinCols* mins, in
   for (int c = 0; c < cols; ++c) y[c] -= t[c];
 }
 
-// The TileFn of the K-quants: decode-sized tiles as Tile<PolicyK<T>> (each weight row streamed);
-// prefill-sized ones unpack the tile's weight rows once, as Tile does (and, Q4_K / Q5_K, their mins
-// as MinCols), then for each kTileRows rows of x, K slice by K slice, run step 1 over the weight
-// rows kTileCols at a time, then step 2.
+// The TileFn of the K-quants: decode-sized tiles as Tile (StreamedTile); prefill-sized ones unpack
+// the tile's weight rows once as Tile does (UnpackRows) and, Q4_K / Q5_K, gather their mins as
+// MinCols, then for each kTileRows rows of x, K slice by K slice, run step 1 over the weight rows
+// kTileCols at a time, then step 2.
 template <GgmlType T>
 void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
            int64_t n0, int64_t n1, float* y, int64_t ldy) {
   using P = PolicyK<T>;
-  if (m1 - m0 <= kStreamRows) return Tile<P>(xq, m0, m1, w, row_bytes, n0, n1, y, ldy);
   const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  if (m1 - m0 <= kStreamRows) return StreamedTile<P>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
   const int64_t groups = xq.groups;
   const int64_t cols = n1 - n0;
   const int64_t min_blocks = (cols + kMinLanes - 1) / kMinLanes;
-  thread_local std::vector<typename P::DG> unpacked;
+  const typename P::DG* unpacked = UnpackRows<P>(xq, wb, row_bytes, n0, n1);
   thread_local std::vector<MinCols> mins;
   thread_local std::vector<Sum8> park;
-  unpacked.resize(static_cast<size_t>(cols * groups));
   park.resize(static_cast<size_t>(cols * kTileRows));
-  for (int64_t c = 0; c < cols; ++c) {
-    const uint8_t* row = wb + (n0 + c) * row_bytes;
-    for (int64_t g = 0; g < groups; ++g) {
-      P::Decode(row, g, kGroupBlocks, &unpacked[static_cast<size_t>(c * groups + g)]);
-    }
-  }
   if constexpr (P::kHasC) {
     mins.resize(static_cast<size_t>(min_blocks * groups));
     for (int64_t b = 0; b < min_blocks; ++b) {
@@ -450,7 +443,7 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
         alignas(32) uint32_t pair[4][kMinLanes] = {};
         alignas(32) float dmin[kMinLanes] = {};
         for (int64_t c = b * kMinLanes; c < std::min(cols, (b + 1) * kMinLanes); ++c) {
-          const typename P::DG& dg = unpacked[static_cast<size_t>(c * groups + g)];
+          const typename P::DG& dg = unpacked[c * groups + g];
           alignas(16) uint32_t m[4];
           _mm_store_si128(reinterpret_cast<__m128i*>(m), dg.mins);
           for (int j = 0; j < 4; ++j) pair[j][c - b * kMinLanes] = m[j];
@@ -470,9 +463,9 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
       const int64_t s1 = std::min(groups, s0 + kSliceGroups);
       for (int64_t c = 0; c < cols; c += kTileCols) {
         const int nr = static_cast<int>(std::min<int64_t>(kTileCols, cols - c));
-        MicroKRows<T, kTileRows, kTileCols>(mr, nr, xq, r, unpacked.data() + c * groups, groups, s0,
-                                            s1, &park[static_cast<size_t>(c * kTileRows)].v,
-                                            s0 == 0, s1 == groups, y + r * ldy + n0 + c, ldy);
+        MicroKRows<T, kTileRows, kTileCols>(mr, nr, xq, r, unpacked + c * groups, groups, s0, s1,
+                                            &park[static_cast<size_t>(c * kTileRows)].v, s0 == 0,
+                                            s1 == groups, y + r * ldy + n0 + c, ldy);
       }
     }
     if constexpr (P::kHasC) {

@@ -243,46 +243,59 @@ inline void MicroRows(int mr, Args... args) {
   Micro<K, MR, kPacked>(args...);
 }
 
-// The TileFn of policy K.
+// The decode-sized half of Tile (m1 - m0 <= kStreamRows): each weight row streams once per kMR rows
+// of x (once for m <= kMR; again from L1/L2, a few KiB later, for the next kMR rows).
 template <class K>
-void Tile(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
-          int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const auto* wb = reinterpret_cast<const uint8_t*>(w);
-  const int64_t groups = xq.groups;
-  if (m1 - m0 <= kStreamRows) {
-    // Decode-sized: each weight row streams once per kMR rows of x (once for m <= kMR; again from
-    // L1/L2, a few KiB later, for the next kMR rows).
-    for (int64_t c = n0; c < n1; ++c) {
-      for (int64_t r = m0; r < m1; r += K::kMR) {
-        const int mr = static_cast<int>(std::min<int64_t>(K::kMR, m1 - r));
-        MicroRows<K, true>(
-            mr, xq, r, wb + c * row_bytes, static_cast<const typename K::DG*>(nullptr), int64_t{0},
-            groups, static_cast<typename K::Acc*>(nullptr), true, true, y + r * ldy + c, ldy);
-      }
+void StreamedTile(const QuantizedRows& xq, int64_t m0, int64_t m1, const uint8_t* wb,
+                  int64_t row_bytes, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  for (int64_t c = n0; c < n1; ++c) {
+    for (int64_t r = m0; r < m1; r += K::kMR) {
+      const int mr = static_cast<int>(std::min<int64_t>(K::kMR, m1 - r));
+      MicroRows<K, true>(mr, xq, r, wb + c * row_bytes, static_cast<const typename K::DG*>(nullptr),
+                         int64_t{0}, xq.groups, static_cast<typename K::Acc*>(nullptr), true, true,
+                         y + r * ldy + c, ldy);
     }
-    return;
   }
-  // Prefill-sized: unpack the tile's weight rows once (the dispatcher sizes the tile for L2), then
-  // for each kMR rows of x, K slice by K slice, run every weight row over the slice.
-  const int64_t cols = n1 - n0;
+}
+
+// Weight rows [n0, n1) unpacked, row c - n0's group g at [(c - n0) · xq.groups + g], into the
+// calling thread's buffer of policy K (reused by the next call on the thread: valid until then).
+template <class K>
+const typename K::DG* UnpackRows(const QuantizedRows& xq, const uint8_t* wb, int64_t row_bytes,
+                                 int64_t n0, int64_t n1) {
   thread_local std::vector<typename K::DG> unpacked;
-  thread_local std::vector<typename K::Acc> park;
-  unpacked.resize(static_cast<size_t>(cols * groups));
-  park.resize(static_cast<size_t>(cols * K::kMR));
-  for (int64_t c = 0; c < cols; ++c) {
+  const int64_t groups = xq.groups;
+  unpacked.resize(static_cast<size_t>((n1 - n0) * groups));
+  for (int64_t c = 0; c < n1 - n0; ++c) {
     const uint8_t* row = wb + (n0 + c) * row_bytes;
     for (int64_t g = 0; g < groups; ++g) {
       K::Decode(row, g, BlocksInGroup<K>(xq, g), &unpacked[static_cast<size_t>(c * groups + g)]);
     }
   }
+  return unpacked.data();
+}
+
+// The TileFn of policy K.
+template <class K>
+void Tile(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
+          int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  if (m1 - m0 <= kStreamRows) return StreamedTile<K>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
+  // Prefill-sized: unpack the tile's weight rows once (the dispatcher sizes the tile for L2), then
+  // for each kMR rows of x, K slice by K slice, run every weight row over the slice.
+  const int64_t groups = xq.groups;
+  const int64_t cols = n1 - n0;
+  const typename K::DG* unpacked = UnpackRows<K>(xq, wb, row_bytes, n0, n1);
+  thread_local std::vector<typename K::Acc> park;
+  park.resize(static_cast<size_t>(cols * K::kMR));
   for (int64_t r = m0; r < m1; r += K::kMR) {
     const int mr = static_cast<int>(std::min<int64_t>(K::kMR, m1 - r));
     for (int64_t s0 = 0; s0 < groups; s0 += kSliceGroups) {
       const int64_t s1 = std::min(groups, s0 + kSliceGroups);
       for (int64_t c = 0; c < cols; ++c) {
-        MicroRows<K, false>(mr, xq, r, static_cast<const uint8_t*>(nullptr),
-                            unpacked.data() + c * groups, s0, s1, park.data() + c * K::kMR, s0 == 0,
-                            s1 == groups, y + r * ldy + n0 + c, ldy);
+        MicroRows<K, false>(mr, xq, r, static_cast<const uint8_t*>(nullptr), unpacked + c * groups,
+                            s0, s1, park.data() + c * K::kMR, s0 == 0, s1 == groups,
+                            y + r * ldy + n0 + c, ldy);
       }
     }
   }
