@@ -4,6 +4,7 @@
 
 #include <emmintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -173,6 +174,21 @@ void QuantizeRowK(const float* x, int64_t groups, int bias, bool paired, qli::XG
   }
 }
 
+// The bytes of unpacked weight rows a prefill-sized tile holds: 3/4 of a core's L2 (the rest for
+// the slices of x in flight, the parked sums and y), at most 384 KiB. Each slice of x passes over
+// all of the tile's weight rows, so the tile's width sets how often x is read from beyond L2: on
+// Zen 3 (512 KiB L2) 384 KiB ran one thread's Q4_K / Q6_K GEMMs at m 2048 up to ~1.3x faster than
+// 256 KiB (bench_quant_linear, k 5632); larger L2s were not measured, hence the cap.
+int64_t UnpackedTileBytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    constexpr int64_t kCap = int64_t{384} << 10;
+    if (l2 <= 0) return kCap;
+    return std::clamp<int64_t>(int64_t{l2} * 3 / 4, int64_t{128} << 10, kCap);
+  }();
+  return bytes;
+}
+
 qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, const qli::Kernel& kernel,
                                 std::vector<qli::XGroup>* scratch) {
   const int bias = kernel.bias;
@@ -241,19 +257,19 @@ absl::Status QuantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const
 
   // Tiles. Decode-sized m: all rows, and weight-row tiles small enough that each thread takes
   // about 8 of them (dynamic scheduling evens out the threads; each tile streams contiguous weight
-  // rows). Larger m: 64 rows by as many weight rows as fit, unpacked, in ~256 KiB (within a core's
-  // L2). Tiles sharing weight rows are adjacent in the order, so concurrent threads read the same
-  // packed weights. The split changes which thread computes an element, never how.
+  // rows). Larger m: 64 rows by as many weight rows as fit, unpacked, in UnpackedTileBytes()
+  // (within a core's L2). Tiles sharing weight rows are adjacent in the order, so concurrent
+  // threads read the same packed weights. The split changes which thread computes an element, never
+  // how.
   const int64_t threads = std::max(1, omp_get_max_threads());
   int64_t tile_m, tile_n;
   if (m <= qli::kStreamRows) {
     tile_m = m;
     tile_n = std::clamp<int64_t>((n + threads * 8 - 1) / (threads * 8), 4, 512);
   } else {
-    constexpr int64_t kUnpackedTileBytes = int64_t{256} << 10;
     tile_m = 64;
     tile_n =
-        std::clamp<int64_t>(kUnpackedTileBytes / (xq.groups * kernel.decoded_group_bytes), 4, 512);
+        std::clamp<int64_t>(UnpackedTileBytes() / (xq.groups * kernel.decoded_group_bytes), 4, 512);
   }
   const int64_t tiles_m = (m + tile_m - 1) / tile_m;
   const int64_t tiles_n = (n + tile_n - 1) / tile_n;

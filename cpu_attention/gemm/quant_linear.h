@@ -54,8 +54,9 @@
 // Work split: m <= 8 (decode) streams each weight row once from memory and unpacks each group of 8
 // blocks once for all m rows (AVX2 keeps 4 rows in registers: m 5..8 unpacks a row twice, the
 // second time from L1; at m = 1 AVX2 unpacks each block where it is used instead); larger m unpacks
-// a tile of weight rows once into a ~256 KiB buffer (L2) and runs 8 rows of x at a time (AVX2: 4)
-// over it in K slices of 1024 that stay in L1 (as InvariantLinear); AVX2's types of 32-blocks take
+// a tile of weight rows once into a buffer of 3/4 of a core's L2 (at most 384 KiB) and runs 8 rows
+// of x at a time (AVX2: 4) over it in K slices of 1024 that stay in L1 (as InvariantLinear), the
+// next slice's activations prefetched while one runs; AVX2's types of 32-blocks take
 // those rows block by block, each block's unpacked weights loaded once for all of them, and its
 // K-quants take 4 rows of x against 2 weight rows at once, then the mins term (Q4_K / Q5_K) in a
 // second pass, 8 weight rows per vector (the order of each output's operations is unchanged:

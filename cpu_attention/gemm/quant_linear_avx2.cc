@@ -142,6 +142,7 @@ struct Policy {
 // of those elements into int32 lanes of 4 elements, summed over the blocks in two chains.
 template <GgmlType T>
 struct PolicyK {
+  static constexpr bool kSuperblock = true;
   using Q = KQuant<T>;
   static constexpr int kBias = Q::kBias;
   static constexpr int64_t kGroupBytes = Q::kGroupBytes;
@@ -461,7 +462,10 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
     const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m1 - r));
     for (int64_t s0 = 0; s0 < groups; s0 += kSliceGroups) {
       const int64_t s1 = std::min(groups, s0 + kSliceGroups);
+      SlicePrefetcher<true, P::kBias != 0, false> prefetch(xq, r, kTileRows, s1, m1,
+                                                           (cols + kTileCols - 1) / kTileCols);
       for (int64_t c = 0; c < cols; c += kTileCols) {
+        prefetch.Step();
         const int nr = static_cast<int>(std::min<int64_t>(kTileCols, cols - c));
         MicroKRows<T, kTileRows, kTileCols>(mr, nr, xq, r, unpacked + c * groups, groups, s0, s1,
                                             &park[static_cast<size_t>(c * kTileRows)].v, s0 == 0,

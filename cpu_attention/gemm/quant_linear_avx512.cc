@@ -212,6 +212,7 @@ struct Policy {
 // the two blocks' lanes are added, so lane l sums elements 4l..4l+3 of every block.
 template <GgmlType T>
 struct PolicyK {
+  static constexpr bool kSuperblock = true;
   using Q = KQuant<T>;
   static constexpr int kBias = Q::kBias;
   static constexpr int64_t kGroupBytes = Q::kGroupBytes;

@@ -19,6 +19,8 @@
 //           policy picks the order: block by block over the rows reuses the weights in registers);
 //           kFull: nblk is 8;
 //   static float Finish(const Acc&)  (step 4).
+// and optionally:
+//   kSuperblock  true for the K-quant policies (their activations are per super-block: XGroup);
 // and optionally, for the streamed path (m <= kStreamRows):
 //   kStreamedRows  the number of rows of x (1: decode at batch 1) for which Micro's streamed path
 //           calls Stream instead of Decode and Accumulate;
@@ -185,6 +187,13 @@ template <class K>
 struct StreamedRows<K, std::void_t<decltype(K::kStreamedRows)>>
     : std::integral_constant<int, K::kStreamedRows> {};
 
+// K::kSuperblock, or false for a policy without it.
+template <class K, class = void>
+struct SuperblockPolicy : std::false_type {};
+template <class K>
+struct SuperblockPolicy<K, std::void_t<decltype(K::kSuperblock)>>
+    : std::integral_constant<bool, K::kSuperblock> {};
+
 // Steps 1-3 for MR rows of x (from row r0) and one weight row over groups [g0, g1): the weight row
 // packed at wrow (kPacked: unpacked here, group by group) or unpacked at drow (indexed by group).
 // The partial sums start at zero (first, or no park) or from park[0..MR) and end in park (!last)
@@ -275,6 +284,66 @@ const typename K::DG* UnpackRows(const QuantizedRows& xq, const uint8_t* wb, int
   return unpacked.data();
 }
 
+// Prefill-sized tiles walk x in slices (kMR rows by kSliceGroups groups) that each pass once over
+// the tile's unpacked weight rows. At large m, x outgrows the caches (m 1024, k 5632: 18 MiB of
+// records) and each slice's first touch waited on memory: one thread's Q4_K GEMM at m 2048, k 5632
+// ran at about half its m-256 speed on Zen 3. So while a slice runs, the next one's records (the
+// same rows' next groups, or the next rows' first ones) are prefetched into L1, spread over the
+// slice's column steps; only the lines the kernels read: q, then d8 or, for the K-quants, the line
+// of dx and bsum, the correction (corr or corr16) with a bias, and s with a c term.
+template <bool kSuperblock, bool kCorr, bool kS>
+class SlicePrefetcher {
+ public:
+  // The slice after rows [r, r + rows) x groups [s0, s1) of the tile's rows [.., m1), to be
+  // fetched over `steps` calls of Step().
+  SlicePrefetcher(const QuantizedRows& xq, int64_t r, int64_t rows, int64_t s1, int64_t m1,
+                  int64_t steps)
+      : xq_(xq) {
+    row0_ = r;
+    group0_ = s1;
+    if (group0_ >= xq.groups) {
+      row0_ = r + rows;
+      group0_ = 0;
+    }
+    rows_ = std::max<int64_t>(0, std::min(rows, m1 - row0_));
+    const int64_t records = rows_ * (std::min(xq.groups, group0_ + kSliceGroups) - group0_);
+    records_ = rows_ > 0 ? records : 0;
+    per_step_ = (records_ + steps - 1) / std::max<int64_t>(1, steps);
+  }
+
+  void Step() {
+    for (int64_t e = 0; e < per_step_ && next_ < records_; ++e, ++next_) {
+      Record(&xq_.x[(group0_ + next_ / rows_) * xq_.stride + row0_ + next_ % rows_]);
+    }
+  }
+
+ private:
+  static void Record(const XGroup* rec) {
+    for (int line = 0; line < 4; ++line) __builtin_prefetch(rec->q + 64 * line);
+    if constexpr (kSuperblock) {
+      __builtin_prefetch(&rec->dx);
+      if constexpr (kCorr) {
+        for (int line = 0; line < 4; ++line) {
+          __builtin_prefetch(reinterpret_cast<const char*>(rec->corr16) + 64 * line);
+        }
+      }
+    } else {
+      for (int line = 0; line < 2; ++line) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rec->d8) + 64 * line);
+      }
+      if constexpr (kCorr) {
+        for (int line = 0; line < 4; ++line) {
+          __builtin_prefetch(reinterpret_cast<const char*>(rec->corr) + 64 * line);
+        }
+      }
+      if constexpr (kS) __builtin_prefetch(rec->s);
+    }
+  }
+
+  const QuantizedRows& xq_;
+  int64_t row0_ = 0, group0_ = 0, rows_ = 0, records_ = 0, per_step_ = 0, next_ = 0;
+};
+
 // The TileFn of policy K.
 template <class K>
 void Tile(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
@@ -292,7 +361,11 @@ void Tile(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, i
     const int mr = static_cast<int>(std::min<int64_t>(K::kMR, m1 - r));
     for (int64_t s0 = 0; s0 < groups; s0 += kSliceGroups) {
       const int64_t s1 = std::min(groups, s0 + kSliceGroups);
+      constexpr bool kSuper = SuperblockPolicy<K>::value;
+      SlicePrefetcher<kSuper, K::kBias != 0, K::kHasC && !kSuper> prefetch(xq, r, K::kMR, s1, m1,
+                                                                           cols);
       for (int64_t c = 0; c < cols; ++c) {
+        prefetch.Step();
         MicroRows<K, false>(mr, xq, r, static_cast<const uint8_t*>(nullptr), unpacked + c * groups,
                             s0, s1, park.data() + c * K::kMR, s0 == 0, s1 == groups,
                             y + r * ldy + n0 + c, ldy);

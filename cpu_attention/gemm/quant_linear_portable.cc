@@ -298,6 +298,7 @@ struct Policy {
 // The K-quant types (quant_linear.h, "K-quants"): activations per super-block, integer scales.
 template <GgmlType T>
 struct PolicyK {
+  static constexpr bool kSuperblock = true;
   using DG = DGK;
   using Acc = AccK;
   static constexpr int kMR = 4;
