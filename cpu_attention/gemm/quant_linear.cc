@@ -120,10 +120,10 @@ void QuantizeRow(const float* x, int64_t blocks, int64_t groups, int bias, qli::
 // One super-block of 256 floats at x to int8 as ggml's quantize_row_q8_K_ref: max is the element
 // of largest |x| (the first of equals), iscale = -127 / max, q = min(127, nearest_int(iscale · x))
 // (nearest_int rounds half to even, as the SSE conversion does in the default rounding mode),
-// dx = 1 / iscale; all zero when x is. Block b's values go to slot KSlot(paired, b) of rec->q;
-// bsum[b] = Σ of block b's q; with a bias, corr16[t] = -bias · (q[2t] + q[2t + 1]) over the stored
-// q. SSE2 only, like QuantizeBlock.
-void QuantizeSuperBlock(const float* x, int bias, bool paired, qli::XGroup* rec) {
+// dx = 1 / iscale; all zero when x is. Block b's values go to slot KSlot(paired, b) of rec->q (as
+// q + 128, unsigned bytes, with unsigned_q); bsum[b] = Σ of block b's q; with a bias and signed q,
+// corr16[t] = -bias · (q[2t] + q[2t + 1]) over the stored q. SSE2 only, like QuantizeBlock.
+void QuantizeSuperBlock(const float* x, int bias, bool paired, bool unsigned_q, qli::XGroup* rec) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < qli::kGroup; ++j) {
     const float ax = std::fabs(x[j]);
@@ -133,7 +133,7 @@ void QuantizeSuperBlock(const float* x, int bias, bool paired, qli::XGroup* rec)
     }
   }
   if (amax == 0.0f) {
-    std::fill(rec->q, rec->q + qli::kGroup, int8_t{0});
+    std::fill(rec->q, rec->q + qli::kGroup, unsigned_q ? int8_t{-128} : int8_t{0});
     std::fill(rec->bsum, rec->bsum + qli::kGroupBlocks, int16_t{0});
     std::fill(rec->corr16, rec->corr16 + qli::kGroup / 2, int16_t{0});
     rec->dx = 0.0f;
@@ -150,15 +150,18 @@ void QuantizeSuperBlock(const float* x, int bias, bool paired, qli::XGroup* rec)
                              _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(xb + 8 * j + 4), is)));
       h[j] = _mm_min_epi16(_mm_max_epi16(h[j], _mm_set1_epi16(-127)), _mm_set1_epi16(127));
     }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_packs_epi16(h[0], h[1]));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_packs_epi16(h[2], h[3]));
+    const __m128i flip = _mm_set1_epi8(unsigned_q ? static_cast<char>(0x80) : 0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q),
+                     _mm_xor_si128(_mm_packs_epi16(h[0], h[1]), flip));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                     _mm_xor_si128(_mm_packs_epi16(h[2], h[3]), flip));
     __m128i sum = _mm_madd_epi16(
         _mm_add_epi16(_mm_add_epi16(h[0], h[1]), _mm_add_epi16(h[2], h[3])), _mm_set1_epi16(1));
     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(1, 0, 3, 2)));
     sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, _MM_SHUFFLE(2, 3, 0, 1)));
     rec->bsum[b] = static_cast<int16_t>(_mm_cvtsi128_si32(sum));
   }
-  if (bias != 0) {
+  if (bias != 0 && !unsigned_q) {
     for (int t = 0; t < qli::kGroup / 2; ++t) {
       rec->corr16[t] = static_cast<int16_t>(-bias * (rec->q[2 * t] + rec->q[2 * t + 1]));
     }
@@ -167,10 +170,10 @@ void QuantizeSuperBlock(const float* x, int bias, bool paired, qli::XGroup* rec)
 }
 
 // One row of x (k = groups · 256 floats) into the records x[g · stride] as K-quant activations.
-void QuantizeRowK(const float* x, int64_t groups, int bias, bool paired, qli::XGroup* out,
-                  int64_t stride) {
+void QuantizeRowK(const float* x, int64_t groups, int bias, bool paired, bool unsigned_q,
+                  qli::XGroup* out, int64_t stride) {
   for (int64_t g = 0; g < groups; ++g) {
-    QuantizeSuperBlock(x + g * qli::kGroup, bias, paired, &out[g * stride]);
+    QuantizeSuperBlock(x + g * qli::kGroup, bias, paired, unsigned_q, &out[g * stride]);
   }
 }
 
@@ -196,12 +199,14 @@ qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, const qli:
   xq.blocks = k / qli::kBlock;
   xq.groups = (xq.blocks + qli::kGroupBlocks - 1) / qli::kGroupBlocks;
   xq.stride = qli::GroupStride(m);
+  xq.unsigned_q = kernel.unsigned_prefill && m > qli::kStreamRows;
   scratch->resize(static_cast<size_t>(xq.groups * xq.stride));
   qli::XGroup* out = scratch->data();
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
   for (int64_t r = 0; r < m; ++r) {
     if (kernel.superblock) {
-      QuantizeRowK(x + r * k, xq.groups, bias, kernel.paired_slots, out + r, xq.stride);
+      QuantizeRowK(x + r * k, xq.groups, bias, kernel.paired_slots, xq.unsigned_q, out + r,
+                   xq.stride);
     } else {
       QuantizeRow(x + r * k, xq.blocks, xq.groups, bias, out + r, xq.stride);
     }

@@ -59,17 +59,18 @@
 // next slice's activations prefetched while one runs; AVX2's types of 32-blocks take
 // those rows block by block, each block's unpacked weights loaded once for all of them, and its
 // K-quants take 4 rows of x against 2 weight rows at once, then the mins term (Q4_K / Q5_K) in a
-// second pass, 8 weight rows per vector (the order of each output's operations is unchanged:
-// quant_linear_avx2.cc, TileK). The activations are quantized once per call, on the
-// calling thread's pool, into a thread_local buffer of the calling thread (~3.3 bytes per element
-// of x). Threading: parallel over tiles of weight rows (and of 64 x rows) on the calling thread's
-// OpenMP pool; each output element is computed whole by one thread. Reentrant. Rounding of q uses
-// the current rounding mode (the default, to nearest even). Ownership: reads x and w, writes y;
-// keeps no pointers. Errors: InvalidArgument, naming the type and the reason, for a type
-// QuantLinearSupports refuses, k not a multiple of the type's block size, a negative size, a null
-// pointer with m, n, k > 0, or an `isa` SupportedCpuIsas() does not list. Nothing aborts. ISA:
-// kAvx512 runs the AVX-512 VNNI kernels where CPUID has avx512vnni, else the AVX2 ones (same bits);
-// kAvx2 needs AVX2 + FMA + F16C.
+// second pass, 8 weight rows per vector, and Q6_K's take x as q + 128 (unsigned) against signed
+// weights, the constant this adds subtracted once per super-block (the order of each output's
+// operations and its integer sums are unchanged: quant_linear_avx2.cc, TileK). The activations are
+// quantized once per call, on the calling thread's pool, into a thread_local buffer of the calling
+// thread (~3.3 bytes per element of x). Threading: parallel over tiles of weight rows (and of 64 x
+// rows) on the calling thread's OpenMP pool; each output element is computed whole by one thread.
+// Reentrant. Rounding of q uses the current rounding mode (the default, to nearest even).
+// Ownership: reads x and w, writes y; keeps no pointers. Errors: InvalidArgument, naming the type
+// and the reason, for a type QuantLinearSupports refuses, k not a multiple of the type's block
+// size, a negative size, a null pointer with m, n, k > 0, or an `isa` SupportedCpuIsas() does not
+// list. Nothing aborts. ISA: kAvx512 runs the AVX-512 VNNI kernels where CPUID has avx512vnni, else
+// the AVX2 ones (same bits); kAvx2 needs AVX2 + FMA + F16C.
 #pragma once
 
 #include <cstddef>

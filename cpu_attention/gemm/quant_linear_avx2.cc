@@ -297,13 +297,56 @@ struct MinCols {
   __m256 dmin;
 };
 
+// Q6_K's prefill tiles with unsigned activations (Kernel::unsigned_prefill): vpmaddubsw takes
+// x's q + 128 (1..255, unsigned) against the signed weights w = u - 32 (-32..31), pairs within
+// int16 (|.| <= 2·255·32), so a block's lanes are Σ sc · Σ (q + 128) · w = PolicyK's lanes plus
+// 128 · Σ sc · Σ w, a constant of the weight row and super-block (c below) subtracted once per
+// super-block: the integer lanes, and so every bit, are PolicyK's. It saves the activations'
+// correction (corr16: a load per row and block, an add per product, 4 of the record's 13 lines):
+// Q6_K ~7% faster on Zen 3 (bench_quant_linear, 1 thread, M 256, L2: 89.3 -> 95.9 GFLOP/s at 480
+// x 2048, 80.8 -> 87.1 at 256 x 5632, best of 4 alternated runs); the vpmaddubsw / vpmaddwd pair
+// per product, which bounds the loop, is unchanged.
+struct DGU6 {
+  __m256i w[kGroupBlocks];   // block b: w = u - 32, signed
+  __m256i sc[kGroupBlocks];  // block b: as PolicyK's DG
+  __m256i c;                 // lane l: 128 · Σ_b Σ_(t in lane l) sc_t · (w_2t + w_2t+1)
+  __m128 dmin;               // d, 0
+};
+
+struct UnpackU6 {
+  using DG = DGU6;
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
+                                                    DG* dg) {
+    using P = PolicyK<GgmlType::kQ6_K>;
+    const uint8_t* b = row + g * P::kGroupBytes;
+    Weights<GgmlType::kQ6_K>(b, dg->w);
+    const typename P::Scales sc(b);
+    __m256i c = _mm256_setzero_si256();
+    for (int j = 0; j < kGroupBlocks; ++j) {
+      dg->w[j] = _mm256_sub_epi8(dg->w[j], _mm256_set1_epi8(32));
+      dg->sc[j] = sc.Of(j);
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), dg->w[j]);
+      c = _mm256_add_epi32(c, _mm256_madd_epi16(pairs, dg->sc[j]));
+    }
+    dg->c = _mm256_slli_epi32(c, 7);
+    dg->dmin = KQuant<GgmlType::kQ6_K>::DMin(b);
+  }
+};
+
+// The unpacking of a prefill tile's weight rows, and its unpacked group.
+template <GgmlType T, bool kUnsigned>
+using TileUnpack = std::conditional_t<kUnsigned, UnpackU6, PolicyK<T>>;
+template <GgmlType T, bool kUnsigned>
+using TileDG = typename TileUnpack<T, kUnsigned>::DG;
+
 // Step 1 for one super-block: rows x[r] against unpacked weight rows d[c], r < MR, c < NR, into
-// a[c · kTileRows + r].
-template <GgmlType T, int MR, int NR>
+// a[c · kTileRows + r]. kUnsigned: x's q + 128 against DGU6's signed weights.
+template <GgmlType T, bool kUnsigned, int MR, int NR>
 __attribute__((always_inline)) inline void SuperBlockTile(__m256* a,
-                                                          const typename PolicyK<T>::DG* const* d,
+                                                          const TileDG<T, kUnsigned>* const* d,
                                                           const XRow* x) {
   using P = PolicyK<T>;
+  constexpr bool kCorr = P::kBias != 0 && !kUnsigned;
   __m256i s[MR][NR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
@@ -328,13 +371,13 @@ __attribute__((always_inline)) inline void SuperBlockTile(__m256* a,
       __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + j * kBlock));
       asm("" : "+x"(q));
       __m256i corr = _mm256_setzero_si256();
-      if constexpr (P::kBias != 0) {
+      if constexpr (kCorr) {
         corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].corr16 + j * kBlock / 2));
       }
 #pragma GCC unroll 4
       for (int c = 0; c < NR; ++c) {
-        __m256i p16 = _mm256_maddubs_epi16(w[c], q);
-        if constexpr (P::kBias != 0) p16 = _mm256_add_epi16(p16, corr);
+        __m256i p16 = kUnsigned ? _mm256_maddubs_epi16(q, w[c]) : _mm256_maddubs_epi16(w[c], q);
+        if constexpr (kCorr) p16 = _mm256_add_epi16(p16, corr);
         s[r][c] =
             _mm256_add_epi32(s[r][c], _mm256_madd_epi16(p16, _mm256_load_si256(&d[c]->sc[j])));
       }
@@ -346,7 +389,11 @@ __attribute__((always_inline)) inline void SuperBlockTile(__m256* a,
     for (int c = 0; c < NR; ++c) {
       const __m128 f = TimesDx(d[c]->dmin, x[r].dx);  // lane 0: d · dx (KStep's)
       __m256* ac = &a[c * kTileRows + r];
-      *ac = _mm256_fmadd_ps(_mm256_broadcastss_ps(f), _mm256_cvtepi32_ps(s[r][c]), *ac);
+      __m256i lanes = s[r][c];
+      if constexpr (kUnsigned) {
+        lanes = _mm256_sub_epi32(lanes, _mm256_load_si256(&d[c]->c));
+      }
+      *ac = _mm256_fmadd_ps(_mm256_broadcastss_ps(f), _mm256_cvtepi32_ps(lanes), *ac);
     }
   }
 }
@@ -354,10 +401,9 @@ __attribute__((always_inline)) inline void SuperBlockTile(__m256* a,
 // Step 1 for rows r0 .. r0 + MR of x and unpacked weight rows drow + c · groups (c < NR) over
 // super-blocks [g0, g1): the sums start at zero (first) or from park (row r, weight row c at
 // park[c · kTileRows + r]) and end there (!last) or reduced, y[r · ldy + c] = Tree(a).
-template <GgmlType T, int MR, int NR>
-void MicroK(const QuantizedRows& xq, int64_t r0, const typename PolicyK<T>::DG* drow,
-            int64_t groups, int64_t g0, int64_t g1, __m256* park, bool first, bool last, float* y,
-            int64_t ldy) {
+template <GgmlType T, bool kUnsigned, int MR, int NR>
+void MicroK(const QuantizedRows& xq, int64_t r0, const TileDG<T, kUnsigned>* drow, int64_t groups,
+            int64_t g0, int64_t g1, __m256* park, bool first, bool last, float* y, int64_t ldy) {
   using P = PolicyK<T>;
   if (first) {
     for (int r = 0; r < MR; ++r) {
@@ -368,10 +414,10 @@ void MicroK(const QuantizedRows& xq, int64_t r0, const typename PolicyK<T>::DG* 
     XRow x[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) x[r] = RowAt<P>(xq, r0 + r, g);
-    const typename P::DG* d[NR];
+    const TileDG<T, kUnsigned>* d[NR];
 #pragma GCC unroll 4
     for (int c = 0; c < NR; ++c) d[c] = drow + c * groups + g;
-    SuperBlockTile<T, MR, NR>(park, d, x);
+    SuperBlockTile<T, kUnsigned, MR, NR>(park, d, x);
     // The sums are loaded and stored back once per super-block: GCC otherwise kept a second copy
     // of all of them on the stack besides storing them.
     asm volatile("" ::: "memory");
@@ -382,16 +428,16 @@ void MicroK(const QuantizedRows& xq, int64_t r0, const typename PolicyK<T>::DG* 
   }
 }
 
-// MicroK<T, mr, nr> for 1 <= mr <= MR, 1 <= nr <= NR.
-template <GgmlType T, int MR, int NR, class... Args>
+// MicroK<T, kUnsigned, mr, nr> for 1 <= mr <= MR, 1 <= nr <= NR.
+template <GgmlType T, bool kUnsigned, int MR, int NR, class... Args>
 inline void MicroKRows(int mr, int nr, Args... args) {
   if constexpr (MR > 1) {
-    if (mr < MR) return MicroKRows<T, MR - 1, NR>(mr, nr, args...);
+    if (mr < MR) return MicroKRows<T, kUnsigned, MR - 1, NR>(mr, nr, args...);
   }
   if constexpr (NR > 1) {
-    if (nr < NR) return MicroKRows<T, MR, NR - 1>(mr, nr, args...);
+    if (nr < NR) return MicroKRows<T, kUnsigned, MR, NR - 1>(mr, nr, args...);
   }
-  MicroK<T, MR, NR>(args...);
+  MicroK<T, kUnsigned, MR, NR>(args...);
 }
 
 // Step 2 for row r of x against the weight rows of mins (MinCols, `groups` per kMinLanes weight
@@ -420,20 +466,18 @@ inline void MinsPass(const QuantizedRows& xq, int64_t r, const MinCols* mins, in
   for (int c = 0; c < cols; ++c) y[c] -= t[c];
 }
 
-// The TileFn of the K-quants: decode-sized tiles as Tile (StreamedTile); prefill-sized ones unpack
-// the tile's weight rows once as Tile does (UnpackRows) and, Q4_K / Q5_K, gather their mins as
-// MinCols, then for each kTileRows rows of x, K slice by K slice, run step 1 over the weight rows
-// kTileCols at a time, then step 2.
-template <GgmlType T>
-void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
-           int64_t n0, int64_t n1, float* y, int64_t ldy) {
+// The K-quants' prefill-sized tiles: unpack the tile's weight rows once as Tile does (UnpackRows;
+// kUnsigned: UnpackU6) and, Q4_K / Q5_K, gather their mins as MinCols, then for each kTileRows rows
+// of x, K slice by K slice, run step 1 over the weight rows kTileCols at a time, then step 2.
+template <GgmlType T, bool kUnsigned>
+void PrefillTileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const uint8_t* wb,
+                  int64_t row_bytes, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   using P = PolicyK<T>;
-  const auto* wb = reinterpret_cast<const uint8_t*>(w);
-  if (m1 - m0 <= kStreamRows) return StreamedTile<P>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
   const int64_t groups = xq.groups;
   const int64_t cols = n1 - n0;
   const int64_t min_blocks = (cols + kMinLanes - 1) / kMinLanes;
-  const typename P::DG* unpacked = UnpackRows<P>(xq, wb, row_bytes, n0, n1);
+  const TileDG<T, kUnsigned>* unpacked =
+      UnpackRows<TileUnpack<T, kUnsigned>>(xq, wb, row_bytes, n0, n1);
   thread_local std::vector<MinCols> mins;
   thread_local std::vector<Sum8> park;
   park.resize(static_cast<size_t>(cols * kTileRows));
@@ -444,7 +488,7 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
         alignas(32) uint32_t pair[4][kMinLanes] = {};
         alignas(32) float dmin[kMinLanes] = {};
         for (int64_t c = b * kMinLanes; c < std::min(cols, (b + 1) * kMinLanes); ++c) {
-          const typename P::DG& dg = unpacked[c * groups + g];
+          const TileDG<T, kUnsigned>& dg = unpacked[c * groups + g];
           alignas(16) uint32_t m[4];
           _mm_store_si128(reinterpret_cast<__m128i*>(m), dg.mins);
           for (int j = 0; j < 4; ++j) pair[j][c - b * kMinLanes] = m[j];
@@ -462,14 +506,15 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
     const int mr = static_cast<int>(std::min<int64_t>(kTileRows, m1 - r));
     for (int64_t s0 = 0; s0 < groups; s0 += kSliceGroups) {
       const int64_t s1 = std::min(groups, s0 + kSliceGroups);
-      SlicePrefetcher<true, P::kBias != 0, false> prefetch(xq, r, kTileRows, s1, m1,
-                                                           (cols + kTileCols - 1) / kTileCols);
+      SlicePrefetcher<true, P::kBias != 0 && !kUnsigned, false> prefetch(
+          xq, r, kTileRows, s1, m1, (cols + kTileCols - 1) / kTileCols);
       for (int64_t c = 0; c < cols; c += kTileCols) {
         prefetch.Step();
         const int nr = static_cast<int>(std::min<int64_t>(kTileCols, cols - c));
-        MicroKRows<T, kTileRows, kTileCols>(mr, nr, xq, r, unpacked + c * groups, groups, s0, s1,
-                                            &park[static_cast<size_t>(c * kTileRows)].v, s0 == 0,
-                                            s1 == groups, y + r * ldy + n0 + c, ldy);
+        MicroKRows<T, kUnsigned, kTileRows, kTileCols>(
+            mr, nr, xq, r, unpacked + c * groups, groups, s0, s1,
+            &park[static_cast<size_t>(c * kTileRows)].v, s0 == 0, s1 == groups,
+            y + r * ldy + n0 + c, ldy);
       }
     }
     if constexpr (P::kHasC) {
@@ -484,11 +529,29 @@ void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, 
   }
 }
 
+// The TileFn of the K-quants: Q6_K with unsigned activations (a call of m > kStreamRows) through
+// PrefillTileK whatever the tile's rows; otherwise decode-sized tiles as Tile (StreamedTile) and
+// prefill-sized ones through PrefillTileK.
+template <GgmlType T>
+void TileK(const QuantizedRows& xq, int64_t m0, int64_t m1, const std::byte* w, int64_t row_bytes,
+           int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  if constexpr (T == GgmlType::kQ6_K) {
+    if (xq.unsigned_q) return PrefillTileK<T, true>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
+  }
+  if (m1 - m0 <= kStreamRows) {
+    return StreamedTile<PolicyK<T>>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
+  }
+  PrefillTileK<T, false>(xq, m0, m1, wb, row_bytes, n0, n1, y, ldy);
+}
+
 template <GgmlType T>
 Kernel KernelOf() {
   if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K || T == GgmlType::kQ6_K) {
-    Kernel k{TileK<T>, PolicyK<T>::kBias, static_cast<int64_t>(sizeof(typename PolicyK<T>::DG))};
+    constexpr bool kUnsigned = T == GgmlType::kQ6_K;  // UnpackU6
+    Kernel k{TileK<T>, PolicyK<T>::kBias, static_cast<int64_t>(sizeof(TileDG<T, kUnsigned>))};
     k.superblock = true;
+    k.unsigned_prefill = kUnsigned;
     return k;
   } else {
     return Kernel{Tile<Policy<T>>, Policy<T>::kBias,

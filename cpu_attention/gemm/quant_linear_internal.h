@@ -53,7 +53,8 @@ constexpr int64_t kGroup = kBlock * kGroupBlocks;
 // QuantizeRows). For the types of 32-blocks, in blocks of 32, block i of the group:
 //   q, d8, corr (int32) and s.
 // For the K-quant types (Kernel::superblock), once per group as ggml's quantize_row_q8_K:
-//   q (block b at slot KSlot(b)), dx, bsum and, with a bias, corr16; d8 and s unused.
+//   q (block b at slot KSlot(b); as q + 128 in unsigned bytes where QuantizedRows::unsigned_q),
+//   dx, bsum and, with a bias and signed q, corr16; d8 and s unused.
 struct alignas(64) XGroup {
   int8_t q[kGroup];            // the int8 values
   float d8[kGroupBlocks * 8];  // d_i, 8 copies at [8i, 8i + 8)
@@ -80,6 +81,9 @@ struct QuantizedRows {
   int64_t groups = 0;  // ceil(blocks / 8)
   int64_t stride = 0;  // records from one group of a row to the next
   const XGroup* x = nullptr;
+  // Kernel::unsigned_prefill in force for this call: q holds q + 128 as unsigned bytes (bsum and
+  // dx as always, no corr16).
+  bool unsigned_q = false;
 };
 
 // The least stride >= rows whose records do not start within 8 lines of a multiple of 4 KiB
@@ -133,6 +137,10 @@ struct Kernel {
   // KSlot(paired_slots, b); bias fills corr16 instead of corr.
   bool superblock = false;
   bool paired_slots = false;
+  // K-quant kernels: calls with m > kStreamRows get their activations as q + 128 (unsigned bytes,
+  // QuantizedRows::unsigned_q), and the tile function takes every tile of such a call, however
+  // few its rows, through its prefill path.
+  bool unsigned_prefill = false;
 };
 
 // nullptr tile for a type the ISA has no kernel for (never for QuantLinearSupports' types).
