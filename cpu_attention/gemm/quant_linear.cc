@@ -180,8 +180,9 @@ void QuantizeRowK(const float* x, int64_t groups, int bias, bool paired, bool un
 // The bytes of unpacked weight rows a prefill-sized tile holds: 3/4 of a core's L2 (the rest for
 // the slices of x in flight, the parked sums and y), at most 384 KiB. Each slice of x passes over
 // all of the tile's weight rows, so the tile's width sets how often x is read from beyond L2: on
-// Zen 3 (512 KiB L2) 384 KiB ran one thread's Q4_K / Q6_K GEMMs at m 2048 up to ~1.3x faster than
-// 256 KiB (bench_quant_linear, k 5632); larger L2s were not measured, hence the cap.
+// Zen 3 (512 KiB L2), one thread's Q4_K / Q6_K GEMMs at m 2048 ran 0.90-1.45x as fast as with
+// 256 KiB (bench_quant_linear, shapes 2048 x 5632 and 5632 x 2048, 2 alternated rounds: faster in 7
+// of 8 pairs); larger L2s were not measured, hence the cap.
 int64_t UnpackedTileBytes() {
   static const int64_t bytes = [] {
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
