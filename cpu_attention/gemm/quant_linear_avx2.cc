@@ -305,31 +305,24 @@ struct MinCols {
 // correction (corr16: a load per row and block, an add per product, 4 of the record's 13 lines):
 // Q6_K ~7% faster on Zen 3 (bench_quant_linear, 1 thread, M 256, L2: 89.3 -> 95.9 GFLOP/s at 480
 // x 2048, 80.8 -> 87.1 at 256 x 5632, best of 4 alternated runs); the vpmaddubsw / vpmaddwd pair
-// per product, which bounds the loop, is unchanged.
-struct DGU6 {
-  __m256i w[kGroupBlocks];   // block b: w = u - 32, signed
-  __m256i sc[kGroupBlocks];  // block b: as PolicyK's DG
-  __m256i c;                 // lane l: 128 · Σ_b Σ_(t in lane l) sc_t · (w_2t + w_2t+1)
-  __m128 dmin;               // d, 0
+// per product, which bounds the loop, is unchanged. DGU6 is PolicyK<Q6_K>'s unpacked group with w
+// = u - 32 instead of u, and c.
+struct DGU6 : PolicyK<GgmlType::kQ6_K>::DG {
+  __m256i c;  // lane l: 128 · Σ_b Σ_(t in lane l) sc_t · (w_2t + w_2t+1)
 };
 
 struct UnpackU6 {
   using DG = DGU6;
-  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int /*nblk*/,
+  __attribute__((always_inline)) static void Decode(const uint8_t* row, int64_t g, int nblk,
                                                     DG* dg) {
-    using P = PolicyK<GgmlType::kQ6_K>;
-    const uint8_t* b = row + g * P::kGroupBytes;
-    Weights<GgmlType::kQ6_K>(b, dg->w);
-    const typename P::Scales sc(b);
+    PolicyK<GgmlType::kQ6_K>::Decode(row, g, nblk, dg);
     __m256i c = _mm256_setzero_si256();
     for (int j = 0; j < kGroupBlocks; ++j) {
       dg->w[j] = _mm256_sub_epi8(dg->w[j], _mm256_set1_epi8(32));
-      dg->sc[j] = sc.Of(j);
       const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), dg->w[j]);
       c = _mm256_add_epi32(c, _mm256_madd_epi16(pairs, dg->sc[j]));
     }
     dg->c = _mm256_slli_epi32(c, 7);
-    dg->dmin = KQuant<GgmlType::kQ6_K>::DMin(b);
   }
 };
 

@@ -314,8 +314,7 @@ class SlicePrefetcher {
       group0_ = 0;
     }
     rows_ = std::max<int64_t>(0, std::min(rows, m1 - row0_));
-    const int64_t records = rows_ * (std::min(xq.groups, group0_ + kSliceGroups) - group0_);
-    records_ = rows_ > 0 ? records : 0;
+    records_ = rows_ * (std::min(xq.groups, group0_ + kSliceGroups) - group0_);
     per_step_ = (records_ + steps - 1) / std::max<int64_t>(1, steps);
   }
 
