@@ -18,11 +18,12 @@
 //   wp  [16 lanes][K/16 steps][NR] f32: one panel of NR weight rows, widened from bf16/f16 (in the
 //       pair order, kBF16Pairs, permuted as xp's rows are), zero columns padding it; per tile and
 //       panel, thread_local;
-//   acc [16 lanes][rows][NR] f32: each lane's partial sums, parked between K slices; thread_local.
+//   acc [16 lanes][kChunkBlocks x MR rows][NR] f32: each lane's partial sums for one chunk of row
+//       blocks, parked between K slices until the tree; thread_local.
 // Lanes are LaneStride(...) floats apart (invariant_linear_internal.h), a little more than their
 // size.
-// Bytes: xp rows·K·4 (a copy of x), per thread NR·K·4 + rows·NR·64 (NR 16, K 14,336, 256 rows:
-// 0.9 + 0.3 MB).
+// Bytes: xp rows·K·4 (a copy of x), per thread NR·K·4 + kChunkBlocks·MR·NR·64 (NR 16, K 14,336:
+// 0.9 MB + 48 KiB).
 //
 // The including ISA file defines MOEBATCH_INVARIANT_ISA (as for invariant_linear_kernel.h) and a
 // column-vector type CV of CV::kWidth f32 lanes with Zero(), Load(const float*), Store(float*, CV),
@@ -49,29 +50,50 @@ namespace moebatch {
 namespace invariant_linear_internal {
 namespace MOEBATCH_INVARIANT_ISA {
 
-// Steps per K slice: a lane's weight slice (kLaneSteps x NR f32, 8 KiB at NR 16) stays in L1 while
-// every row block of the tile passes over it.
-constexpr int64_t kLaneSteps = 128;
+// The loops of a tile, for each panel of NR weight rows: chunks of kChunkBlocks row blocks; in a
+// chunk, K slices of kLaneSliceBytes / (NR x 4) steps; in a slice, lane by lane, the chunk's row
+// blocks over the lane's weight slice. The weight slice (16 KiB) stays in L1 while the chunk's
+// blocks pass over it, and the chunk's lane sums (16 lanes x kChunkBlocks x MR x NR f32: 48 KiB
+// at 6 x 16) stay in L2 until the tree adds them. On Zen 3 (one thread, [14336, 4096] bf16, M 512)
+// 256-step slices and chunks of 8 blocks ran at 85-88 GFLOP/s against 80-85 with 128-step slices
+// over all 43 blocks of a 256-row tile, and at K 14,336 at 79-83 against 73-77
+// (docs/performance.md, "Expert GEMMs at prefill M on Zen 3").
+constexpr int64_t kLaneSliceBytes = 16 << 10;
+constexpr int64_t kChunkBlocks = 8;
+
+// One step of the micro-kernel: a[r][v] += x[r] * w[v] for step s of xp [steps][MR] and wp
+// [steps][NR].
+template <class CV, int MR, int NRV>
+__attribute__((always_inline)) inline void LaneStep(const float* xp, const float* wp, int64_t s,
+                                                    CV (&a)[MR][NRV]) {
+  constexpr int W = CV::kWidth, NR = NRV * W;
+  CV b[NRV];
+  for (int v = 0; v < NRV; ++v) b[v] = CV::Load(wp + s * NR + v * W);
+  for (int r = 0; r < MR; ++r) {
+    const CV xr = CV::Broadcast(xp + s * MR + r);
+    for (int v = 0; v < NRV; ++v) a[r][v] = CV::Fma(xr, b[v], a[r][v]);
+  }
+}
 
 // acc[r][0:NR] (row stride NR) += the FMAs of steps [0, steps) of one lane, MR rows x NRV vectors:
 // xp [steps][MR], wp [steps][NR]. first: the accumulators start at zero instead of acc's values.
-// Always inlined: GCC 12 keeps the accumulator array in registers only then (called out of line,
-// it stores them to the stack at every step, a third of the speed).
+// xp_next: the next call's activations (as many), prefetched into L1 a step's worth per step; each
+// call's activations are a new stream in a packed copy of x far larger than L2, and without the
+// prefetch the loop waited on them (Zen 3: the loop ran at ~0.92 of the FMA peak with it and ~0.86
+// without). Always inlined: GCC 12 keeps the accumulator array in registers only then (called out
+// of line, it stores them to the stack at every step, a third of the speed).
 template <class CV, int MR, int NRV>
 __attribute__((always_inline)) inline void LaneMicroKernel(const float* xp, const float* wp,
-                                                           int64_t steps, float* acc, bool first) {
+                                                           int64_t steps, float* acc, bool first,
+                                                           const float* xp_next) {
   constexpr int W = CV::kWidth, NR = NRV * W;
   CV a[MR][NRV];
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NRV; ++v) a[r][v] = first ? CV::Zero() : CV::Load(acc + r * NR + v * W);
   }
   for (int64_t s = 0; s < steps; ++s) {
-    CV b[NRV];
-    for (int v = 0; v < NRV; ++v) b[v] = CV::Load(wp + s * NR + v * W);
-    for (int r = 0; r < MR; ++r) {
-      const CV xr = CV::Broadcast(xp + s * MR + r);
-      for (int v = 0; v < NRV; ++v) a[r][v] = CV::Fma(xr, b[v], a[r][v]);
-    }
+    __builtin_prefetch(xp_next + s * MR, 0, 3);
+    LaneStep<CV, MR, NRV>(xp, wp, s, a);
   }
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NRV; ++v) CV::Store(acc + r * NR + v * W, a[r][v]);
@@ -86,9 +108,10 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   constexpr int NR = NRV * CV::kWidth;
   const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
   const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16, steps = k16 / 16;
-  const int64_t blocks = (rows + MR - 1) / MR, rows_pad = blocks * MR;
+  const int64_t blocks = (rows + MR - 1) / MR;
   const int64_t xs = LaneStride(steps * MR), ws = LaneStride(steps * NR);
-  const int64_t as = LaneStride(rows_pad * NR);
+  const int64_t as = LaneStride(std::min(blocks, kChunkBlocks) * MR * NR);
+  const int64_t slice_steps = kLaneSliceBytes / (NR * static_cast<int64_t>(sizeof(float)));
   x += m0 * k;
   xp += m0 / MR * 16 * xs;
   y += m0 * ldy + n0;
@@ -104,40 +127,53 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
     const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * k);
     const int64_t next_bytes = std::min<int64_t>(NR, std::max<int64_t>(0, cols - c0 - NR)) * k *
                                static_cast<int64_t>(sizeof(WElem<WD>));
-    const int64_t visits = (steps + kLaneSteps - 1) / kLaneSteps * 16;  // 0 when K < 16
+    const int64_t chunks = (blocks + kChunkBlocks - 1) / kChunkBlocks;
+    const int64_t visits = chunks * ((steps + slice_steps - 1) / slice_steps) * 16;  // 0: K < 16
     const int64_t share = visits == 0 ? 0 : (next_bytes / visits + 63) / 64;
     int64_t fetched = 0;
-    // Step 1, lane by lane, K sliced so that the lane's weight slice stays in L1.
-    for (int64_t s0 = 0; s0 < steps; s0 += kLaneSteps) {
-      const int64_t len = std::min(kLaneSteps, steps - s0);
-      for (int j = 0; j < 16; ++j) {
-        for (int64_t i = 0; i < share && fetched < next_bytes; ++i, fetched += 64) {
-          __builtin_prefetch(next + fetched, 0, 2);
-        }
-        const float* wj = wp.data() + j * ws + s0 * NR;
-        for (int64_t rb = 0; rb < blocks; ++rb) {
-          LaneMicroKernel<CV, MR, NRV>(xp + (rb * 16 + j) * xs + s0 * MR, wj, len,
-                                       acc.data() + j * as + rb * MR * NR, s0 == 0);
+    for (int64_t rb0 = 0; rb0 < blocks; rb0 += kChunkBlocks) {
+      const int64_t rb1 = std::min(blocks, rb0 + kChunkBlocks);
+      // Step 1: slices of K, lane by lane, the chunk's row blocks over the lane's weight slice.
+      for (int64_t s0 = 0; s0 < steps; s0 += slice_steps) {
+        const int64_t len = std::min(slice_steps, steps - s0);
+        for (int j = 0; j < 16; ++j) {
+          for (int64_t i = 0; i < share && fetched < next_bytes; ++i, fetched += 64) {
+            __builtin_prefetch(next + fetched, 0, 2);
+          }
+          const float* wj = wp.data() + j * ws + s0 * NR;
+          for (int64_t rb = rb0; rb < rb1; ++rb) {
+            // The next call's activations: the next block's, else the next lane's, the next
+            // slice's, the next chunk's, or the next panel's first call's.
+            const float* xp_next = rb + 1 < rb1       ? xp + ((rb + 1) * 16 + j) * xs + s0 * MR
+                                   : j + 1 < 16       ? xp + (rb0 * 16 + j + 1) * xs + s0 * MR
+                                   : s0 + len < steps ? xp + rb0 * 16 * xs + (s0 + len) * MR
+                                   : rb1 < blocks     ? xp + rb1 * 16 * xs
+                                                      : xp;
+            LaneMicroKernel<CV, MR, NRV>(xp + (rb * 16 + j) * xs + s0 * MR, wj, len,
+                                         acc.data() + j * as + (rb - rb0) * MR * NR, s0 == 0,
+                                         xp_next);
+          }
         }
       }
-    }
-    // Steps 2 and 3 per row: the tree over the 16 lanes, across the panel's columns, then the
-    // K % 16 tail (straight into y when there is none and the panel is whole).
-    for (int64_t r = 0; r < rows; ++r) {
-      float tree[NR];
-      float* out = nc == NR && k16 == k ? y + r * ldy + c0 : tree;
-      for (int v = 0; v < NRV; ++v) {
-        const int64_t off = v * CV::kWidth;
-        CV l[16];
-        for (int j = 0; j < 16; ++j) l[j] = CV::Load(acc.data() + j * as + r * NR + off);
-        for (int s = 8; s >= 1; s >>= 1) {
-          for (int i = 0; i < s; ++i) l[i] = CV::Add(l[i], l[i + s]);
+      // Steps 2 and 3 per row of the chunk: the tree over the 16 lanes, across the panel's
+      // columns, then the K % 16 tail (straight into y when there is none and the panel is whole).
+      for (int64_t r = rb0 * MR; r < std::min(rows, rb1 * MR); ++r) {
+        const int64_t ra = r - rb0 * MR;
+        float tree[NR];
+        float* out = nc == NR && k16 == k ? y + r * ldy + c0 : tree;
+        for (int v = 0; v < NRV; ++v) {
+          const int64_t off = v * CV::kWidth;
+          CV l[16];
+          for (int j = 0; j < 16; ++j) l[j] = CV::Load(acc.data() + j * as + ra * NR + off);
+          for (int s = 8; s >= 1; s >>= 1) {
+            for (int i = 0; i < s; ++i) l[i] = CV::Add(l[i], l[i + s]);
+          }
+          CV::Store(out + off, l[0]);
         }
-        CV::Store(out + off, l[0]);
-      }
-      if (out != tree) continue;
-      for (int64_t c = 0; c < nc; ++c) {
-        y[r * ldy + c0 + c] = Finish<WD>(tree[c], x + r * k, w + (c0 + c) * k, k16, k);
+        if (out != tree) continue;
+        for (int64_t c = 0; c < nc; ++c) {
+          y[r * ldy + c0 + c] = Finish<WD>(tree[c], x + r * k, w + (c0 + c) * k, k16, k);
+        }
       }
     }
   }

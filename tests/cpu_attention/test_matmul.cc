@@ -99,12 +99,26 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
   struct Shape {
     int64_t m, k, n;
   };
-  const Shape shapes[] = {{1, 1, 1},      {3, 15, 5},    {5, 17, 7},
-                          {4, 64, 4},     {9, 100, 13},  {70, 64, 300},
-                          {2, 4096, 9},   {130, 33, 67}, {40, 1040, 37},
-                          {17, 1300, 21}, {10, 16, 16},  {23, 4100, 40},
-                          {48, 2048, 64}, {300, 48, 20}, {12, 7, 40},
-                          {11, 0, 17}};  // these two: K < 16, only the tail
+  const Shape shapes[] = {{1, 1, 1},
+                          {3, 15, 5},
+                          {5, 17, 7},
+                          {4, 64, 4},
+                          {9, 100, 13},
+                          {70, 64, 300},
+                          {2, 4096, 9},
+                          {130, 33, 67},
+                          {40, 1040, 37},
+                          {17, 1300, 21},
+                          {10, 16, 16},
+                          {23, 4100, 40},
+                          {48, 2048, 64},
+                          {300, 48, 20},
+                          {12, 7, 40},
+                          {11, 0, 17},  // these two: K < 16, only the tail
+                          // the lane path: several K slices and chunks of row blocks (60 rows,
+                          // K 8,210), and tiles of rows split (530 rows)
+                          {60, 8210, 20},
+                          {530, 40, 18}};
   for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       std::vector<float> x(s.m * s.k), w32(s.n * s.k);
@@ -183,10 +197,11 @@ TEST_CASE("InvariantLinearBf16 gives the pair order's bits on every path") {
   struct Shape {
     int64_t m, k, n;
   };
-  const Shape shapes[] = {
-      {1, 32, 1},     {3, 15, 5},    {5, 17, 7},     {4, 64, 4},     {9, 100, 13},  {70, 64, 300},
-      {2, 4096, 9},   {130, 33, 67}, {40, 1040, 37}, {17, 1300, 21}, {10, 48, 16},  {23, 4100, 40},
-      {48, 2048, 64}, {300, 50, 20}, {12, 7, 40},    {11, 0, 17},    {16, 560, 33}, {64, 2080, 48}};
+  const Shape shapes[] = {{1, 32, 1},     {3, 15, 5},     {5, 17, 7},     {4, 64, 4},
+                          {9, 100, 13},   {70, 64, 300},  {2, 4096, 9},   {130, 33, 67},
+                          {40, 1040, 37}, {17, 1300, 21}, {10, 48, 16},   {23, 4100, 40},
+                          {48, 2048, 64}, {300, 50, 20},  {12, 7, 40},    {11, 0, 17},
+                          {16, 560, 33},  {64, 2080, 48}, {60, 8210, 20}, {530, 40, 18}};
   for (bool tiny : {false, true}) {
     for (const Shape& s : shapes) {
       std::vector<uint16_t> x(s.m * s.k), w(s.n * s.k);
