@@ -169,6 +169,7 @@ inline __attribute__((always_inline)) void AttendTile(const std::byte* keys, siz
 // The tile kernel of AttendHeadsTiled (decode_attention_tiled.h).
 struct Avx512Tile {
   static constexpr int kLanes = 16;
+  static constexpr int kPrefetchFirst = 2, kPrefetchSpan = 4;  // decode_attention_tiled.h
   using Sum = __m512;
   static Sum ZeroSum() { return _mm512_setzero_ps(); }
   static float ReduceSum(Sum l) { return _mm512_reduce_add_ps(l); }

@@ -23,36 +23,38 @@ static_assert(kMaxGroup * kMaxTiledHeadDim <= kMaxUnitFloats, "tiled state excee
 
 // Prefetch: each 4 KiB K or V run of a block starts a new page, where the hardware prefetchers
 // stop, so the kernels prefetch every line themselves. Each head-tile's lines are prefetched over
-// the kPrefetchSpan head-tiles before it, a 1/kPrefetchSpan slice per head-tile, latest slice
-// nearest; while one head-tile is computed, 2 x kPrefetchSpan pages (K and V) are being read at
-// once (the read-only probe's lesson, bench/attention_bandwidth.cc: several pages read a KiB at a
-// time go faster than whole runs one after another). The pacing matters as much as the addresses:
-// the core has few line-fill buffers, and a prefetch that finds none free stalls it, so the queue
-// of a head-tile (PrefetchQueue) is issued a K/V line pair per step of q . K and one per key row
-// of each p.V pass (more for f32 rows), the rest after the tile. On the development host that read
-// 16-31% faster (8 paired runs, AVX-512) than the same prefetches issued in four bursts, one per q
-// . K step of 4 rows, and faster than spreading them over the q . K steps only or the p.V rows only
-// (docs/performance.md).
-constexpr int kPrefetchFirst = 2;  // the nearest head-tile ahead that is prefetched
-constexpr int kPrefetchSpan = 4;   // head-tiles ahead being prefetched at once
+// the K::kPrefetchSpan head-tiles before it, starting K::kPrefetchFirst head-tiles ahead, a
+// 1/kPrefetchSpan slice per head-tile, latest slice nearest; while one head-tile is computed,
+// 2 x kPrefetchSpan pages (K and V) are being read at once (the read-only probe's lesson,
+// bench/attention_bandwidth.cc: several pages read a KiB at a time go faster than whole runs one
+// after another). The pacing matters as much as the addresses: the core has few line-fill
+// buffers, and a prefetch that finds none free stalls it, so the queue of a head-tile
+// (PrefetchQueue) is issued a K/V line pair per step of q . K and one per key row of each p.V
+// pass (more for f32 rows), the rest after the tile. On the AVX-512 development host that read
+// 16-31% faster (8 paired runs) than the same prefetches issued in four bursts, one per q . K step
+// of 4 rows, and faster than spreading them over the q . K steps only or the p.V rows only; the
+// AVX-512 kernel prefetches from 2 head-tiles ahead over 4, the AVX2 one (Zen 3's 32 KiB L1d) the
+// whole next head-tile only (docs/performance.md).
+constexpr int kMaxPrefetchSpan = 4;  // head-tiles ahead being prefetched at once, at most
 
-// One head-tile's prefetches: slice kPrefetchSpan - 1 - k of head-tile k ahead (K lines at base[k],
-// V lines value_offset further), taken round robin over k, `per_step` K/V line pairs per step. The
-// schedule was measured with bf16 or f16 rows of 128 elements (64 pairs per head-tile, one per
-// step); per_step scales it to longer rows (f32: 2), so the share left for after the tile stays
-// the same.
+// One head-tile's prefetches: slice span - 1 - k of head-tile k ahead (K lines at base[k], V lines
+// value_offset further), taken round robin over k, `per_step` K/V line pairs per step; span =
+// 1 << span_shift. The schedule was measured with bf16 or f16 rows of 128 elements (64 pairs per
+// head-tile, one per step); per_step scales it to longer rows (f32: 2), so the share left for
+// after the tile stays the same.
 struct PrefetchQueue {
-  const std::byte* base[kPrefetchSpan] = {};
-  size_t bytes[kPrefetchSpan] = {};
+  const std::byte* base[kMaxPrefetchSpan] = {};
+  size_t bytes[kMaxPrefetchSpan] = {};
   size_t value_offset = 0;
   int next = 0, total = 0;  // pairs issued, pairs in the queue (round robin: span x longest slice)
   int per_step = 1;         // pairs per Step(): total / 64, at least 1
+  int span_shift = 0;       // log2 of the head-tiles in the queue
 
   inline void Step() { Issue(per_step); }
   inline void Issue(int pairs) {
     for (; pairs > 0 && next < total; --pairs, ++next) {
-      const int k = next % kPrefetchSpan;
-      const size_t at = static_cast<size_t>(next / kPrefetchSpan) * 64;
+      const int k = next & ((1 << span_shift) - 1);
+      const size_t at = static_cast<size_t>(next >> span_shift) * 64;
       if (at < bytes[k]) {
         _mm_prefetch(reinterpret_cast<const char*>(base[k] + at), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(base[k] + value_offset + at), _MM_HINT_T0);
@@ -98,12 +100,13 @@ inline void FromPairOrder(const float* in, int64_t d, float* out) {
 // (engine/kv/kv_cache.h), so a work item of 8 KV heads reads each block as two 32 KiB sequential
 // streams instead of one 4 KiB K run and one V run per item; the read-only probe of
 // bench/attention_bandwidth.cc reads that order faster (docs/performance.md). The prefetches follow
-// the same order: head-tile i = (tile, head) prefetches head-tiles i + kPrefetchFirst ..
-// i + kPrefetchFirst + kPrefetchSpan - 1. Each head's arithmetic is exactly that of a one-head
-// call. Same contract as AttendGroupFn (decode_attention_internal.h).
+// the same order: head-tile i = (tile, head) prefetches head-tiles i + K::kPrefetchFirst ..
+// i + K::kPrefetchFirst + K::kPrefetchSpan - 1. Each head's arithmetic is exactly that of a
+// one-head call. Same contract as AttendGroupFn (decode_attention_internal.h).
 //
 // K, the ISA's tile kernel, provides:
 //   kLanes;                             floats per vector (the pair order's half width)
+//   kPrefetchFirst, kPrefetchSpan;      the prefetch schedule (above; the span 1, 2 or 4)
 //   using Sum;                          per-head running sum, one value per lane
 //   static Sum ZeroSum(); static float ReduceSum(Sum);
 //   template <DType T, int G> static void Tile(const std::byte* keys, size_t value_offset,
@@ -120,7 +123,9 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
   const int64_t hd = G * d;  // floats of one KV head's state
   const size_t row_bytes = static_cast<size_t>(d) * elem;
   const size_t run_bytes = static_cast<size_t>(bs) * row_bytes;
-  const size_t slice = static_cast<size_t>(kTile) * row_bytes / kPrefetchSpan;  // per head-tile
+  constexpr int kFirst = K::kPrefetchFirst, kSpan = K::kPrefetchSpan;
+  static_assert(kSpan == 1 || kSpan == 2 || kSpan == 4, "the span: 1, 2 or 4 head-tiles");
+  const size_t slice = static_cast<size_t>(kTile) * row_bytes / kSpan;  // per head-tile
 
   alignas(64) float qp[kMaxUnitFloats];
   alignas(64) float acc[kMaxUnitFloats];
@@ -148,18 +153,19 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
     for (int i = 0; i < num_kv_heads; ++i) {
       // Head-tiles ahead (tiles of up to kTile keys, as if aligned to blocks: an approximation
       // only when a chunk starts mid-block); head-tile k ahead gives its slice
-      // kPrefetchSpan - 1 - k.
+      // kSpan - 1 - k.
       PrefetchQueue pq;
       pq.value_offset = kv.value_offset_bytes;
+      pq.span_shift = kSpan == 4 ? 2 : kSpan == 2 ? 1 : 0;
       size_t longest = 0;
-      for (int k = 0; k < kPrefetchSpan; ++k) {
-        const int idx = i + kPrefetchFirst + k;
+      for (int k = 0; k < kSpan; ++k) {
+        const int idx = i + kFirst + k;
         const int64_t pj = j + static_cast<int64_t>(idx / num_kv_heads) * kTile;
         if (pj > last) break;
         int64_t pn = bs - pj % bs;
         if (pn > kTile) pn = kTile;
         if (pn > last - pj + 1) pn = last - pj + 1;
-        const size_t from = static_cast<size_t>(kPrefetchSpan - 1 - k) * slice;
+        const size_t from = static_cast<size_t>(kSpan - 1 - k) * slice;
         const size_t run = static_cast<size_t>(pn) * row_bytes;
         const size_t to = from + slice < run ? from + slice : run;
         if (to <= from) continue;
@@ -167,7 +173,7 @@ void AttendHeadsTiled(const KvLayerView& kv, const int32_t* block_table, int64_t
         pq.bytes[k] = to - from;
         if (to - from > longest) longest = to - from;
       }
-      pq.total = static_cast<int>((longest + 63) / 64) * kPrefetchSpan;
+      pq.total = static_cast<int>((longest + 63) / 64) * kSpan;
       pq.per_step = pq.total > 64 ? pq.total / 64 : 1;
       K::template Tile<T, G>(row_address(j, kv_head + i), kv.value_offset_bytes, n, row_bytes, d,
                              pq, qp + i * hd, acc + i * hd, m + i * G, l + i * G);
