@@ -250,9 +250,10 @@ inline void AccumulateTileValues8(const std::byte* values, size_t row_bytes, int
 struct Avx2Tile {
   static constexpr int kLanes = 8;
   // The whole next head-tile (decode_attention_tiled.h). Zen 3, 1 thread, 256x512 from memory,
-  // alternated runs: 10.9-13.9 GB/s against 7.7-12.2 with (2, 4): its 32 KiB L1d holds the current
-  // and the next head-tile (16 KiB) but not the five head-tiles in flight of (2, 4), which evict
-  // each other's prefetched lines before use (docs/performance.md).
+  // alternated runs: 9.3-13.9 GB/s (13.6-13.9 in quiet rounds) against 7.7-12.2 (11.7-12.1) with
+  // (2, 4): its 32 KiB L1d holds the current and the next head-tile (16 KiB) but not the five
+  // head-tiles in flight of (2, 4), which evict each other's prefetched lines before use
+  // (docs/performance.md).
   static constexpr int kPrefetchFirst = 1, kPrefetchSpan = 1;
   using Sum = __m256;
   static Sum ZeroSum() { return _mm256_setzero_ps(); }

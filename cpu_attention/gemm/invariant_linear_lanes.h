@@ -55,8 +55,9 @@ namespace MOEBATCH_INVARIANT_ISA {
 // blocks over the lane's weight slice. The weight slice (16 KiB) stays in L1 while the chunk's
 // blocks pass over it, and the chunk's lane sums (16 lanes x kChunkBlocks x MR x NR f32: 48 KiB
 // at 6 x 16) stay in L2 until the tree adds them. On Zen 3 (one thread, [14336, 4096] bf16, M 512)
-// 256-step slices and chunks of 8 blocks ran at 85-88 GFLOP/s against 80-85 with 128-step slices
-// over all 43 blocks of a 256-row tile, and at K 14,336 at 79-83 against 73-77
+// 256-step slices and chunks of 8 blocks ran at 85-88 GFLOP/s (best of 5-8 alternated runs) against
+// 83-85 with 128-step slices over all 43 blocks of a 256-row tile (both with the activations'
+// prefetch below); at K 14,336 chunks of 8 read 73-79 against 64-77 for chunks of 4
 // (docs/performance.md, "Expert GEMMs at prefill M on Zen 3").
 constexpr int64_t kLaneSliceBytes = 16 << 10;
 constexpr int64_t kChunkBlocks = 8;
@@ -79,7 +80,7 @@ __attribute__((always_inline)) inline void LaneStep(const float* xp, const float
 // xp [steps][MR], wp [steps][NR]. first: the accumulators start at zero instead of acc's values.
 // xp_next: the next call's activations (as many), prefetched into L1 a step's worth per step; each
 // call's activations are a new stream in a packed copy of x far larger than L2, and without the
-// prefetch the loop waited on them (Zen 3: the loop ran at ~0.92 of the FMA peak with it and ~0.86
+// prefetch the loop waited on them (Zen 3: the loop ran at ~0.93 of the FMA peak with it and ~0.87
 // without). Always inlined: GCC 12 keeps the accumulator array in registers only then (called out
 // of line, it stores them to the stack at every step, a third of the speed).
 template <class CV, int MR, int NRV>
