@@ -84,8 +84,8 @@ static void RunInvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k,
     // Many rows, lane by lane: x packed once (in parallel, blocks of mr rows), then tiles of up to
     // 512 rows (split evenly, a multiple of mr) by 256 weight rows, fewer columns when that leaves
     // the threads too few tiles. A tile packs its weight panels once for all its rows (Zen 3, one
-    // thread, M 512: 512-row tiles 87-89 GFLOP/s at best against 85-87 with two of 256 rows,
-    // within the VM's noise; a panel is packed half as often).
+    // thread, M 512, best of 5-8 alternated runs: 512-row tiles 87-89 GFLOP/s against 85-88 with
+    // two of 256 rows, within the VM's noise; a panel is packed half as often).
     const int64_t mr = lanes.mr, blocks = (m + mr - 1) / mr;
     const int64_t block_floats = 16 * ili::LaneStride(k / 16 * mr);
     // The calling thread's (kept between calls: the largest x seen, in f32); the pool's threads

@@ -80,9 +80,10 @@ __attribute__((always_inline)) inline void LaneStep(const float* xp, const float
 // xp [steps][MR], wp [steps][NR]. first: the accumulators start at zero instead of acc's values.
 // xp_next: the next call's activations (as many), prefetched into L1 a step's worth per step; each
 // call's activations are a new stream in a packed copy of x far larger than L2, and without the
-// prefetch the loop waited on them (Zen 3: the loop ran at ~0.93 of the FMA peak with it and ~0.87
-// without). Always inlined: GCC 12 keeps the accumulator array in registers only then (called out
-// of line, it stores them to the stack at every step, a third of the speed).
+// prefetch the loop waited on them (Zen 3, one thread, M 512: 83-85 GFLOP/s with it against 80-82
+// without, best of 5-8 alternated runs). Always inlined: GCC 12 keeps the accumulator array in
+// registers only then (called out of line, it stores them to the stack at every step, a third of
+// the speed).
 template <class CV, int MR, int NRV>
 __attribute__((always_inline)) inline void LaneMicroKernel(const float* xp, const float* wp,
                                                            int64_t steps, float* acc, bool first,
