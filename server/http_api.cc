@@ -588,9 +588,12 @@ struct OpenAiHttpApi::Routes {
     if (!input_file_id.ok()) return SendError(res, input_file_id.status());
     auto endpoint = string_field("endpoint");
     if (!endpoint.ok()) return SendError(res, endpoint.status());
-    if (*endpoint != "/v1/chat/completions" && *endpoint != "/v1/completions") {
-      return SendError(res, Invalid("endpoint", absl::StrCat("must be /v1/chat/completions or "
-                                                             "/v1/completions, got ",
+    if (*endpoint != EndpointUrl(Endpoint::kChatCompletions) &&
+        *endpoint != EndpointUrl(Endpoint::kCompletions) &&
+        *endpoint != EndpointUrl(Endpoint::kResponses)) {
+      return SendError(res, Invalid("endpoint", absl::StrCat("must be /v1/chat/completions, "
+                                                             "/v1/completions or /v1/responses, "
+                                                             "got ",
                                                              QuoteBounded(*endpoint, kMaxQuoted))));
     }
     auto window = string_field("completion_window");

@@ -26,18 +26,19 @@ PrefailedRequest Prefail(int64_t index, const ParsedBatchLine& parsed, const std
   return p;
 }
 
-// The stored line states the max_tokens this daemon applied, so the request runs the same after a
-// restart with another --default-max-tokens, and names the daemon's model, which every result
-// line then carries.
+// The stored line states the max_tokens (max_output_tokens) this daemon applied, so the request
+// runs the same after a restart with another --default-max-tokens, and names the daemon's model,
+// which every result line then carries.
 std::string FreezeDefaults(const std::string& line, const BatchRequest& req,
                            const std::string& model_name) {
   Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("body") || !j["body"].is_object()) return line;
   Json& body = j["body"];
+  auto has = [&](const std::string& key) { return body.contains(key) && !body[key].is_null(); };
+  const std::string field(MaxTokensField(req.endpoint));
   const bool given =
-      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
-      (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null());
-  if (!given) body["max_tokens"] = req.sampling.max_tokens;
+      has(field) || (req.endpoint != Endpoint::kResponses && has("max_completion_tokens"));
+  if (!given) body[field] = req.sampling.max_tokens;
   if (!model_name.empty()) body["model"] = model_name;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -115,11 +116,9 @@ std::string ToBatchLine(const v1::BatchRequest& r) {
 absl::StatusOr<std::vector<int32_t>> TokenizeRequest(const BatchRequest& request,
                                                      const Tokenizer& tokenizer,
                                                      int64_t vocab_size) {
-  if (request.endpoint == Endpoint::kChatCompletions) {
+  if (TakesMessages(request.endpoint)) {
     auto ids = tokenizer.EncodeChat(request.messages);
-    if (!ids.ok()) {
-      return absl::Status(ids.status().code(), absl::StrCat("body.", ids.status().message()));
-    }
+    if (!ids.ok()) return ChatPromptError(request, ids.status());
     return ids;
   }
   if (request.prompt_token_ids) {
@@ -192,9 +191,7 @@ absl::StatusOr<PreparedJob> PrepareJob(const v1::CreateJobRequest& request,
   std::vector<std::vector<int32_t>> token_ids;
   options.check_line = [&](const BatchLine& line) -> absl::Status {
     if (!prepare.endpoint.empty()) {
-      const std::string url = line.parsed.request->endpoint == Endpoint::kChatCompletions
-                                  ? "/v1/chat/completions"
-                                  : "/v1/completions";
+      const std::string url(EndpointUrl(line.parsed.request->endpoint));
       if (url != prepare.endpoint) {
         return absl::InvalidArgumentError(
             absl::StrCat("url: must be ", prepare.endpoint, ", the batch's endpoint, got ", url));

@@ -68,7 +68,8 @@ type OutputResponse struct {
 	Body       OutputBody `json:"body"`
 }
 
-// OutputBody is a chat.completion or text_completion object, or an error.
+// OutputBody is a chat.completion or text_completion object, a response object (a /v1/responses
+// request: Output and TokenIDs instead of Choices), or an error.
 type OutputBody struct {
 	ID      string     `json:"id"`
 	Object  string     `json:"object"`
@@ -77,6 +78,29 @@ type OutputBody struct {
 	Choices []Choice   `json:"choices"`
 	Usage   *Usage     `json:"usage"`
 	Error   *LineError `json:"error"`
+	// Status of a response object: "completed", or "incomplete" when max_output_tokens ended it.
+	Status string `json:"status"`
+	// Output is a response object's items: the assistant "message" item, after a "reasoning"
+	// item for a harmony model (gpt-oss).
+	Output []OutputItem `json:"output"`
+	// TokenIDs are a response object's generated token ids (moebatch's extension).
+	TokenIDs []int32 `json:"token_ids"`
+}
+
+// OutputItem is an item of a response object's output: Type "message" (Content of
+// "output_text" parts) or "reasoning" (Content of "reasoning_text" parts).
+type OutputItem struct {
+	ID      string       `json:"id"`
+	Type    string       `json:"type"`
+	Role    string       `json:"role"`
+	Status  string       `json:"status"`
+	Content []OutputPart `json:"content"`
+}
+
+// OutputPart is a text part of an OutputItem.
+type OutputPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
 }
 
 // Choice is one generated completion.
@@ -97,10 +121,12 @@ type OutputMessage struct {
 	Content string `json:"content"`
 }
 
-// Usage counts a request's tokens.
+// Usage counts a request's tokens (a response object's as InputTokens and OutputTokens).
 type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
@@ -139,11 +165,26 @@ func (l *OutputLine) Err() error {
 	return fmt.Errorf("%s: %s", who, e.Message)
 }
 
-// Content is the first choice's text (a chat answer's content or a completion's text), empty
-// for a failed request.
+// Content is the first choice's text (a chat answer's content or a completion's text), or a
+// response object's output text (its message item's "output_text" parts); empty for a failed
+// request.
 func (l *OutputLine) Content() string {
-	if l.Response == nil || len(l.Response.Body.Choices) == 0 {
+	if l.Response == nil {
 		return ""
+	}
+	if body := l.Response.Body; len(body.Choices) == 0 {
+		var text strings.Builder
+		for _, item := range body.Output {
+			if item.Type != "message" {
+				continue
+			}
+			for _, part := range item.Content {
+				if part.Type == "output_text" {
+					text.WriteString(part.Text)
+				}
+			}
+		}
+		return text.String()
 	}
 	c := l.Response.Body.Choices[0]
 	if c.Message != nil {
@@ -152,10 +193,14 @@ func (l *OutputLine) Content() string {
 	return c.Text
 }
 
-// TokenIDs are the first choice's generated token ids, nil for a failed request.
+// TokenIDs are the first choice's generated token ids (a response object's), nil for a failed
+// request.
 func (l *OutputLine) TokenIDs() []int32 {
-	if l.Response == nil || len(l.Response.Body.Choices) == 0 {
+	if l.Response == nil {
 		return nil
+	}
+	if len(l.Response.Body.Choices) == 0 {
+		return l.Response.Body.TokenIDs
 	}
 	return l.Response.Body.Choices[0].TokenIDs
 }

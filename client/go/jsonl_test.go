@@ -21,6 +21,14 @@ const completionLine = `{"id": "batch_req_1_1", "custom_id": "c-1", "response": 
 	`"request_id": "req_1_1", "body": {"object": "text_completion", "choices": [{"index": 0, ` +
 	`"text": " world", "finish_reason": "length", "token_ids": [1, 2]}]}}, "error": null}`
 
+const responsesLine = `{"id": "batch_req_1_4", "custom_id": "r-1", "response": {"status_code": 200, ` +
+	`"request_id": "req_1_4", "body": {"id": "resp_1_4", "object": "response", "status": ` +
+	`"incomplete", "output": [{"id": "rs_1_4", "type": "reasoning", "summary": [], "content": ` +
+	`[{"type": "reasoning_text", "text": "think"}]}, {"id": "msg_1_4", "type": "message", ` +
+	`"status": "incomplete", "role": "assistant", "content": [{"type": "output_text", "text": ` +
+	`"Bonjour", "annotations": []}]}], "usage": {"input_tokens": 9, "output_tokens": 4, ` +
+	`"total_tokens": 13}, "token_ids": [5, 6, 7, 8]}}, "error": null}`
+
 const failedLine = `{"id": "batch_req_1_2", "custom_id": "q-2", "response": {"status_code": 400, ` +
 	`"request_id": "req_1_2", "body": {"error": {"message": "body.temperature: must be in [0, 100], ` +
 	`got 7000", "type": "invalid_request_error", "param": "body.temperature", "code": ` +
@@ -52,6 +60,20 @@ func TestParseOutputLineSuccess(t *testing.T) {
 	}
 	if line.Content() != " world" || line.Response.Body.Choices[0].FinishReason != "length" {
 		t.Errorf("completion: %+v", line.Response.Body.Choices[0])
+	}
+	line, err = ParseOutputLine([]byte(responsesLine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line.Err() != nil || line.Content() != "Bonjour" ||
+		!reflect.DeepEqual(line.TokenIDs(), []int32{5, 6, 7, 8}) {
+		t.Errorf("response: err %v content %q token ids %v", line.Err(), line.Content(),
+			line.TokenIDs())
+	}
+	body := line.Response.Body
+	if body.Status != "incomplete" || len(body.Output) != 2 || body.Output[0].Type != "reasoning" ||
+		body.Usage.InputTokens != 9 || body.Usage.OutputTokens != 4 {
+		t.Errorf("response body: %+v", body)
 	}
 }
 

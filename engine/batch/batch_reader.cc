@@ -92,9 +92,9 @@ void CheckLine(const BatchReadOptions& options,
         ", got ", QuoteBounded(request.model, kMaxModelNameBytes)));
   } else if (options.max_tokens_limit > 0 &&
              request.sampling.max_tokens > options.max_tokens_limit) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("body.max_tokens: ", request.sampling.max_tokens,
-                     " is over the limit (max_tokens_per_request) of ", options.max_tokens_limit));
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "body.", std::string(MaxTokensField(request.endpoint)), ": ", request.sampling.max_tokens,
+        " is over the limit (max_tokens_per_request) of ", options.max_tokens_limit));
   } else if (options.check_line) {
     status = options.check_line(*line);
   }

@@ -3,7 +3,11 @@
 // error_handler_t::replace, so invalid UTF-8 in generated text becomes U+FFFD instead of throwing.
 #include "engine/batch/openai_batch.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -22,6 +26,7 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr std::string_view kChatUrl = "/v1/chat/completions";
 constexpr std::string_view kCompletionsUrl = "/v1/completions";
+constexpr std::string_view kResponsesUrl = "/v1/responses";
 constexpr std::string_view kRequestIdPrefix = "batch_req_";
 constexpr size_t kMaxStopStrings = 4;      // OpenAI's limit
 constexpr size_t kMaxDescribedBytes = 80;  // of an offending value quoted in an error message
@@ -101,7 +106,11 @@ bool AsInt32(const json& v, int32_t* out) {
   return true;
 }
 
-absl::Status ParseContent(const json& content, const std::string& path, std::string* out) {
+// A message's content: a string, or an array of text parts ({"type": one of `part_types`, "text"})
+// joined with "\n", as vLLM does. Chat's parts are "text"; the Responses API's "input_text" and
+// "output_text".
+absl::Status ParseContent(const json& content, const std::string& path,
+                          std::initializer_list<std::string_view> part_types, std::string* out) {
   if (content.is_string()) {
     *out = content.get<std::string>();
     return absl::OkStatus();
@@ -109,15 +118,20 @@ absl::Status ParseContent(const json& content, const std::string& path, std::str
   if (!content.is_array()) {
     return Invalid(path, "must be a string or an array of text parts", content);
   }
-  // Text parts are joined with "\n", as vLLM does.
   std::vector<std::string> texts;
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string part_path = absl::StrCat(path, "[", i, "]");
     if (!part.is_object()) return Invalid(part_path, "must be an object", part);
     auto type = part.find("type");
-    if (type == part.end() || !type->is_string() || type->get<std::string>() != "text") {
-      return Invalid(absl::StrCat(part_path, ".type"), "only \"text\" parts are supported",
+    const bool text_part = type != part.end() && type->is_string() &&
+                           std::find(part_types.begin(), part_types.end(),
+                                     type->get_ref<const std::string&>()) != part_types.end();
+    if (!text_part) {
+      std::vector<std::string> quoted;
+      for (std::string_view t : part_types) quoted.push_back(absl::StrCat("\"", Sv(t), "\""));
+      return Invalid(absl::StrCat(part_path, ".type"),
+                     absl::StrCat("only ", absl::StrJoin(quoted, " and "), " parts are supported"),
                      Found(part, type));
     }
     auto text = part.find("text");
@@ -153,9 +167,70 @@ absl::Status ParseMessages(const json& body, std::vector<ChatMessage>* messages)
     if (content == m.end()) {
       return Invalid(absl::StrCat(path, ".content"), "required");
     }
-    absl::Status s = ParseContent(*content, absl::StrCat(path, ".content"), &message.content);
+    absl::Status s =
+        ParseContent(*content, absl::StrCat(path, ".content"), {"text"}, &message.content);
     if (!s.ok()) return s;
     messages->push_back(std::move(message));
+  }
+  return absl::OkStatus();
+}
+
+// /v1/responses: body.instructions (a system message first) and body.input (a string: one user
+// message; or message items). A "developer" message is a system message; system messages next
+// to each other (the instructions and a leading system or developer item) are joined with "\n\n"
+// into one, since the chat layouts take one system message.
+absl::Status ParseResponsesInput(const json& body, BatchRequest* request) {
+  std::vector<ChatMessage>& messages = request->messages;
+  auto add = [&](std::string role, std::string content) {
+    if (role == "system" && !messages.empty() && messages.back().role == "system") {
+      absl::StrAppend(&messages.back().content, "\n\n", content);
+    } else {
+      messages.push_back({std::move(role), std::move(content)});
+    }
+  };
+  if (const json* instructions = FindOptional(body, "instructions")) {
+    if (!instructions->is_string()) {
+      return Invalid("body.instructions", "must be a string", *instructions);
+    }
+    request->instructions = instructions->get<std::string>();
+    add("system", *request->instructions);
+  }
+  auto it = body.find("input");
+  if (it == body.end() || it->is_null()) return Invalid("body.input", "required");
+  if (it->is_string()) {
+    add("user", it->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!it->is_array() || it->empty()) {
+    return Invalid("body.input", "must be a string or a non-empty array of message items", *it);
+  }
+  constexpr std::string_view kRoles = "must be one of user, assistant, system, developer";
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& item = (*it)[i];
+    const std::string path = absl::StrCat("body.input[", i, "]");
+    if (!item.is_object()) return Invalid(path, "must be an object", item);
+    if (const json* type = FindOptional(item, "type")) {
+      if (!type->is_string() || type->get_ref<const std::string&>() != "message") {
+        return Invalid(absl::StrCat(path, ".type"),
+                       "only message items are supported (\"message\")", *type);
+      }
+    }
+    auto role = item.find("role");
+    if (role == item.end() || !role->is_string()) {
+      return Invalid(absl::StrCat(path, ".role"), kRoles, Found(item, role));
+    }
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";
+    if (r != "system" && r != "user" && r != "assistant") {
+      return Invalid(absl::StrCat(path, ".role"), kRoles, *role);
+    }
+    auto content = item.find("content");
+    if (content == item.end()) return Invalid(absl::StrCat(path, ".content"), "required");
+    std::string text;
+    absl::Status s = ParseContent(*content, absl::StrCat(path, ".content"),
+                                  {"input_text", "output_text"}, &text);
+    if (!s.ok()) return s;
+    add(std::move(r), std::move(text));
   }
   return absl::OkStatus();
 }
@@ -232,6 +307,32 @@ absl::Status OptionalFloat(const json& body, const char* key, float* out) {
 // logprobs: true, checked by SamplingParams::Validate); completions an integer in [0, 5], the
 // number of most likely tokens (the sampled token's log-probability is always given).
 absl::Status ParseLogprobs(const json& body, Endpoint endpoint, SamplingParams* p) {
+  if (endpoint == Endpoint::kResponses) {
+    // The output text's log-probabilities when body.include asks for them or body.top_logprobs
+    // is given (the sampled token's always, with that many most likely tokens per position).
+    if (const json* include = FindOptional(body, "include")) {
+      if (!include->is_array()) {
+        return Invalid("body.include", "must be an array of strings", *include);
+      }
+      for (size_t i = 0; i < include->size(); ++i) {
+        const json& item = (*include)[i];
+        if (!item.is_string()) {
+          return Invalid(absl::StrCat("body.include[", i, "]"), "must be a string", item);
+        }
+        if (item.get_ref<const std::string&>() == "message.output_text.logprobs") {
+          p->logprobs = true;
+        }
+      }
+    }
+    if (const json* top = FindOptional(body, "top_logprobs")) {
+      if (!AsInt32(*top, &p->top_logprobs)) {
+        return Invalid("body.top_logprobs",
+                       absl::StrCat("must be an integer in [0, ", kMaxTopLogprobs, "]"), *top);
+      }
+      p->logprobs = true;
+    }
+    return absl::OkStatus();
+  }
   const json* logprobs = FindOptional(body, "logprobs");
   if (endpoint == Endpoint::kCompletions) {
     if (const json* top = FindOptional(body, "top_logprobs")) {
@@ -275,24 +376,57 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endp
   *p = SamplingParams();
   p->max_tokens = defaults.max_tokens;
 
+  const bool responses = endpoint == Endpoint::kResponses;
   int32_t max_tokens = 0;
   int32_t max_completion_tokens = 0;
   bool has_max_tokens = false;
   bool has_max_completion_tokens = false;
-  absl::Status s = OptionalInt32(body, "max_tokens", &max_tokens, &has_max_tokens);
-  if (!s.ok()) return s;
-  s = OptionalInt32(body, "max_completion_tokens", &max_completion_tokens,
-                    &has_max_completion_tokens);
-  if (!s.ok()) return s;
-  if (has_max_tokens && has_max_completion_tokens && max_tokens != max_completion_tokens) {
-    return Invalid("body.max_completion_tokens",
-                   absl::StrCat("must equal body.max_tokens when both are given, got ",
-                                max_completion_tokens, " and ", max_tokens));
-  }
-  if (has_max_tokens) {
-    p->max_tokens = max_tokens;
-  } else if (has_max_completion_tokens) {
-    p->max_tokens = max_completion_tokens;
+  absl::Status s;
+  // The name the output-length limit has in this endpoint's body, for the sampler's messages.
+  const char* max_name = "max_tokens";
+  if (responses) {
+    // Chat's and completions' fields are not the Responses API's; a body that carries one was
+    // most likely meant for another endpoint.
+    static constexpr std::pair<const char*, std::string_view> kNotResponses[] = {
+        {"max_tokens", "; use body.max_output_tokens"},
+        {"max_completion_tokens", "; use body.max_output_tokens"},
+        {"messages", "; use body.input"},
+        {"prompt", "; use body.input"},
+        {"logprobs", "; use body.top_logprobs or body.include [\"message.output_text.logprobs\"]"},
+        {"n", " (one output per response)"}};
+    for (const auto& [key, hint] : kNotResponses) {
+      if (const json* v = FindOptional(body, key)) {
+        return Invalid(absl::StrCat("body.", key),
+                       absl::StrCat("is not a /v1/responses field", Sv(hint)), *v);
+      }
+    }
+    if (const json* v = FindOptional(body, "previous_response_id")) {
+      return Invalid("body.previous_response_id",
+                     "is not supported: moebatchd stores no responses; send the whole "
+                     "conversation in body.input",
+                     *v);
+    }
+    s = OptionalInt32(body, "max_output_tokens", &max_tokens, &has_max_tokens);
+    if (!s.ok()) return s;
+    if (has_max_tokens) p->max_tokens = max_tokens;
+    max_name = "max_output_tokens";
+  } else {
+    s = OptionalInt32(body, "max_tokens", &max_tokens, &has_max_tokens);
+    if (!s.ok()) return s;
+    s = OptionalInt32(body, "max_completion_tokens", &max_completion_tokens,
+                      &has_max_completion_tokens);
+    if (!s.ok()) return s;
+    if (has_max_tokens && has_max_completion_tokens && max_tokens != max_completion_tokens) {
+      return Invalid("body.max_completion_tokens",
+                     absl::StrCat("must equal body.max_tokens when both are given, got ",
+                                  max_completion_tokens, " and ", max_tokens));
+    }
+    if (has_max_tokens) {
+      p->max_tokens = max_tokens;
+    } else if (has_max_completion_tokens) {
+      p->max_tokens = max_completion_tokens;
+      max_name = "max_completion_tokens";
+    }
   }
 
   s = OptionalFloat(body, "temperature", &p->temperature);
@@ -333,7 +467,7 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endp
     }
   }
 
-  if (const json* n = FindOptional(body, "n")) {
+  if (const json* n = responses ? nullptr : FindOptional(body, "n")) {
     if (!AsInt32(*n, &p->n)) {
       return Invalid("body.n", absl::StrCat("must be an integer in [1, ", kMaxChoices, "]"), *n);
     }
@@ -352,8 +486,8 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endp
   s = p->Validate();
   if (!s.ok()) {
     std::string message(s.message());
-    if (!has_max_tokens && has_max_completion_tokens && absl::StartsWith(message, "max_tokens:")) {
-      message = absl::StrCat("max_completion_tokens", message.substr(sizeof("max_tokens") - 1));
+    if (absl::StartsWith(message, "max_tokens:")) {
+      message = absl::StrCat(max_name, message.substr(sizeof("max_tokens") - 1));
     }
     return absl::InvalidArgumentError(absl::StrCat("body.", message));
   }
@@ -376,12 +510,18 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
   }
 
   auto url = root.find("url");
-  if (url != root.end() && url->is_string() && url->get<std::string>() == kChatUrl) {
+  std::string_view url_text;
+  if (url != root.end() && url->is_string()) url_text = url->get_ref<const std::string&>();
+  if (url_text == kChatUrl) {
     request.endpoint = Endpoint::kChatCompletions;
-  } else if (url != root.end() && url->is_string() && url->get<std::string>() == kCompletionsUrl) {
+  } else if (url_text == kCompletionsUrl) {
     request.endpoint = Endpoint::kCompletions;
+  } else if (url_text == kResponsesUrl) {
+    request.endpoint = Endpoint::kResponses;
   } else {
-    return Invalid("url", absl::StrCat("must be ", Sv(kChatUrl), " or ", Sv(kCompletionsUrl)),
+    return Invalid("url",
+                   absl::StrCat("must be ", Sv(kChatUrl), ", ", Sv(kCompletionsUrl), " or ",
+                                Sv(kResponsesUrl)),
                    Found(root, url));
   }
 
@@ -398,7 +538,8 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
 
   absl::Status s = request.endpoint == Endpoint::kChatCompletions
                        ? ParseMessages(body, &request.messages)
-                       : ParsePrompt(body, &request);
+                   : request.endpoint == Endpoint::kResponses ? ParseResponsesInput(body, &request)
+                                                              : ParsePrompt(body, &request);
   if (!s.ok()) return s;
   s = ParseSampling(body, defaults, request.endpoint, &request.sampling);
   if (!s.ok()) return s;
@@ -447,6 +588,24 @@ std::string FallbackLine(std::string_view request_id, std::string_view what) {
 }
 
 }  // namespace
+
+std::string_view EndpointUrl(Endpoint endpoint) {
+  switch (endpoint) {
+    case Endpoint::kChatCompletions:
+      return kChatUrl;
+    case Endpoint::kCompletions:
+      return kCompletionsUrl;
+    case Endpoint::kResponses:
+      return kResponsesUrl;
+  }
+  return kChatUrl;
+}
+
+absl::Status ChatPromptError(const BatchRequest& request, const absl::Status& status) {
+  const std::string_view prefix =
+      request.endpoint == Endpoint::kResponses ? "body.input: the conversation's " : "body.";
+  return absl::Status(status.code(), absl::StrCat(Sv(prefix), status.message()));
+}
 
 std::string ErrorParam(std::string_view message) {
   const size_t colon = message.find(": ");
@@ -576,6 +735,88 @@ ordered_json CompletionLogprobs(const Completion& c, const Tokenizer* tokenizer)
   return out;
 }
 
+// A float field echoed in JSON as the shortest decimal that reads back as that float (0.7, not
+// 0.699999988079071, which is what widening it to double would write).
+double EchoFloat(float v) {
+  char buf[32];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+  if (r.ec != std::errc()) return v;
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+// The body of a /v1/responses request's output line: OpenAI's Response object (one output, so
+// choices[0]). Its output: for a harmony model (gpt-oss) a "reasoning" item with the analysis
+// channel's text, when there is one, then the assistant "message" item with the final channel's
+// text (none when the reply was cut before it); for others the message item with the reply. The
+// request's sampling fields are echoed, as OpenAI echoes them.
+ordered_json ResponsesBody(const BatchRequest& request, std::string_view suffix,
+                           const Completion& completion, int64_t created,
+                           const Tokenizer* tokenizer, bool harmony) {
+  const bool complete = completion.finish_reason != "length";
+  const char* item_status = complete ? "completed" : "incomplete";
+  ordered_json output = ordered_json::array();
+  std::optional<std::string> text = completion.text;
+  if (harmony) {
+    HarmonyReply reply = ParseHarmonyReply(*tokenizer, completion.token_ids);
+    text = std::move(reply.content);
+    if (reply.reasoning_content) {
+      ordered_json reasoning;
+      reasoning["id"] = absl::StrCat("rs_", Sv(suffix));
+      reasoning["type"] = "reasoning";
+      reasoning["summary"] = ordered_json::array();
+      reasoning["content"] = ordered_json::array(
+          {{{"type", "reasoning_text"}, {"text", std::move(*reply.reasoning_content)}}});
+      reasoning["status"] = text ? "completed" : item_status;
+      output.push_back(std::move(reasoning));
+    }
+  }
+  if (text) {
+    ordered_json part;
+    part["type"] = "output_text";
+    part["text"] = std::move(*text);
+    part["annotations"] = ordered_json::array();
+    if (request.sampling.logprobs) {
+      part["logprobs"] = ChatLogprobs(completion, tokenizer)["content"];
+    }
+    ordered_json message;
+    message["id"] = absl::StrCat("msg_", Sv(suffix));
+    message["type"] = "message";
+    message["status"] = item_status;
+    message["role"] = "assistant";
+    message["content"] = ordered_json::array({std::move(part)});
+    output.push_back(std::move(message));
+  }
+  ordered_json body;
+  body["id"] = absl::StrCat("resp_", Sv(suffix));
+  body["object"] = "response";
+  body["created_at"] = created;
+  body["status"] = complete ? "completed" : "incomplete";
+  body["error"] = nullptr;
+  body["incomplete_details"] =
+      complete ? ordered_json() : ordered_json({{"reason", "max_output_tokens"}});
+  body["instructions"] =
+      request.instructions ? ordered_json(*request.instructions) : ordered_json();
+  body["max_output_tokens"] = request.sampling.max_tokens;
+  body["model"] = request.model;
+  body["output"] = std::move(output);
+  body["parallel_tool_calls"] = false;
+  body["temperature"] = EchoFloat(request.sampling.temperature);
+  body["tool_choice"] = "none";
+  body["tools"] = ordered_json::array();
+  body["top_p"] = EchoFloat(request.sampling.top_p);
+  body["top_logprobs"] = request.sampling.top_logprobs;
+  body["text"] = {{"format", {{"type", "text"}}}};
+  body["truncation"] = "disabled";
+  body["usage"] = {{"input_tokens", completion.prompt_tokens},
+                   {"input_tokens_details", {{"cached_tokens", 0}, {"cache_write_tokens", 0}}},
+                   {"output_tokens", completion.completion_tokens},
+                   {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                   {"total_tokens", completion.prompt_tokens + completion.completion_tokens}};
+  body["metadata"] = ordered_json::object();
+  body["token_ids"] = completion.token_ids;
+  return body;
+}
+
 }  // namespace
 
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
@@ -591,6 +832,21 @@ std::string FormatBatchOutput(const BatchRequest& request, std::string_view requ
     const std::string_view suffix = RequestSuffix(request_id);
     const bool chat = request.endpoint == Endpoint::kChatCompletions;
     const bool harmony = tokenizer != nullptr && WritesHarmony(*tokenizer);
+    if (request.endpoint == Endpoint::kResponses) {
+      if (choices.size() != 1) {
+        return FallbackLine(request_id, absl::StrCat("a /v1/responses request has one output, got ",
+                                                     choices.size()));
+      }
+      ordered_json line;
+      line["id"] = std::string(request_id);
+      line["custom_id"] = request.custom_id;
+      line["response"] = {
+          {"status_code", 200},
+          {"request_id", absl::StrCat("req_", Sv(suffix))},
+          {"body", ResponsesBody(request, suffix, choices[0], created, tokenizer, harmony)}};
+      line["error"] = nullptr;
+      return Dump(line);
+    }
 
     ordered_json out_choices = ordered_json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;

@@ -5,6 +5,15 @@
 // "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n" (1..16),
 // "logprobs" (chat: bool; completions: 0..5), "top_logprobs" (chat: 0..20), "ignore_eos"
 // (extension)}}. `prompt` may be a string or an array of token ids (as OpenAI allows).
+// Or "url": "/v1/responses" (OpenAI's Responses API), "body": {"model"?, "input" (a string: one
+// user message; or an array of message items {"type"?: "message", "role": user | assistant |
+// system | developer, "content": a string or input_text / output_text parts}), "instructions"
+// (a system message before the input), "max_output_tokens", "temperature", "top_p",
+// "top_logprobs" (0..20) and "include" (["message.output_text.logprobs"]: the output text's
+// log-probabilities), and the extensions "top_k", "seed", "stop", "ignore_eos"}; it is encoded with
+// the chat layout, as chat messages are. The chat and completions fields it does not have
+// (max_tokens, max_completion_tokens, n, logprobs, messages, prompt) and previous_response_id (no
+// response is stored) are errors there, naming the field.
 //
 // Output line: {"id": "batch_req_...", "custom_id", "response": {"status_code": 200, "request_id",
 // "body": {chat.completion or text_completion object with "choices" and "usage"}}, "error": null}.
@@ -19,6 +28,11 @@
 // message.reasoning_content the analysis channel's, each null when empty. They are parsed from the
 // token ids; a stop string ends generation but does not cut them (the text it is matched in is
 // the reply decoded with the special tokens dropped, channel names included).
+// A /v1/responses request's body is a Response object ("object": "response"; "status"
+// "completed", or "incomplete" with "incomplete_details": {"reason": "max_output_tokens"};
+// "output": [a "reasoning" item for harmony's analysis channel (gpt-oss), then the assistant
+// "message" item with one "output_text" part, "logprobs" in it when asked for]; "usage":
+// {"input_tokens", "output_tokens", "total_tokens", and their details}; "token_ids" (extension)).
 // A request that fails validation gets "response": {"status_code": 400, "body": {"error": {...}}};
 // a line that is not JSON at all gets "response": null, "error": {"code", "message"}.
 #pragma once
@@ -36,7 +50,19 @@
 
 namespace moebatch {
 
-enum class Endpoint { kChatCompletions, kCompletions };
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
+
+// The request line's "url" of an endpoint: "/v1/chat/completions", "/v1/completions" or
+// "/v1/responses".
+std::string_view EndpointUrl(Endpoint endpoint);
+// Whether the endpoint's prompt is a list of chat messages (BatchRequest::messages, encoded with
+// the model's chat layout): /v1/chat/completions and /v1/responses.
+inline bool TakesMessages(Endpoint endpoint) { return endpoint != Endpoint::kCompletions; }
+// The body field that limits the generated tokens: "max_output_tokens" for /v1/responses, else
+// "max_tokens" (chat's "max_completion_tokens" is its alias).
+inline std::string_view MaxTokensField(Endpoint endpoint) {
+  return endpoint == Endpoint::kResponses ? "max_output_tokens" : "max_tokens";
+}
 
 // /v1/completions' `logprobs` at most (OpenAI's limit); chat's top_logprobs: kMaxTopLogprobs.
 constexpr int32_t kMaxCompletionLogprobs = 5;
@@ -45,7 +71,8 @@ struct BatchRequest {
   std::string custom_id;
   Endpoint endpoint = Endpoint::kChatCompletions;
   std::string model;                                     // body.model, echoed back; may be empty
-  std::vector<ChatMessage> messages;                     // chat
+  std::vector<ChatMessage> messages;                     // chat and responses
+  std::optional<std::string> instructions;               // responses: body.instructions, echoed
   std::string prompt;                                    // completions, text prompt
   std::optional<std::vector<int32_t>> prompt_token_ids;  // completions, prompt given as ids
   SamplingParams sampling;
@@ -87,6 +114,12 @@ std::string FormatBatchOutput(const BatchRequest& request, std::string_view requ
 std::string FormatBatchOutput(const BatchRequest& request, std::string_view request_id,
                               const std::vector<Completion>& choices, int64_t created,
                               const Tokenizer* tokenizer);
+
+// An error of Tokenizer::EncodeChat on request.messages (it names "messages[i]"), named as the
+// request line names the field: "body.messages[2].role: ..." for chat; for /v1/responses, whose
+// messages are made from body.instructions and body.input, "body.input: the conversation's
+// messages[2].role: ...". The status code is kept.
+absl::Status ChatPromptError(const BatchRequest& request, const absl::Status& status);
 
 // The field path a validation message starts with ("body.messages[1].role" of
 // "body.messages[1].role: must be one of ..."), or "" when the message names no field: the

@@ -196,11 +196,9 @@ int Run() {
   read_options.check_line = [&](const BatchLine& line) -> absl::Status {
     const BatchRequest& req = *line.parsed.request;
     std::vector<int32_t>& prompt = prompts[line.index];
-    if (req.endpoint == Endpoint::kChatCompletions) {
+    if (TakesMessages(req.endpoint)) {
       auto ids = engine.tokenizer().EncodeChat(req.messages);
-      if (!ids.ok()) {  // the tokenizer names messages[i]; the line's field is body.messages[i]
-        return absl::Status(ids.status().code(), absl::StrCat("body.", ids.status().message()));
-      }
+      if (!ids.ok()) return ChatPromptError(req, ids.status());
       prompt = *std::move(ids);
     } else if (req.prompt_token_ids) {
       prompt = *req.prompt_token_ids;

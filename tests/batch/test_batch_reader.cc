@@ -237,6 +237,14 @@ TEST_CASE("batch front end: limits") {
     CHECK(input->report.errors[0].message ==
           "body.max_tokens: 17 is over the limit (max_tokens_per_request) of 16");
     CHECK(input->lines[0].parsed.request->sampling.max_tokens == 8);
+    // A /v1/responses line's limit is body.max_output_tokens.
+    const std::string responses =
+        R"({"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"input": "Hi", "max_output_tokens": 17}})";
+    auto r = ReadBatch(responses + "\n", options);
+    REQUIRE(r.ok());
+    REQUIRE(r->report.errors.size() == 1);
+    CHECK(r->report.errors[0].message ==
+          "body.max_output_tokens: 17 is over the limit (max_tokens_per_request) of 16");
   }
   SECTION("JSON nested deeper than 128 levels") {
     const std::string deep =

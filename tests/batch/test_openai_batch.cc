@@ -271,7 +271,8 @@ TEST_CASE("The url and method errors say what is allowed") {
   ParsedBatchLine url = ParseBatchLine(
       R"({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}})");
   CHECK(url.request.status().message() ==
-        "url: must be /v1/chat/completions or /v1/completions, got \"/v1/embeddings\"");
+        "url: must be /v1/chat/completions, /v1/completions or /v1/responses, got "
+        "\"/v1/embeddings\"");
   ParsedBatchLine n = ParseBatchLine(ChatLine({{"n", 17}}));
   CHECK(n.request.status().message() == "body.n: must be in [1, 16], got 17");
   ParsedBatchLine top = ParseBatchLine(ChatLine({{"top_logprobs", 3}}));
@@ -356,7 +357,7 @@ TEST_CASE("fuzz regression: a deeply nested value where a string is expected is 
       {R"({"custom_id": )" + deep + "}", "custom_id: must be a non-empty string, got an array"},
       {R"({"custom_id": "d", "method": )" + deep + "}", "method: must be POST, got an array"},
       {R"({"custom_id": "d", "method": "POST", "url": )" + deep + "}",
-       "url: must be /v1/chat/completions or /v1/completions, got an array"},
+       "url: must be /v1/chat/completions, /v1/completions or /v1/responses, got an array"},
       {R"({"custom_id": "d", "method": "POST", "url": "/v1/completions", "body": )" + deep + "}",
        "body: must be an object, got an array"},
       {R"({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body":
@@ -690,6 +691,240 @@ TEST_CASE("A harmony model's chat reply: the final channel as content, analysis 
   const json plain = reply(*chatml, raw, chat);
   CHECK(plain["message"] ==
         json({{"role", "assistant"}, {"content", "analysis2+2=4, simple.assistantfinal**4** ✓"}}));
+}
+
+std::string ResponsesLine(json body_extra) {
+  json body = {{"model", "mixtral"}, {"input", "Hi"}};
+  if (!body_extra.is_null()) body.update(body_extra);
+  return Line(body, "/v1/responses");
+}
+
+TEST_CASE("A /v1/responses line: input as a string or message items, instructions first") {
+  SECTION("a string is one user message; max_output_tokens is the output limit") {
+    const BatchRequest r = ParseOk(ResponsesLine(
+        {{"max_output_tokens", 12}, {"temperature", 0.25}, {"top_p", 0.5}, {"seed", 3}}));
+    CHECK(r.endpoint == Endpoint::kResponses);
+    CHECK(TakesMessages(r.endpoint));
+    CHECK(EndpointUrl(r.endpoint) == "/v1/responses");
+    REQUIRE(r.messages.size() == 1);
+    CHECK(r.messages[0].role == "user");
+    CHECK(r.messages[0].content == "Hi");
+    CHECK_FALSE(r.instructions.has_value());
+    CHECK(r.sampling.max_tokens == 12);
+    CHECK(r.sampling.temperature == 0.25f);
+    CHECK(r.sampling.top_p == 0.5f);
+    CHECK(r.sampling.seed == 3u);
+    CHECK(r.sampling.n == 1);
+    CHECK_FALSE(r.sampling.logprobs);
+  }
+  SECTION("items: developer is system, joined with the instructions; text parts joined") {
+    const BatchRequest r = ParseOk(ResponsesLine(
+        {{"instructions", "Be brief."},
+         {"input",
+          {{{"role", "developer"}, {"content", "Answer in French."}},
+           {{"type", "message"},
+            {"role", "user"},
+            {"content",
+             {{{"type", "input_text"}, {"text", "Hello"}},
+              {{"type", "input_text"}, {"text", "there"}}}}},
+           {{"role", "assistant"}, {"content", {{{"type", "output_text"}, {"text", "Bonjour."}}}}},
+           {{"role", "user"}, {"content", "Bye"}}}}}));
+    REQUIRE(r.messages.size() == 4);
+    CHECK(r.messages[0].role == "system");
+    CHECK(r.messages[0].content == "Be brief.\n\nAnswer in French.");
+    CHECK(r.messages[1].role == "user");
+    CHECK(r.messages[1].content == "Hello\nthere");
+    CHECK(r.messages[2].role == "assistant");
+    CHECK(r.messages[2].content == "Bonjour.");
+    CHECK(r.messages[3].content == "Bye");
+    CHECK(r.instructions == std::optional<std::string>("Be brief."));
+    CHECK(r.sampling.max_tokens == BatchDefaults().max_tokens);
+  }
+  SECTION("include and top_logprobs ask for the output text's log-probabilities") {
+    const BatchRequest inc = ParseOk(ResponsesLine(
+        {{"include", {"reasoning.encrypted_content", "message.output_text.logprobs"}}}));
+    CHECK(inc.sampling.logprobs);
+    CHECK(inc.sampling.top_logprobs == 0);
+    const BatchRequest top = ParseOk(ResponsesLine({{"top_logprobs", 3}}));
+    CHECK(top.sampling.logprobs);
+    CHECK(top.sampling.top_logprobs == 3);
+    CHECK_FALSE(ParseOk(ResponsesLine({{"include", json::array()}})).sampling.logprobs);
+  }
+}
+
+TEST_CASE("/v1/responses refuses what it does not have, naming the field") {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"input", nullptr}}, "body.input: required"},
+      {{{"input", json::array()}},
+       "body.input: must be a string or a non-empty array of message items, got an array"},
+      {{{"input", 5}}, "body.input: must be a string or a non-empty array of message items, got 5"},
+      {{{"input", {{{"type", "function_call_output"}, {"call_id", "c"}, {"output", "x"}}}}},
+       "body.input[0].type: only message items are supported (\"message\"), got "
+       "\"function_call_output\""},
+      {{{"input", {{{"role", "tool"}, {"content", "x"}}}}},
+       "body.input[0].role: must be one of user, assistant, system, developer, got \"tool\""},
+      {{{"input", {{{"role", "user"}}}}}, "body.input[0].content: required"},
+      {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}},
+       "body.input[0].content[0].type: only \"input_text\" and \"output_text\" parts are "
+       "supported, got \"input_image\""},
+      {{{"instructions", 1}}, "body.instructions: must be a string, got 1"},
+      {{{"max_tokens", 5}},
+       "body.max_tokens: is not a /v1/responses field; use "
+       "body.max_output_tokens, got 5"},
+      {{{"max_completion_tokens", 5}},
+       "body.max_completion_tokens: is not a /v1/responses "
+       "field; use body.max_output_tokens, got 5"},
+      {{{"messages", json::array()}},
+       "body.messages: is not a /v1/responses field; use body.input, got an array"},
+      {{{"n", 2}}, "body.n: is not a /v1/responses field (one output per response), got 2"},
+      {{{"logprobs", true}},
+       "body.logprobs: is not a /v1/responses field; use body.top_logprobs or body.include "
+       "[\"message.output_text.logprobs\"], got true"},
+      {{{"previous_response_id", "resp_1"}},
+       "body.previous_response_id: is not supported: moebatchd stores no responses; send the "
+       "whole conversation in body.input, got \"resp_1\""},
+      {{{"max_output_tokens", 0}}, "body.max_output_tokens: must be >= 1, got 0"},
+      {{{"max_output_tokens", 1.5}}, "body.max_output_tokens: must be a 32-bit integer, got 1.5"},
+      {{{"top_logprobs", 21}}, "body.top_logprobs: must be in [0, 20], got 21"},
+      {{{"include", "message.output_text.logprobs"}},
+       "body.include: must be an array of strings, got \"message.output_text.logprobs\""},
+      {{{"include", {7}}}, "body.include[0]: must be a string, got 7"},
+  };
+  for (const auto& [extra, message] : cases) {
+    const ParsedBatchLine parsed = ParseBatchLine(ResponsesLine(extra));
+    INFO(extra.dump());
+    REQUIRE(parsed.json_ok);
+    REQUIRE_FALSE(parsed.request.ok());
+    CHECK(parsed.request.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(parsed.request.status().message() == message);
+    CHECK(ErrorParam(std::string(parsed.request.status().message())) ==
+          message.substr(0, message.find(':')));
+  }
+  // Chat's n and max_tokens mean what they did there.
+  CHECK(ParseOk(ChatLine({{"n", 2}})).sampling.n == 2);
+}
+
+TEST_CASE("A chat layout's error names the line's field: body.messages or body.input") {
+  const absl::Status refused = absl::InvalidArgumentError("messages[2].role: expected 'user'");
+  CHECK(ChatPromptError(ParseOk(ChatLine(nullptr)), refused).message() ==
+        "body.messages[2].role: expected 'user'");
+  const absl::Status r = ChatPromptError(ParseOk(ResponsesLine(nullptr)), refused);
+  CHECK(r.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(r.message() == "body.input: the conversation's messages[2].role: expected 'user'");
+  CHECK(ErrorParam(std::string(r.message())) == "body.input");
+}
+
+TEST_CASE("A /v1/responses output line is OpenAI's Response object") {
+  Completion c;
+  c.text = "Hello!";
+  c.token_ids = {22557, 28808, 2};
+  c.finish_reason = "stop";
+  c.prompt_tokens = 12;
+  c.completion_tokens = 3;
+  const BatchRequest request = ParseOk(ResponsesLine(
+      {{"instructions", "Be brief."}, {"max_output_tokens", 64}, {"temperature", 0.7}}));
+  const json line = json::parse(FormatBatchOutput(request, "batch_req_r1", c, 1700000000));
+  CHECK(line["id"] == "batch_req_r1");
+  CHECK(line["custom_id"] == "req-1");
+  CHECK(line["error"].is_null());
+  CHECK(line["response"]["status_code"] == 200);
+  CHECK(line["response"]["request_id"] == "req_r1");
+  const json& body = line["response"]["body"];
+  CHECK(body["id"] == "resp_r1");
+  CHECK(body["object"] == "response");
+  CHECK(body["created_at"] == 1700000000);
+  CHECK(body["status"] == "completed");
+  CHECK(body["error"].is_null());
+  CHECK(body["incomplete_details"].is_null());
+  CHECK(body["instructions"] == "Be brief.");
+  CHECK(body["max_output_tokens"] == 64);
+  CHECK(body["model"] == "mixtral");
+  CHECK(line.dump().find("\"temperature\":0.7,") != std::string::npos);  // the float, echoed
+  CHECK(body["top_p"] == 1.0);
+  CHECK(body["tools"] == json::array());
+  CHECK(body["text"] == json({{"format", {{"type", "text"}}}}));
+  CHECK(body["output"] ==
+        json::array(
+            {{{"id", "msg_r1"},
+              {"type", "message"},
+              {"status", "completed"},
+              {"role", "assistant"},
+              {"content",
+               {{{"type", "output_text"}, {"text", "Hello!"}, {"annotations", json::array()}}}}}}));
+  CHECK(body["usage"] ==
+        json({{"input_tokens", 12},
+              {"input_tokens_details", {{"cached_tokens", 0}, {"cache_write_tokens", 0}}},
+              {"output_tokens", 3},
+              {"output_tokens_details", {{"reasoning_tokens", 0}}},
+              {"total_tokens", 15}}));
+  CHECK(body["token_ids"] == json({22557, 28808, 2}));
+
+  SECTION("cut by max_output_tokens: incomplete, with the reason") {
+    c.finish_reason = "length";
+    const json cut =
+        json::parse(FormatBatchOutput(request, "batch_req_r2", c, 1))["response"]["body"];
+    CHECK(cut["status"] == "incomplete");
+    CHECK(cut["incomplete_details"] == json({{"reason", "max_output_tokens"}}));
+    CHECK(cut["output"][0]["status"] == "incomplete");
+  }
+  SECTION("more than one choice cannot be a response") {
+    const json bad = json::parse(FormatBatchOutput(request, "batch_req_r3", {c, c}, 1, nullptr));
+    CHECK(bad["response"].is_null());
+    CHECK(bad["error"]["code"] == "internal");
+  }
+}
+
+TEST_CASE("A /v1/responses output's logprobs and a harmony model's reasoning item") {
+  auto tok =
+      Tokenizer::Load(std::string(MOEBATCH_FIXTURES_DIR) + "/tiny-mixtral/tokenizer.model", 1, 2);
+  INFO(tok.status().ToString() << " (run scripts/fetch_tokenizer.sh)");
+  REQUIRE(tok.ok());
+  Completion c;
+  c.text = "\n";
+  c.token_ids = {13};
+  c.logprobs = {{13, -2.0f, {{13, -2.0f}, {2, -1.0f}}}};
+  c.finish_reason = "stop";
+  c.prompt_tokens = 2;
+  c.completion_tokens = 1;
+  const BatchRequest request = ParseOk(ResponsesLine({{"top_logprobs", 2}}));
+  const json body = json::parse(
+      FormatBatchOutput(request, "batch_req_l", {c}, 7, tok->get()))["response"]["body"];
+  CHECK(body["top_logprobs"] == 2);
+  CHECK(body["output"][0]["content"][0]["logprobs"] ==
+        json::array({{{"token", "\n"},
+                      {"logprob", -2.0},
+                      {"bytes", {10}},
+                      {"top_logprobs",
+                       {{{"token", "\n"}, {"logprob", -2.0}, {"bytes", {10}}},
+                        {{"token", "</s>"}, {"logprob", -1.0}, {"bytes", {60, 47, 115, 62}}}}}}}));
+
+  const std::unique_ptr<Tokenizer> harmony = HarmonyVocabTokenizer("harmony");
+  auto reply = [&](const std::string& raw, const std::string& finish) {
+    Completion h;
+    h.token_ids = harmony->Encode(raw, EncodeOptions{false, true});
+    h.text = harmony->Decode(h.token_ids);
+    h.finish_reason = finish;
+    return json::parse(FormatBatchOutput(ParseOk(ResponsesLine(nullptr)), "batch_req_g", {h}, 7,
+                                         harmony.get()))["response"]["body"];
+  };
+  const json done = reply(
+      "<|channel|>analysis<|message|>2+2=4, simple.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>**4** ✓<|return|>",
+      "stop");
+  REQUIRE(done["output"].size() == 2);
+  CHECK(done["output"][0] ==
+        json({{"id", "rs_g"},
+              {"type", "reasoning"},
+              {"summary", json::array()},
+              {"content", {{{"type", "reasoning_text"}, {"text", "2+2=4, simple."}}}},
+              {"status", "completed"}}));
+  CHECK(done["output"][1]["content"][0]["text"] == "**4** ✓");
+  // Cut inside the analysis: the reasoning item alone, incomplete.
+  const json cut = reply("<|channel|>analysis<|message|>Let me think", "length");
+  REQUIRE(cut["output"].size() == 1);
+  CHECK(cut["output"][0]["type"] == "reasoning");
+  CHECK(cut["output"][0]["status"] == "incomplete");
+  CHECK(cut["status"] == "incomplete");
 }
 
 }  // namespace

@@ -41,6 +41,11 @@ def completion(cid, prompt, **body):
                  "body": dict(prompt=prompt, **body)})
 
 
+def responses(cid, input, **body):
+    return line({"custom_id": cid, "method": "POST", "url": "/v1/responses",
+                 "body": dict(input=input, **body)})
+
+
 def nested(depth):
     """`depth` arrays inside one another (the parsers refuse JSON deeper than 128 levels)."""
     return "[" * depth + "]" * depth
@@ -62,6 +67,15 @@ def jsonl_seeds():
         model="mixtral", max_tokens=4, temperature=0.5, top_p=0.9, top_k=40, seed=1234,
         stop=["\n\n", "END"], n=1, ignore_eos=True, presence_penalty=0.1,
         response_format={"type": "text"}) + "\n")
+    write(t, "responses-string", responses("r-1", "Hello", model="mixtral",
+                                           instructions="Be brief.", max_output_tokens=8) + "\n")
+    write(t, "responses-items", responses(
+        "r-2", [{"type": "message", "role": "developer", "content": "Answer in French."},
+                {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "Salut"}]},
+                user("Bye")],
+        top_logprobs=2, include=["message.output_text.logprobs"], temperature=0) + "\n")
+    write(t, "err-responses-max-tokens", responses("r-3", "Hi", max_tokens=5) + "\n")
     write(t, "chat-content-parts", chat(
         "parts", [{"role": "user", "content": [{"type": "text", "text": "one"},
                                                {"type": "text", "text": "two"}]}],

@@ -548,3 +548,86 @@ def test_logprobs_and_n_through_the_http_api(http_daemon, tmp_path):
         for entry in content:
             assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
             assert entry["logprob"] == max(t["logprob"] for t in entry["top_logprobs"])
+
+
+def responses_line(custom_id: str, input, max_output_tokens: int = 6, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+            "body": {"model": "gpt-4o-mini", "temperature": 0, "input": input,
+                     "max_output_tokens": max_output_tokens, **body}}
+
+
+def test_a_responses_batch_gives_openai_response_objects_with_the_chat_tokens(
+        http_daemon, tmp_path):
+    from openai.types.responses import Response
+    client = http_daemon.openai()
+    lines = [
+        responses_line("s", "Tell me about the number 7."),
+        responses_line("i", [{"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": "Hello"}]}],
+                       instructions="Be brief."),
+        responses_line("lp", "Hi", max_output_tokens=3, top_logprobs=2),
+    ]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    _, batch = run_batch(client, path, endpoint="/v1/responses")
+    assert batch.endpoint == "/v1/responses"
+    batch = wait_done(client, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    out = {r["custom_id"]: r for r in map(json.loads,
+                                          client.files.content(batch.output_file_id).text
+                                          .splitlines())}
+    responses = {}
+    for cid, r in out.items():
+        assert r["response"]["status_code"] == 200 and r["error"] is None
+        body = r["response"]["body"]
+        # The SDK's own model of a Response accepts the body as it is.
+        resp = Response.model_validate(body)
+        assert resp.object == "response" and resp.id.startswith("resp_")
+        assert resp.model == "tiny-mixtral"
+        assert resp.usage.output_tokens <= resp.max_output_tokens
+        if resp.status == "incomplete":  # cut by max_output_tokens
+            assert resp.usage.output_tokens == resp.max_output_tokens
+            assert resp.incomplete_details.reason == "max_output_tokens"
+        else:
+            assert resp.status == "completed" and resp.incomplete_details is None
+        assert resp.output_text == resp.output[0].content[0].text
+        assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+        assert len(body["token_ids"]) == resp.usage.output_tokens
+        responses[cid] = (resp, body)
+    assert responses["i"][0].instructions == "Be brief."
+    assert responses["s"][0].max_output_tokens == 6 and responses["s"][0].temperature == 0
+    logprobs = responses["lp"][0].output[0].content[0].logprobs
+    assert len(logprobs) == responses["lp"][0].usage.output_tokens
+    for entry in logprobs:
+        assert len(entry.top_logprobs) == 2
+        assert entry.logprob == max(t.logprob for t in entry.top_logprobs)
+
+    # The same conversations as chat requests (instructions as the system message) give the same
+    # prompt and the same greedy tokens.
+    chat = [chat_line("s", "Tell me about the number 7."),
+            {**chat_line("i", "Hello"),
+             "body": {**chat_line("i", "Hello")["body"],
+                      "messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Hello"}]}},
+            chat_line("lp", "Hi", max_tokens=3)]
+    _, chat_batch = run_batch(client, write_jsonl(tmp_path / "chat.jsonl", chat))
+    chat_batch = wait_done(client, chat_batch.id)
+    for r in map(json.loads, client.files.content(chat_batch.output_file_id).text.splitlines()):
+        resp, body = responses[r["custom_id"]]
+        choice = r["response"]["body"]["choices"][0]
+        assert body["token_ids"] == choice["token_ids"]
+        assert resp.output_text == choice["message"]["content"]
+        assert resp.usage.input_tokens == r["response"]["body"]["usage"]["prompt_tokens"]
+
+
+def test_a_responses_batch_with_chat_fields_fails_validation_naming_them(http_daemon, tmp_path):
+    client = http_daemon.openai()
+    lines = [responses_line("ok", "Hi"),
+             {**responses_line("mt", "Hi"), "body": {"input": "Hi", "max_tokens": 5}},
+             responses_line("img", [{"role": "user", "content": [{"type": "input_image"}]}]),
+             chat_line("chat", "Hi")]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    _, batch = run_batch(client, path, endpoint="/v1/responses")
+    assert batch.status == "failed"
+    assert [(e.line, e.param) for e in batch.errors.data] == [
+        (2, "body.max_tokens"), (3, "body.input[0].content[0].type"), (4, "url")]
+    assert "use body.max_output_tokens" in batch.errors.data[0].message

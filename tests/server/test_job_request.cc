@@ -297,6 +297,37 @@ TEST_CASE("PrepareJob with an endpoint refuses lines of the other url, naming ur
   CHECK(PrepareJsonl(jsonl, Limits(), options).ok());
 }
 
+TEST_CASE("PrepareJob stores a /v1/responses line with max_output_tokens frozen, chat-encoded") {
+  const std::string line =
+      R"({"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"input": "Hi", "instructions": "Be brief."}})";
+  PrepareOptions options;
+  options.endpoint = "/v1/responses";
+  auto job = PrepareJsonl(line + "\n", Limits(), options);
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  REQUIRE(job->requests.size() == 1);
+  const auto stored = nlohmann::json::parse(job->requests[0].line);
+  CHECK(stored["body"]["max_output_tokens"] == 256);
+  CHECK_FALSE(stored["body"].contains("max_tokens"));
+  // The stored line parses back (as the engine worker reads it) to the same request.
+  const ParsedBatchLine again = ParseBatchLine(job->requests[0].line);
+  REQUIRE(again.request.ok());
+  CHECK(again.request->endpoint == Endpoint::kResponses);
+  CHECK(again.request->sampling.max_tokens == 256);
+  // Its prompt is the chat encoding of the same messages.
+  auto chat = MixtralTokenizer().EncodeChat({{"system", "Be brief."}, {"user", "Hi"}});
+  REQUIRE(chat.ok());
+  CHECK(job->requests[0].prompt_token_ids == *chat);
+  // A conversation the chat layout refuses names body.input.
+  const std::string bad =
+      R"({"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": {"input": [{"role": "assistant", "content": "Hi"}]}})";
+  std::vector<JobLineError> errors;
+  options.line_errors = &errors;
+  CHECK_FALSE(PrepareJsonl(bad + "\n", Limits(), options).ok());
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].param == "body.input");
+}
+
 TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in the KV budget") {
   v1::CreateJobRequest request;
   v1::BatchRequest* chat = request.mutable_requests()->add_requests();

@@ -45,6 +45,8 @@ def test_body_form_infers_the_endpoint():
     assert r == line({"messages": CHAT, "temperature": 0.7}, custom_id="a")
     r = build_request({"prompt": [5, 6]}, custom_id="b")
     assert r == line({"prompt": [5, 6]}, custom_id="b", url="/v1/completions")
+    r = build_request({"input": "Hi", "max_output_tokens": 4}, custom_id="c")
+    assert r == line({"input": "Hi", "max_output_tokens": 4}, custom_id="c", url="/v1/responses")
     # Without custom_id the line has none: the daemon names the missing field.
     assert "custom_id" not in build_request({"messages": CHAT})
 
@@ -133,9 +135,12 @@ def test_field_values_are_not_checked_here(obj):
 def test_shape_errors_raise_value_error_naming_the_item():
     with pytest.raises(ValueError, match="^request: must be a dict"):
         build_request(["custom_id", "x"])
-    with pytest.raises(ValueError, match=r"^requests\[1\]: body: give either messages"):
+    with pytest.raises(ValueError, match=r"^requests\[1\]: body: give one of messages .*, not "
+                                         r"messages and prompt$"):
         build_requests([{"custom_id": "a", "messages": CHAT},
                         {"custom_id": "b", "messages": CHAT, "prompt": "x"}])
+    with pytest.raises(ValueError, match=r"not prompt and input$"):
+        build_request({"custom_id": "b", "prompt": "x", "input": "y"})
     with pytest.raises(ValueError, match=r"^requests\[0\]: cannot be written as JSON"):
         to_jsonl([{"custom_id": "a", "messages": CHAT, "temperature": {1, 2}}])
 

@@ -112,7 +112,7 @@ def test_create_job_argument_errors(client, tmp_path):
         client.create_job()
     with pytest.raises(ValueError, match="exactly one"):
         client.create_job(requests=[], jsonl="x")
-    with pytest.raises(ValueError, match=r"^requests\[0\]: body: give either messages"):
+    with pytest.raises(ValueError, match=r"^requests\[0\]: body: give one of messages"):
         client.create_job(requests=[{"custom_id": "a", "messages": [], "prompt": "x"}])
     with pytest.raises(ValueError, match=r"^requests\[1\]: request: must be a dict"):
         client.create_job(requests=[{"custom_id": "a", "prompt": "x"}, "not a request"])

@@ -8,8 +8,8 @@ Accepted forms:
 * a whole batch input line: {"custom_id", "method": "POST", "url", "body": {...}}, passed on as it
   is (method and url are filled in when missing, the url from the body as below);
 * a bare request body with its custom_id beside the body fields: {"custom_id", "messages": [...],
-  "max_tokens": 16}: the endpoint follows from "messages" (/v1/chat/completions) or "prompt"
-  (/v1/completions);
+  "max_tokens": 16}: the endpoint follows from "messages" (/v1/chat/completions), "prompt"
+  (/v1/completions) or "input" (/v1/responses, OpenAI's Responses API);
 * or the helpers chat_request() / completion_request() / sampling_params();
 * a moebatch.v1.BatchRequest message, turned into the line the daemon would make of it.
 
@@ -27,6 +27,7 @@ from .v1 import batch_pb2 as pb
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+RESPONSES_URL = "/v1/responses"
 
 
 def _float_value(value: float) -> Any:
@@ -78,14 +79,16 @@ def request_line(message: pb.BatchRequest) -> dict[str, Any]:
 
 
 def _endpoint(body: Any) -> str:
-    """The url of a line that gives none: from the body's "messages" or "prompt"."""
+    """The url of a line that gives none: from the body's "messages", "prompt" or "input"."""
     if not isinstance(body, Mapping):
         return CHAT_URL  # the daemon names the body
-    has_messages = body.get("messages") is not None
-    has_prompt = body.get("prompt") is not None
-    if has_messages and has_prompt:
-        raise ValueError("body: give either messages (chat) or prompt (completions), not both")
-    return COMPLETIONS_URL if has_prompt else CHAT_URL
+    given = [key for key in ("messages", "prompt", "input") if body.get(key) is not None]
+    if len(given) > 1:
+        raise ValueError("body: give one of messages (chat), prompt (completions) or input "
+                         f"(responses), not {' and '.join(given)}")
+    if given == ["prompt"]:
+        return COMPLETIONS_URL
+    return RESPONSES_URL if given == ["input"] else CHAT_URL
 
 
 def build_request(obj: Mapping[str, Any] | pb.BatchRequest, custom_id: str | None = None
