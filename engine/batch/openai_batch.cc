@@ -494,6 +494,34 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endp
   return absl::OkStatus();
 }
 
+// The output format: chat's body.response_format, the Responses API's body.text.format. Only
+// {"type": "text"} is taken: JSON mode and JSON schemas need constrained decoding, which moebatchd
+// does not do, so such a request is refused rather than answered with free text.
+absl::Status CheckTextFormat(const json& body, Endpoint endpoint) {
+  const json* format = nullptr;
+  std::string path;
+  if (endpoint == Endpoint::kChatCompletions) {
+    format = FindOptional(body, "response_format");
+    path = "body.response_format";
+  } else if (endpoint == Endpoint::kResponses) {
+    if (const json* text = FindOptional(body, "text")) {
+      if (!text->is_object()) return Invalid("body.text", "must be an object", *text);
+      format = FindOptional(*text, "format");
+      path = "body.text.format";
+    }
+  }
+  if (format == nullptr) return absl::OkStatus();
+  if (!format->is_object()) return Invalid(path, "must be an object", *format);
+  auto type = format->find("type");
+  if (type != format->end() && type->is_string() && type->get_ref<const std::string&>() == "text") {
+    return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat(path, ".type"),
+                 "only \"text\" is supported (JSON output needs constrained decoding, which "
+                 "moebatchd does not do)",
+                 Found(*format, type));
+}
+
 absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults& defaults) {
   BatchRequest request;
 
@@ -542,6 +570,8 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
                                                               : ParsePrompt(body, &request);
   if (!s.ok()) return s;
   s = ParseSampling(body, defaults, request.endpoint, &request.sampling);
+  if (!s.ok()) return s;
+  s = CheckTextFormat(body, request.endpoint);
   if (!s.ok()) return s;
   return request;
 }

@@ -804,6 +804,41 @@ TEST_CASE("/v1/responses refuses what it does not have, naming the field") {
   CHECK(ParseOk(ChatLine({{"n", 2}})).sampling.n == 2);
 }
 
+TEST_CASE("JSON output formats are refused, naming the field; text is taken") {
+  CHECK(ParseOk(ChatLine({{"response_format", {{"type", "text"}}}})).sampling.n == 1);
+  CHECK(ParseOk(ResponsesLine({{"text", {{"format", {{"type", "text"}}}, {"verbosity", "low"}}}}))
+            .endpoint == Endpoint::kResponses);
+  CHECK(ParseOk(ResponsesLine({{"text", {{"verbosity", "low"}}}})).endpoint ==
+        Endpoint::kResponses);
+  const std::string why =
+      "only \"text\" is supported (JSON output needs constrained decoding, which moebatchd does "
+      "not do)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {ChatLine({{"response_format", {{"type", "json_object"}}}}),
+       "body.response_format.type: " + why + ", got \"json_object\""},
+      {ChatLine({{"response_format",
+                  {{"type", "json_schema"},
+                   {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}}),
+       "body.response_format.type: " + why + ", got \"json_schema\""},
+      {ChatLine({{"response_format", "json"}}),
+       "body.response_format: must be an object, got \"json\""},
+      {ResponsesLine({{"text", {{"format", {{"type", "json_schema"}, {"name", "x"}}}}}}),
+       "body.text.format.type: " + why + ", got \"json_schema\""},
+      {ResponsesLine({{"text", {{"format", json::object()}}}}),
+       "body.text.format.type: " + why + ", got null"},
+      {ResponsesLine({{"text", 3}}), "body.text: must be an object, got 3"},
+  };
+  for (const auto& [line, message] : cases) {
+    const ParsedBatchLine parsed = ParseBatchLine(line);
+    INFO(line);
+    REQUIRE_FALSE(parsed.request.ok());
+    CHECK(parsed.request.status().message() == message);
+  }
+  // /v1/completions has no output format field: a response_format there is an unknown key.
+  CHECK(ParseOk(CompletionLine({{"response_format", {{"type", "json_object"}}}})).endpoint ==
+        Endpoint::kCompletions);
+}
+
 TEST_CASE("A chat layout's error names the line's field: body.messages or body.input") {
   const absl::Status refused = absl::InvalidArgumentError("messages[2].role: expected 'user'");
   CHECK(ChatPromptError(ParseOk(ChatLine(nullptr)), refused).message() ==

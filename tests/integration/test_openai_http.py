@@ -624,10 +624,13 @@ def test_a_responses_batch_with_chat_fields_fails_validation_naming_them(http_da
     lines = [responses_line("ok", "Hi"),
              {**responses_line("mt", "Hi"), "body": {"input": "Hi", "max_tokens": 5}},
              responses_line("img", [{"role": "user", "content": [{"type": "input_image"}]}]),
-             chat_line("chat", "Hi")]
+             chat_line("chat", "Hi"),
+             responses_line("json", "Hi", text={"format": {"type": "json_schema", "name": "x",
+                                                           "schema": {"type": "object"}}})]
     path = write_jsonl(tmp_path / "in.jsonl", lines)
     _, batch = run_batch(client, path, endpoint="/v1/responses")
     assert batch.status == "failed"
     assert [(e.line, e.param) for e in batch.errors.data] == [
-        (2, "body.max_tokens"), (3, "body.input[0].content[0].type"), (4, "url")]
+        (2, "body.max_tokens"), (3, "body.input[0].content[0].type"), (4, "url"),
+        (5, "body.text.format.type")]
     assert "use body.max_output_tokens" in batch.errors.data[0].message
