@@ -21,6 +21,7 @@
 #include "engine/model_runner.h"
 #include "engine/pipeline_trace.h"
 #include "engine/scheduler.h"
+#include "engine/text/json_output.h"
 #include "engine/text/output_text.h"
 #include "spdlog/spdlog.h"
 
@@ -52,6 +53,7 @@ struct Engine::Sequence {
         sampler(params, choice),
         text(tokenizer, params.stop) {
     slots.id = SequenceId(request_id, choice);
+    if (params.json_object) json.emplace();
     prompt_tokens = static_cast<int64_t>(prompt_token_ids.size());
     slots.tokens = std::move(prompt_token_ids);
   }
@@ -61,7 +63,8 @@ struct Engine::Sequence {
   SequenceSlots slots;
   SamplingParams params;
   Sampler sampler;
-  OutputText text;  // the text it releases (stop strings applied)
+  OutputText text;                 // the text it releases (stop strings applied)
+  std::optional<JsonPrefix> json;  // JSON mode (params.json_object): what was generated so far
   int64_t prompt_tokens = 0;
   int64_t completion_tokens() const {
     return static_cast<int64_t>(slots.tokens.size()) - prompt_tokens;
@@ -390,6 +393,9 @@ absl::StatusOr<int64_t> Engine::AddRequest(GenerationRequest request) {
         "n: ", n, " choices, more than the ", max_choices(),
         " sequences this engine decodes in one pass (--max_num_seqs, --max_tokens_per_pass)"));
   }
+  if (request.sampling.json_object && json_mask_ == nullptr) {
+    json_mask_ = std::make_unique<JsonTokenMask>(*tokenizer_, eos_token_ids_);
+  }
   const int64_t id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, 0, std::move(request.prompt_token_ids),
                                         std::move(request.sampling), *tokenizer_);
@@ -619,7 +625,20 @@ absl::Status Engine::Step(std::vector<GenerationOutput>* outputs) {
       tokens[i] = -1;
       continue;
     }
-    tokens[i] = seqs[i]->sampler.Sample(row, static_cast<int32_t>(vocab));
+    if (seqs[i]->json) {
+      // JSON mode: the tokens that would not continue a JSON object are masked out (a copy of
+      // the row: the choices of a request share it); with none left, EOS ends the reply.
+      thread_local std::vector<float> masked;
+      masked.assign(row, row + vocab);
+      if (json_mask_->Apply(*seqs[i]->json, masked.data(), vocab) == 0) {
+        tokens[i] = eos_token_ids_.empty() ? -1 : eos_token_ids_[0];
+      } else {
+        tokens[i] = seqs[i]->sampler.Sample(masked.data(), static_cast<int32_t>(vocab));
+      }
+      if (tokens[i] >= 0) json_mask_->Advance(&*seqs[i]->json, tokens[i]);
+    } else {
+      tokens[i] = seqs[i]->sampler.Sample(row, static_cast<int32_t>(vocab));
+    }
     if (seqs[i]->params.logprobs) {
       logprobs[i] =
           TokenLogprobs(row, static_cast<int32_t>(vocab), tokens[i], seqs[i]->params.top_logprobs);

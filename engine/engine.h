@@ -84,6 +84,7 @@ struct EngineStats {
 
 class BlockAllocator;
 class Checkpoint;
+class JsonTokenMask;
 class ModelRunner;
 class PagedKvCache;
 class PipelineTrace;
@@ -178,6 +179,8 @@ class Engine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<int32_t>
       eos_token_ids_;  // ModelConfig::eos_token_ids: a sampled one ends the sequence
+  // JSON mode's view of the vocabulary, built by the first json_object request (AddRequest).
+  std::unique_ptr<JsonTokenMask> json_mask_;
   std::unique_ptr<PipelineTrace> trace_;
   // With a trace: the host's ceilings each pass's roofline is put against (--peak_memory_gbs /
   // --peak_tflops where given, else measured at start).

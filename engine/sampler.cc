@@ -33,6 +33,11 @@ absl::Status SamplingParams::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs: needs logprobs to be true, got ", top_logprobs));
   }
+  if (json_object && ignore_eos) {
+    return absl::InvalidArgumentError(
+        "ignore_eos: cannot be combined with JSON mode, whose reply ends at EOS once its object "
+        "is closed");
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must not be empty"));

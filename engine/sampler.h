@@ -38,6 +38,8 @@ struct SamplingParams {
   bool logprobs = false;          // report each generated token's log-probability
   int32_t top_logprobs = 0;       // [0, kMaxTopLogprobs]: also the most likely tokens at each
                                   // position; > 0 needs logprobs
+  bool json_object = false;       // JSON mode: the reply is a JSON object (engine/text/
+                                  // json_output.h masks the logits); not with ignore_eos
 
   // InvalidArgument naming the field ("temperature: must be in [0, 100], got -1").
   absl::Status Validate() const;
@@ -73,9 +75,9 @@ class Sampler {
   // Temperature 0: Sample is the argmax and draws nothing, so the device may pick the token
   // (Device::GreedyTokens) without the logits ever reaching the sampler.
   bool greedy() const { return params_.temperature == 0.0f; }
-  // Greedy and no log-probabilities asked: only then may the device pick the token, since
-  // log-probabilities need the whole row of logits.
-  bool device_greedy() const { return greedy() && !params_.logprobs; }
+  // Greedy, no log-probabilities asked and no JSON mode: only then may the device pick the
+  // token, since log-probabilities and JSON mode's mask need the whole row of logits.
+  bool device_greedy() const { return greedy() && !params_.logprobs && !params_.json_object; }
 
  private:
   SamplingParams params_;

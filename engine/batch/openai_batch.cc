@@ -494,10 +494,12 @@ absl::Status ParseSampling(const json& body, const BatchDefaults& defaults, Endp
   return absl::OkStatus();
 }
 
-// The output format: chat's body.response_format, the Responses API's body.text.format. Only
-// {"type": "text"} is taken: JSON mode and JSON schemas need constrained decoding, which moebatchd
-// does not do, so such a request is refused rather than answered with free text.
-absl::Status CheckTextFormat(const json& body, Endpoint endpoint) {
+// The output format: chat's body.response_format, the Responses API's body.text.format.
+// {"type": "text"} (the default) or {"type": "json_object"} (JSON mode:
+// SamplingParams::json_object, the reply constrained to a JSON object, engine/text/json_output.h).
+// {"type": "json_schema"} needs a schema-driven grammar, which moebatchd does not have: such a
+// request is refused rather than answered with a reply that may not match the schema.
+absl::Status ParseTextFormat(const json& body, Endpoint endpoint, SamplingParams* p) {
   const json* format = nullptr;
   std::string path;
   if (endpoint == Endpoint::kChatCompletions) {
@@ -513,12 +515,22 @@ absl::Status CheckTextFormat(const json& body, Endpoint endpoint) {
   if (format == nullptr) return absl::OkStatus();
   if (!format->is_object()) return Invalid(path, "must be an object", *format);
   auto type = format->find("type");
-  if (type != format->end() && type->is_string() && type->get_ref<const std::string&>() == "text") {
-    return absl::OkStatus();
+  if (type != format->end() && type->is_string()) {
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t == "text") return absl::OkStatus();
+    if (t == "json_object") {
+      if (p->ignore_eos) {
+        return Invalid("body.ignore_eos",
+                       "cannot be combined with JSON mode, whose reply ends at EOS once its "
+                       "object is closed");
+      }
+      p->json_object = true;
+      return absl::OkStatus();
+    }
   }
   return Invalid(absl::StrCat(path, ".type"),
-                 "only \"text\" is supported (JSON output needs constrained decoding, which "
-                 "moebatchd does not do)",
+                 "must be \"text\" or \"json_object\" (\"json_schema\" needs a grammar "
+                 "from the schema, which moebatchd does not have)",
                  Found(*format, type));
 }
 
@@ -571,7 +583,7 @@ absl::StatusOr<BatchRequest> ParseRequest(const json& root, const BatchDefaults&
   if (!s.ok()) return s;
   s = ParseSampling(body, defaults, request.endpoint, &request.sampling);
   if (!s.ok()) return s;
-  s = CheckTextFormat(body, request.endpoint);
+  s = ParseTextFormat(body, request.endpoint, &request.sampling);
   if (!s.ok()) return s;
   return request;
 }

@@ -4,10 +4,10 @@
 // "/v1/completions", "body": {"model"?, "messages" | "prompt", "max_tokens" |
 // "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n" (1..16),
 // "logprobs" (chat: bool; completions: 0..5), "top_logprobs" (chat: 0..20), "ignore_eos"
-// (extension), "response_format" (chat: {"type": "text"} only)}}. `prompt` may be a string or an
-// array of token ids (as OpenAI allows). JSON output formats (chat's response_format, the
-// Responses API's text.format: json_object, json_schema) are errors naming the field: they need
-// constrained decoding, which this server does not do.
+// (extension), "response_format" (chat: {"type": "text" | "json_object"})}}. `prompt` may be a
+// string or an array of token ids (as OpenAI allows). JSON mode (chat's response_format, the
+// Responses API's text.format, of type "json_object") sets SamplingParams::json_object; a
+// "json_schema" format is an error naming the field (no grammar is built from schemas).
 // Or "url": "/v1/responses" (OpenAI's Responses API), "body": {"model"?, "input" (a string: one
 // user message; or an array of message items {"type"?: "message", "role": user | assistant |
 // system | developer, "content": a string or input_text / output_text parts}), "instructions"

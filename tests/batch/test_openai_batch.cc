@@ -804,18 +804,19 @@ TEST_CASE("/v1/responses refuses what it does not have, naming the field") {
   CHECK(ParseOk(ChatLine({{"n", 2}})).sampling.n == 2);
 }
 
-TEST_CASE("JSON output formats are refused, naming the field; text is taken") {
-  CHECK(ParseOk(ChatLine({{"response_format", {{"type", "text"}}}})).sampling.n == 1);
-  CHECK(ParseOk(ResponsesLine({{"text", {{"format", {{"type", "text"}}}, {"verbosity", "low"}}}}))
-            .endpoint == Endpoint::kResponses);
-  CHECK(ParseOk(ResponsesLine({{"text", {{"verbosity", "low"}}}})).endpoint ==
-        Endpoint::kResponses);
+TEST_CASE("Output formats: text, or JSON mode; a JSON schema is refused, naming the field") {
+  CHECK_FALSE(ParseOk(ChatLine({{"response_format", {{"type", "text"}}}})).sampling.json_object);
+  CHECK(ParseOk(ChatLine({{"response_format", {{"type", "json_object"}}}})).sampling.json_object);
+  CHECK(ParseOk(ResponsesLine({{"text", {{"format", {{"type", "json_object"}}}}}}))
+            .sampling.json_object);
+  CHECK_FALSE(
+      ParseOk(ResponsesLine({{"text", {{"format", {{"type", "text"}}}, {"verbosity", "low"}}}}))
+          .sampling.json_object);
+  CHECK_FALSE(ParseOk(ResponsesLine({{"text", {{"verbosity", "low"}}}})).sampling.json_object);
   const std::string why =
-      "only \"text\" is supported (JSON output needs constrained decoding, which moebatchd does "
-      "not do)";
+      "must be \"text\" or \"json_object\" (\"json_schema\" needs a grammar from the schema, "
+      "which moebatchd does not have)";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {ChatLine({{"response_format", {{"type", "json_object"}}}}),
-       "body.response_format.type: " + why + ", got \"json_object\""},
       {ChatLine({{"response_format",
                   {{"type", "json_schema"},
                    {"json_schema", {{"name", "x"}, {"schema", json::object()}}}}}}),
@@ -827,6 +828,9 @@ TEST_CASE("JSON output formats are refused, naming the field; text is taken") {
       {ResponsesLine({{"text", {{"format", json::object()}}}}),
        "body.text.format.type: " + why + ", got null"},
       {ResponsesLine({{"text", 3}}), "body.text: must be an object, got 3"},
+      {ChatLine({{"response_format", {{"type", "json_object"}}}, {"ignore_eos", true}}),
+       "body.ignore_eos: cannot be combined with JSON mode, whose reply ends at EOS once its "
+       "object is closed"},
   };
   for (const auto& [line, message] : cases) {
     const ParsedBatchLine parsed = ParseBatchLine(line);
@@ -835,8 +839,8 @@ TEST_CASE("JSON output formats are refused, naming the field; text is taken") {
     CHECK(parsed.request.status().message() == message);
   }
   // /v1/completions has no output format field: a response_format there is an unknown key.
-  CHECK(ParseOk(CompletionLine({{"response_format", {{"type", "json_object"}}}})).endpoint ==
-        Endpoint::kCompletions);
+  CHECK_FALSE(ParseOk(CompletionLine({{"response_format", {{"type", "json_object"}}}}))
+                  .sampling.json_object);
 }
 
 TEST_CASE("A chat layout's error names the line's field: body.messages or body.input") {

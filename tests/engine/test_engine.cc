@@ -12,8 +12,10 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "engine/text/json_output.h"
 
 using namespace moebatch;
 
@@ -579,4 +581,67 @@ TEST_CASE("engine: a model directory without a tokenizer is refused clearly") {
               .find("no tokenizer in " + dir.string() + ": expected tokenizer.json") !=
           std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("engine: JSON mode keeps every reply a JSON-object prefix; EOS only once it is closed") {
+  auto e = TinyEngine();
+  const JsonTokenMask mask(e->tokenizer(), {e->tokenizer().eos_id()});
+  // Sampled (several seeds) and greedy (which the device would otherwise pick).
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams p;
+    p.temperature = i == 0 ? 0.0f : 1.0f;
+    if (i > 0) p.seed = 100 + i;
+    p.max_tokens = 40;
+    p.json_object = true;
+    ids.push_back(*e->AddRequest(Prompt(*e, "Give me a JSON object about rivers", p)));
+  }
+  std::map<int64_t, Done> done = Drain(*e);
+  for (int64_t id : ids) {
+    const Done& d = done[id];
+    INFO("request " << id << ": " << d.text);
+    REQUIRE(!d.ids.empty());
+    JsonPrefix state;
+    for (int32_t t : d.ids) REQUIRE(mask.Advance(&state, t));
+    if (d.reason == FinishReason::kStop) {
+      REQUIRE(state.complete());
+      const nlohmann::json parsed = nlohmann::json::parse(d.text, nullptr, false);
+      REQUIRE(parsed.is_object());
+    } else {
+      REQUIRE(d.reason == FinishReason::kLength);
+      REQUIRE(d.completion_tokens == 40);
+    }
+  }
+  REQUIRE(e->stats().kv_blocks_free == e->stats().kv_blocks_total);
+
+  // A model whose EOS is the fourth greedy token: without JSON mode it stops there; with it, EOS
+  // is masked until the object is closed, so the reply goes on.
+  const std::vector<int32_t> greedy = GreedyRiver();
+  const std::filesystem::path dir = TinyCopyWithEos("moebatch_json_eos", greedy[3]);
+  auto eos_engine = EngineOf(dir);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 12;
+  p.json_object = true;
+  const int64_t id = *eos_engine->AddRequest(Prompt(*eos_engine, "The river", p));
+  const Done d = Drain(*eos_engine)[id];
+  const JsonTokenMask eos_mask(eos_engine->tokenizer(), {greedy[3]});
+  JsonPrefix state;
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    if (d.ids[i] == greedy[3]) REQUIRE((i + 1 == d.ids.size() && state.complete()));
+    REQUIRE(eos_mask.Advance(&state, d.ids[i]));
+  }
+  JsonPrefix start;
+  if (!eos_mask.Advance(&start, greedy.front())) REQUIRE(d.ids.front() != greedy.front());
+  REQUIRE(d.ids.size() > 4);  // past the EOS of the free reply
+  eos_engine.reset();
+  std::filesystem::remove_all(dir);
+
+  // ignore_eos cannot be combined with it.
+  SamplingParams bad;
+  bad.json_object = true;
+  bad.ignore_eos = true;
+  const auto refused = e->AddRequest(Prompt(*e, "x", bad));
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(absl::StartsWith(refused.status().message(), "ignore_eos: cannot be combined"));
 }

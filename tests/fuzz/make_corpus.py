@@ -76,7 +76,7 @@ def jsonl_seeds():
                 user("Bye")],
         top_logprobs=2, include=["message.output_text.logprobs"], temperature=0) + "\n")
     write(t, "err-responses-max-tokens", responses("r-3", "Hi", max_tokens=5) + "\n")
-    write(t, "err-json-output", chat("j", [user("Hi")], response_format={"type": "json_object"})
+    write(t, "json-output", chat("j", [user("Hi")], response_format={"type": "json_object"})
           + "\n" + responses("r-4", "Hi", text={"format": {"type": "json_schema"}}) + "\n")
     write(t, "chat-content-parts", chat(
         "parts", [{"role": "user", "content": [{"type": "text", "text": "one"},

@@ -566,12 +566,14 @@ def test_a_responses_batch_gives_openai_response_objects_with_the_chat_tokens(
                               "content": [{"type": "input_text", "text": "Hello"}]}],
                        instructions="Be brief."),
         responses_line("lp", "Hi", max_output_tokens=3, top_logprobs=2),
+        responses_line("json", "Give me JSON.", max_output_tokens=40, temperature=1, seed=3,
+                       text={"format": {"type": "json_object"}}),
     ]
     path = write_jsonl(tmp_path / "in.jsonl", lines)
     _, batch = run_batch(client, path, endpoint="/v1/responses")
     assert batch.endpoint == "/v1/responses"
     batch = wait_done(client, batch.id)
-    assert batch.status == "completed" and batch.request_counts.completed == 3
+    assert batch.status == "completed" and batch.request_counts.completed == 4
     out = {r["custom_id"]: r for r in map(json.loads,
                                           client.files.content(batch.output_file_id).text
                                           .splitlines())}
@@ -594,6 +596,11 @@ def test_a_responses_batch_gives_openai_response_objects_with_the_chat_tokens(
         assert len(body["token_ids"]) == resp.usage.output_tokens
         responses[cid] = (resp, body)
     assert responses["i"][0].instructions == "Be brief."
+    # JSON mode: the text is a JSON object, or (cut by max_output_tokens) begins one.
+    json_resp = responses["json"][0]
+    assert json_resp.output_text.lstrip().startswith("{")
+    if json_resp.status == "completed":
+        assert isinstance(json.loads(json_resp.output_text), dict)
     assert responses["s"][0].max_output_tokens == 6 and responses["s"][0].temperature == 0
     logprobs = responses["lp"][0].output[0].content[0].logprobs
     assert len(logprobs) == responses["lp"][0].usage.output_tokens
