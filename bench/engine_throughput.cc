@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, json_out, "",
           "reads it)");
 ABSL_FLAG(std::string, trace_file, "",
           "write the engine job's Chrome trace here (scripts/trace_summary.py reads it)");
+ABSL_FLAG(bool, json_object, false,
+          "JSON mode for every request (docs/api.md, \"JSON mode\"): the vocabulary mask's cost "
+          "per generated token; a request then ends at EOS once its object is closed");
 ABSL_FLAG(bool, vslpipe, false,
           "two micro-batches in the VSLPipe pipeline (engine/model_runner.h; the engine's default "
           "on the cpu backend is off)");
@@ -285,7 +288,8 @@ int Run() {
     for (int64_t t = 0; t < prompt; ++t) r.prompt_token_ids.push_back(token(rng));
     r.sampling.temperature = 0;
     r.sampling.max_tokens = static_cast<int32_t>(gen);
-    r.sampling.ignore_eos = true;
+    r.sampling.json_object = absl::GetFlag(FLAGS_json_object);
+    r.sampling.ignore_eos = !r.sampling.json_object;
     if (!(*engine)->AddRequest(std::move(r)).ok()) return 1;
   }
   std::vector<GenerationOutput> outs;
