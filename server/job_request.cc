@@ -98,6 +98,7 @@ std::string ToBatchLine(const v1::BatchRequest& r) {
   if (s.ignore_eos()) body["ignore_eos"] = true;
   if (s.has_n()) body["n"] = s.n();
   if (r.input_case() == v1::BatchRequest::kChat) {
+    if (s.has_response_format()) body["response_format"] = {{"type", s.response_format()}};
     if (s.has_logprobs()) body["logprobs"] = s.logprobs();
     if (s.has_top_logprobs()) body["top_logprobs"] = s.top_logprobs();
   } else if (s.has_logprobs() || s.has_top_logprobs()) {

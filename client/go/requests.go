@@ -19,6 +19,9 @@ type Sampling struct {
 	N           *int32 // choices per request, [1, 16]
 	Logprobs    *bool  // report each generated token's log-probability
 	TopLogprobs *int32 // most likely tokens per position ([0, 20] chat, [0, 5] completions)
+	// ResponseFormat of a chat request: "text" (nil: the default) or "json_object" (JSON mode:
+	// the reply is constrained to a JSON object).
+	ResponseFormat *string
 }
 
 // Greedy is argmax sampling (temperature 0) of at most maxTokens tokens.
@@ -30,16 +33,17 @@ func Greedy(maxTokens int32) Sampling {
 // Proto is the SamplingParams message.
 func (s Sampling) Proto() *pb.SamplingParams {
 	return &pb.SamplingParams{
-		Temperature: s.Temperature,
-		TopP:        s.TopP,
-		TopK:        s.TopK,
-		Seed:        s.Seed,
-		MaxTokens:   s.MaxTokens,
-		Stop:        append([]string(nil), s.Stop...),
-		IgnoreEos:   s.IgnoreEOS,
-		N:           s.N,
-		Logprobs:    s.Logprobs,
-		TopLogprobs: s.TopLogprobs,
+		Temperature:    s.Temperature,
+		TopP:           s.TopP,
+		TopK:           s.TopK,
+		Seed:           s.Seed,
+		MaxTokens:      s.MaxTokens,
+		Stop:           append([]string(nil), s.Stop...),
+		IgnoreEos:      s.IgnoreEOS,
+		N:              s.N,
+		Logprobs:       s.Logprobs,
+		TopLogprobs:    s.TopLogprobs,
+		ResponseFormat: s.ResponseFormat,
 	}
 }
 

@@ -368,5 +368,29 @@ TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in t
   CHECK(absl::StrContains(refused.status().message(), "line 1 (custom_id \"chat\"): body.n: 3"));
 }
 
+TEST_CASE("PrepareJob: an inline chat request's response_format is its body's; JSON mode") {
+  v1::CreateJobRequest request;
+  v1::BatchRequest* chat = request.mutable_requests()->add_requests();
+  chat->set_custom_id("json");
+  v1::ChatMessage* m = chat->mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Give me JSON");
+  chat->mutable_sampling()->set_response_format("json_object");
+  auto job = PrepareJob(request, MixtralTokenizer(), Limits(), "test");
+  INFO(job.status().ToString());
+  REQUIRE(job.ok());
+  const auto line = nlohmann::json::parse(job->requests[0].line);
+  CHECK(line["body"]["response_format"] == nlohmann::json({{"type", "json_object"}}));
+  const ParsedBatchLine parsed = ParseBatchLine(job->requests[0].line);
+  REQUIRE(parsed.request.ok());
+  CHECK(parsed.request->sampling.json_object);
+
+  chat->mutable_sampling()->set_response_format("xml");
+  auto refused = PrepareJob(request, MixtralTokenizer(), Limits(), "test");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(absl::StrContains(refused.status().message(),
+                          "line 1 (custom_id \"json\"): body.response_format.type: must be"));
+}
+
 }  // namespace
 }  // namespace moebatch

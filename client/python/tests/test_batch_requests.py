@@ -100,6 +100,11 @@ def test_n_and_logprobs_follow_the_endpoint():
     assert request_line(comp)["body"] == {"prompt": "p", "logprobs": 0}
     comp.sampling.logprobs = False
     assert request_line(comp)["body"] == {"prompt": "p"}
+    # response_format: chat's body field (JSON mode); /v1/completions has none.
+    chat.sampling.response_format = "json_object"
+    assert request_line(chat)["body"]["response_format"] == {"type": "json_object"}
+    comp.sampling.response_format = "json_object"
+    assert "response_format" not in request_line(comp)["body"]
 
 
 @pytest.mark.parametrize("obj", [

@@ -67,6 +67,8 @@ def request_line(message: pb.BatchRequest) -> dict[str, Any]:
     if s.HasField("n"):
         body["n"] = s.n
     if which == "chat":
+        if s.HasField("response_format"):
+            body["response_format"] = {"type": s.response_format}
         for field in ("logprobs", "top_logprobs"):
             if s.HasField(field):
                 body[field] = getattr(s, field)
