@@ -234,6 +234,17 @@ JsonTokenMask::JsonTokenMask(const Tokenizer& tokenizer, std::vector<int32_t> eo
 
 int64_t JsonTokenMask::Apply(const JsonPrefix& state, float* logits, int64_t vocab_size) const {
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  if (state.complete()) {  // EOS alone
+    int64_t left = 0;
+    for (int64_t v = 0; v < vocab_size; ++v) {
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), v) != eos_ids_.end()) {
+        ++left;
+      } else {
+        logits[v] = kMasked;
+      }
+    }
+    return left;
+  }
   bool first_ok[256];
   for (int c = 0; c < 256; ++c) {
     JsonPrefix probe = state;
@@ -243,9 +254,7 @@ int64_t JsonTokenMask::Apply(const JsonPrefix& state, float* logits, int64_t voc
   int64_t left = 0;
   for (int64_t v = 0; v < vocab_size; ++v) {
     bool allowed = false;
-    if (state.complete()) {
-      allowed = std::find(eos_ids_.begin(), eos_ids_.end(), v) != eos_ids_.end();
-    } else if (v < static_cast<int64_t>(bytes_.size()) && !bytes_[static_cast<size_t>(v)].empty()) {
+    if (v < static_cast<int64_t>(bytes_.size()) && !bytes_[static_cast<size_t>(v)].empty()) {
       const std::string& b = bytes_[static_cast<size_t>(v)];
       if (!first_ok[static_cast<uint8_t>(b[0])]) {
         allowed = false;
