@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequenc
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
 ABSL_FLAG(bool, batch_invariant, true,
           "the batch-invariant matmuls (cpu_attention/gemm/invariant_linear.h); false: oneDNN");
+ABSL_FLAG(std::string, q8_0_activations, "int8",
+          "Q8_0 weights: int8 (QuantLinear, llama.cpp's method) or f32 (InvariantLinearQ8_0, "
+          "widened exactly); as moebatch-run's flag");
 ABSL_FLAG(int64_t, synthetic_layers, 0,
           "> 0: that many layers of generated weights (WeightStore::Synthetic) in the compute "
           "dtype instead of the checkpoint's (--model needs config.json only)");
@@ -107,6 +110,10 @@ int Run() {
   const int64_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int64_t gen = absl::GetFlag(FLAGS_gen_tokens);
   const auto dtype = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype)).value_or(DType::kF32);
+  if (const std::string a = absl::GetFlag(FLAGS_q8_0_activations); a != "int8" && a != "f32") {
+    std::fprintf(stderr, "--q8_0_activations: must be int8 or f32, got '%s'\n", a.c_str());
+    return 2;
+  }
   const int64_t synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<WeightStore> store;
@@ -137,6 +144,7 @@ int Run() {
   CpuDeviceOptions device_options;  // the engine's defaults (widened-weight cache off)
   device_options.compute_dtype = dtype;
   device_options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  device_options.q8_0_f32_activations = absl::GetFlag(FLAGS_q8_0_activations) == "f32";
   auto device = CpuDevice::Create(c, weights, device_options);
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
@@ -275,6 +283,7 @@ int Run() {
   o.model_dir = dir;
   o.cpu.compute_dtype = dtype;
   o.cpu.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+  o.cpu.q8_0_f32_activations = device_options.q8_0_f32_activations;
   o.kv.bytes = kc.bytes_per_block() * kc.num_blocks;
   o.schedule.vslpipe = absl::GetFlag(FLAGS_vslpipe);
   o.metrics.trace_file = absl::GetFlag(FLAGS_trace_file);

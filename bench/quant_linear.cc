@@ -1,6 +1,7 @@
 // The quantized CPU dense layer (cpu_attention/gemm/quant_linear.h) against the memory bound and
 // against the bf16 batch-invariant kernel (cpu_attention/gemm/invariant_linear.h) on the same
-// shapes; for MXFP4 also InvariantLinearMxfp4 (the blocks widened exactly, f32 activations).
+// shapes; for MXFP4 and Q8_0 also InvariantLinearMxfp4 / InvariantLinearQ8_0 (the blocks widened
+// exactly, f32 activations).
 //
 //   bench_quant_linear [--types Q4_0,Q4_1,Q8_0,Q4_K,Q5_K,Q6_K,MXFP4 --shapes 5632x2048,2048x5632
 //       --m 1,4,64,256 --reps 10 --triad_mib 512 --footprint_mib 0]
@@ -296,21 +297,24 @@ int Main() {
         std::printf("  %-22s M %4lld: %9.3f ms\n", tr.name, static_cast<long long>(m),
                     t.best * 1e3);
         std::fflush(stdout);
-        if (type != GgmlType::kMXFP4) continue;
+        if (type != GgmlType::kMXFP4 && type != GgmlType::kQ8_0) continue;
         // The same blocks widened exactly with f32 activations (InvariantLinearMxfp4: a Hugging
-        // Face MXFP4 checkpoint's path, transformers' math).
+        // Face MXFP4 checkpoint's path, transformers' math; InvariantLinearQ8_0:
+        // --q8_0_activations=f32).
+        const bool mxfp4 = type == GgmlType::kMXFP4;
         const Timing f = TimeCalls(calls, [&](int64_t r) {
-          const absl::Status st =
-              InvariantLinearMxfp4(x.data(), m, k, w.data + r % copies * bytes, n, y.data());
+          const std::byte* wr = w.data + r % copies * bytes;
+          const absl::Status st = mxfp4 ? InvariantLinearMxfp4(x.data(), m, k, wr, n, y.data())
+                                        : InvariantLinearQ8_0(x.data(), m, k, wr, n, y.data());
           if (!st.ok()) {
             std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
             std::exit(1);
           }
         });
-        rows.push_back(Row{"MXFP4 widened (f32 x)", shape, m, f, bytes / f.best / 1e9, triad,
+        const char* label = mxfp4 ? "MXFP4 widened (f32 x)" : "Q8_0 widened (f32 x)";
+        rows.push_back(Row{label, shape, m, f, bytes / f.best / 1e9, triad,
                            2.0 * m * n * k / f.best / 1e9, bf16_time[mi] / f.best});
-        std::printf("  %-22s M %4lld: %9.3f ms\n", "MXFP4 widened (f32 x)",
-                    static_cast<long long>(m), f.best * 1e3);
+        std::printf("  %-22s M %4lld: %9.3f ms\n", label, static_cast<long long>(m), f.best * 1e3);
         std::fflush(stdout);
       }
     }

@@ -65,6 +65,10 @@ struct EngineOptions {
     // with f32 activations (InvariantLinearMxfp4: transformers' results) or, false, with int8
     // activations as a GGUF file's (QuantLinear: llama.cpp's method, faster).
     bool mxfp4_f32_activations = true;
+    // Q8_0 weights (GGUF, or the load-time int8 store): QuantLinear's int8 activations
+    // (llama.cpp's method) or, true, widened exactly with f32 activations (InvariantLinearQ8_0:
+    // the dequantized model's math; faster at prefill sizes where int8 has no VNNI).
+    bool q8_0_f32_activations = false;
     // Not batch-invariant, f32 compute with bf16/f16 weights: host bytes for f32 weight copies the
     // oneDNN path keeps between passes (cpu_attention/gemm/matmul.h); 0: widened on every use.
     int64_t widened_weight_budget_bytes = 0;

@@ -70,7 +70,8 @@ class CpuBackend final : public Backend {
     auto device = CpuDevice::Create(
         *weights.config, *weights.weights,
         CpuDeviceOptions{plan.compute_dtype, options.cpu.widened_weight_budget_bytes,
-                         options.cpu.batch_invariant, options.cpu.mxfp4_f32_activations});
+                         options.cpu.batch_invariant, options.cpu.mxfp4_f32_activations,
+                         options.cpu.q8_0_f32_activations});
     if (!device.ok()) return device.status();
     spdlog::info("cpu backend: GEMMs on {}", (*device)->matmul().Describe());
     return std::unique_ptr<Device>(*std::move(device));

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& 
   if (!matmul.ok()) return matmul.status();
   std::unique_ptr<CpuDevice> device(new CpuDevice(config, weights, *std::move(matmul)));
   device->mxfp4_f32_activations_ = options.mxfp4_f32_activations;
+  device->q8_0_f32_activations_ = options.q8_0_f32_activations;
   auto f32 = [](const TensorInfo* t) { return t != nullptr ? ToF32(*t) : std::vector<float>(); };
   for (const LayerWeights& layer : weights.layers) {
     SmallTensors s;
@@ -98,6 +99,9 @@ absl::Status CpuDevice::Linear(const float* x, int64_t rows, const TensorInfo& w
     // A Hugging Face MXFP4 checkpoint (gpt-oss): its weights widened exactly, f32 activations,
     // as transformers computes over the dequantized experts.
     return InvariantLinearMxfp4(x, rows, w.shape[1], w.data, w.shape[0], y);
+  }
+  if (w.quant == GgmlType::kQ8_0 && q8_0_f32_activations_) {
+    return InvariantLinearQ8_0(x, rows, w.shape[1], w.data, w.shape[0], y);
   }
   if (w.quant) return QuantLinear(x, rows, w.shape[1], w.data, *w.quant, w.shape[0], y);
   return matmul_->Linear(x, rows, w.shape[1], w.data, *w.dtype, w.shape[0], y);

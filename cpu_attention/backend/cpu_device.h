@@ -26,11 +26,13 @@
 // CPU attention adds to each head's softmax denominator); a Hugging Face checkpoint's MXFP4
 // experts (config.mxfp4_experts) multiplied by InvariantLinearMxfp4 (weights widened exactly, f32
 // activations: transformers' math) where a GGUF file's quantized weights take QuantLinear's int8
-// activations (llama.cpp's). The ops, in order: EmbeddingGather; task A: RmsNorm, 3 GEMMs,
-// ApplyRope (q, then k); task B: GEMM, AddResidual, RmsNorm, router GEMM, RouterTopK,
-// BuildExpertPermutation, then per expert with tokens (in id order) GatherRows, w1 and w3 GEMMs,
-// SiluMul, w2 GEMM into the expert's rows, and CombineExperts (the experts' weighted sum in expert
-// id order, then the residual add); logits: RmsNorm per row, lm_head GEMM.
+// activations (llama.cpp's), but Q8_0 weights with q8_0_f32_activations, which take
+// InvariantLinearQ8_0 (widened exactly: the dequantized model's math). The ops, in order:
+// EmbeddingGather; task A: RmsNorm, 3 GEMMs, ApplyRope (q, then k); task B: GEMM, AddResidual,
+// RmsNorm, router GEMM, RouterTopK, BuildExpertPermutation, then per expert with tokens (in id
+// order) GatherRows, w1 and w3 GEMMs, SiluMul, w2 GEMM into the expert's rows, and CombineExperts
+// (the experts' weighted sum in expert id order, then the residual add); logits: RmsNorm per row,
+// lm_head GEMM.
 //
 // Threading: one thread at a time (Device's rule); each call parallelises inside with OpenMP and
 // oneDNN. The weights (a Checkpoint's mapping or a WeightStore's host regions) must outlive the
@@ -63,6 +65,10 @@ struct CpuDeviceOptions {
   // InvariantLinearMxfp4 (weights widened exactly, f32 activations: transformers' math); false:
   // QuantLinear's int8 activations, as a GGUF file's quantized weights.
   bool mxfp4_f32_activations = true;
+  // Q8_0 weights (a GGUF file's, or the load-time int8 store) through InvariantLinearQ8_0 (widened
+  // exactly, f32 activations: the dequantized model's math, InvariantLinear's fixed order); false:
+  // QuantLinear's int8 activations (llama.cpp's method).
+  bool q8_0_f32_activations = false;
 };
 
 class CpuDevice final : public Device {
@@ -107,6 +113,7 @@ class CpuDevice final : public Device {
   const ModelWeights& weights_;
   std::unique_ptr<Matmul> matmul_;
   bool mxfp4_f32_activations_ = true;  // CpuDeviceOptions::mxfp4_f32_activations
+  bool q8_0_f32_activations_ = false;  // CpuDeviceOptions::q8_0_f32_activations
   MicroBatch micro_batches_[kMaxMicroBatches];
   // Per layer, widened to f32 at Create: the norms, and the biases and q/k norms a family has
   // (empty when it has none).

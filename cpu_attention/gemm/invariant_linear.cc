@@ -119,7 +119,7 @@ static void RunInvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k,
   ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(w_form)
                      : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(w_form)
                                             : ili::PortableTile(w_form);
-  ForEachDotTile(m, n, k * (w_form == ili::WForm::kF32 ? 4 : 2),
+  ForEachDotTile(m, n, ili::WRowBytes(w_form, k),
                  [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
                    std::optional<ili::ScopedDenormalsFlushed> flushed;
                    if (flush) flushed.emplace();
@@ -149,6 +149,20 @@ void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, co
     ili::ScopedDenormalsFlushed flushed;
     tile(x, m0, m1, k, w, n0, n1, y, n);
   });
+}
+
+absl::Status InvariantLinearQ8_0(CpuIsa isa, const float* x, int64_t m, int64_t k,
+                                 const std::byte* w, int64_t n, float* y) {
+  if (m < 0 || n < 0 || k < 0 || k % ili::kQ8_0BlockElems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("InvariantLinearQ8_0: bad sizes m=", m, " k=", k,
+                                                   " n=", n, " (k a multiple of 32)"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k > 0 && (x == nullptr || w == nullptr || y == nullptr)) {
+    return absl::InvalidArgumentError("InvariantLinearQ8_0: null pointer");
+  }
+  RunInvariantLinear(isa, x, m, k, w, ili::WForm::kQ8_0, n, y);
+  return absl::OkStatus();
 }
 
 absl::Status InvariantLinearMxfp4(CpuIsa isa, const float* x, int64_t m, int64_t k,

@@ -74,6 +74,21 @@ inline void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_
   InvariantLinearBf16(isa, x, m, k, w, n, y, Bf16OnVdpbf16ps(isa));
 }
 
+// The same product with W [n, k] in ggml's Q8_0 blocks (n rows of k / 32 blocks of 34 bytes: an
+// f16 scale d, then 32 int8 values q; element d·q, ggml's dequantize_row_q8_0), each weight
+// widened exactly to f32 (8 by 11 significant bits) in registers or into the lane path's packed
+// panels: bit for bit InvariantLinear over gguf.quants.dequantize's f32 weights, at every ISA level
+// and M. The weights stay 8-bit in memory. Against QuantLinear's Q8_0 (llama.cpp's method: x
+// rounded to int8 per block of 32, integer dot products) the activations keep their f32 values.
+// Paths, threading and memory as InvariantLinear's (the lane path from the same row counts).
+// InvalidArgument for k not a multiple of 32, a negative size, or a null pointer with m, n, k > 0.
+absl::Status InvariantLinearQ8_0(CpuIsa isa, const float* x, int64_t m, int64_t k,
+                                 const std::byte* w, int64_t n, float* y);
+inline absl::Status InvariantLinearQ8_0(const float* x, int64_t m, int64_t k, const std::byte* w,
+                                        int64_t n, float* y) {
+  return InvariantLinearQ8_0(SelectedCpuIsa(), x, m, k, w, n, y);
+}
+
 // The same product with W [n, k] in ggml's MXFP4 blocks (n rows of k / 32 blocks of 17 bytes:
 // an E8M0 exponent e, then 16 bytes of 4-bit codes q; element value kvalues_mxfp4[q] · 2^(e - 128),
 // engine/model/ggml_quants.h), each weight widened exactly to f32 (those values are floats):

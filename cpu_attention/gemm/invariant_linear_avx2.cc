@@ -32,6 +32,16 @@ struct V {
       return {Widen8(p, WD), Widen8(p + 8, WD)};
     }
   }
+  // The Q8_0 block at p: its scale d widened, and its elements first..first+15 as d·q (exact; 8
+  // bytes a vpmovsxbd load).
+  using Scale = __m256;
+  static Scale ScaleQ8_0(const uint8_t* p) { return Q8_0Scale8(p); }
+  static V LoadQ8_0(const uint8_t* p, int first, Scale d) {
+    const auto* q = reinterpret_cast<const __m128i*>(p + 2 + first);
+    const auto* q8 = reinterpret_cast<const __m128i*>(p + 10 + first);
+    return {_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q)))),
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q8))))};
+  }
   // The 32-bit word j of 32 bf16 holds elements 2j (low half) and 2j + 1 (high half).
   static __m256i Words8(const uint16_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -71,7 +81,12 @@ struct CV : LanePacking {
 }  // namespace
 }  // namespace avx2
 
-TileFn Avx2Tile(WForm w_form) { return avx2::TileFor<avx2::V, 2, 2>(w_form); }
+// Q8_0: 4 x 1 blocks (TileTall), its weights' widening (a conversion and a multiply per 8) shared
+// by 4 rows of x.
+TileFn Avx2Tile(WForm w_form) {
+  if (w_form == WForm::kQ8_0) return avx2::TileTall<avx2::V, WForm::kQ8_0>;
+  return avx2::TileFor<avx2::V, 2, 2>(w_form);
+}
 
 // 6 rows x 16 columns: 12 accumulators, 2 weight vectors and a broadcast in the 16 registers; per
 // step 2 loads and 6 broadcasts for 12 FMAs (Zen 3 and Haswell on: two FMAs and two loads a cycle).

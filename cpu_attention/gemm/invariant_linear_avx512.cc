@@ -5,6 +5,8 @@
 #define MOEBATCH_INVARIANT_ISA avx512
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "cpu_attention/gemm/invariant_linear_internal.h"
 #include "cpu_attention/gemm/invariant_linear_kernel.h"
 #include "cpu_attention/gemm/invariant_linear_lane_pack.h"
@@ -28,6 +30,17 @@ struct V {
       if constexpr (WD == WForm::kF16) return {_mm512_cvtph_ps(h)};
       return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};  // bf16
     }
+  }
+  // The Q8_0 block at p: its scale d widened, and its elements first..first+15 as d·q (exact).
+  using Scale = __m512;
+  static Scale ScaleQ8_0(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(h)));
+  }
+  static V LoadQ8_0(const uint8_t* p, int first, Scale d) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + first));
+    return {_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)))};
   }
   // The 32-bit word j of 32 bf16 holds elements 2j (low half) and 2j + 1 (high half).
   static V LoadOdd(const uint16_t* p) {

@@ -13,8 +13,22 @@ namespace invariant_linear_internal {
 // the 16 odd-indexed elements, then the 16 even-indexed ones (Pairs32 below), so that
 // InvariantLinear's lane j takes element 2j+1 and then 2j of each chunk, as vdpbf16ps does. The
 // activations come permuted the same way (PermutePairs32), and the same f32 steps 1-3 then give
-// the pair order's bits.
-enum class WForm : uint8_t { kF32, kF16, kBF16, kBF16Pairs };
+// the pair order's bits. kQ8_0: ggml's Q8_0 blocks (a row of k / 32 blocks of 34 bytes: an f16
+// scale d, then 32 int8 values q; element d·q), each element widened exactly to f32 (q has 8
+// significant bits and d 11: the product fits f32's 24), so the tiles compute InvariantLinear over
+// the dequantized weights; k a multiple of 32.
+enum class WForm : uint8_t { kF32, kF16, kBF16, kBF16Pairs, kQ8_0 };
+
+// Bytes of one ggml Q8_0 block (f16 scale, then 32 int8) and its elements.
+constexpr int64_t kQ8_0BlockBytes = 34;
+constexpr int64_t kQ8_0BlockElems = 32;
+
+// Bytes of one weight row of k elements read as w_form.
+constexpr int64_t WRowBytes(WForm w_form, int64_t k) {
+  return w_form == WForm::kF32    ? 4 * k
+         : w_form == WForm::kQ8_0 ? k / kQ8_0BlockElems * kQ8_0BlockBytes
+                                  : 2 * k;
+}
 
 constexpr WForm WFormOf(DType d) {
   return d == DType::kF32 ? WForm::kF32 : d == DType::kF16 ? WForm::kF16 : WForm::kBF16;

@@ -5,6 +5,9 @@
 //
 // V must provide (16 f32 lanes): Zero(), LoadX(const float*), LoadW(const W*) for W = float
 // (f32) and uint16_t (bf16 or f16 through the WForm template argument; kBF16Pairs loads as kBF16),
+// Scale (a type), ScaleQ8_0(const uint8_t* block) = the Q8_0 block's f16 scale d widened, and
+// LoadQ8_0(const uint8_t* block, int first, Scale d) = the block's elements first..first+15
+// (first 0 or 16) widened exactly (d·q),
 // LoadOdd(const uint16_t* p) / LoadEven(const uint16_t* p) = the bf16 elements p[2j + 1] / p[2j]
 // (j < 16) widened, Fma(a, b, acc) = one rounding of a·b + acc per lane, and Reduce(V) = step 2's
 // tree (TreeSum's additions, pair for pair, in registers).
@@ -24,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu_attention/gemm/invariant_linear_internal.h"
@@ -33,8 +37,23 @@ namespace moebatch {
 namespace invariant_linear_internal {
 namespace MOEBATCH_INVARIANT_ISA {
 
+// What a weight row is an array of: f32 or 16-bit values, or the bytes of Q8_0 blocks.
 template <WForm WD>
-using WElem = std::conditional_t<WD == WForm::kF32, float, uint16_t>;
+using WElem = std::conditional_t<WD == WForm::kF32, float,
+                                 std::conditional_t<WD == WForm::kQ8_0, uint8_t, uint16_t>>;
+
+// WElem<WD>s from one weight row of k elements to the next.
+template <WForm WD>
+constexpr int64_t WRowStride(int64_t k) {
+  return WD == WForm::kQ8_0 ? WRowBytes(WD, k) : k;
+}
+
+// The f16 scale of the Q8_0 block at p, widened.
+inline float Q8_0Scale(const uint8_t* p) {
+  uint16_t d;
+  std::memcpy(&d, p, sizeof d);
+  return F16ToF32(d);
+}
 
 template <WForm WD>
 inline float ScalarW(const WElem<WD>* p) {
@@ -67,9 +86,12 @@ inline float TreeSum8(__m256 s8) {
 #endif
 
 // Step 3: the K % 16 tail, fused into the tree's sum in increasing t.
+// (A Q8_0 row has none: k is a multiple of 32.)
 template <WForm WD>
 inline float Finish(float acc, const float* x, const WElem<WD>* w, int64_t k16, int64_t k) {
-  for (int64_t t = k16; t < k; ++t) acc = std::fma(x[t], ScalarW<WD>(w + t), acc);
+  if constexpr (WD != WForm::kQ8_0) {
+    for (int64_t t = k16; t < k; ++t) acc = std::fma(x[t], ScalarW<WD>(w + t), acc);
+  }
   return acc;
 }
 
@@ -99,12 +121,32 @@ void Block(const float* x, int64_t k, const WElem<WD>* w, int64_t ldw, float* y,
       }
     }
   }
-  for (int64_t t = tp; t < k16; t += 16) {
-    V wv[NR];
-    for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
-    for (int r = 0; r < MR; ++r) {
-      const V xv = V::LoadX(x + r * k + t);
-      for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
+  if constexpr (WD == WForm::kQ8_0) {
+    // Whole blocks (k16 == k): each block's scale widened once for its two halves of 16.
+    for (int64_t t = 0; t < k16; t += kQ8_0BlockElems) {
+      const uint8_t* block[NR];
+      typename V::Scale d[NR];
+      for (int c = 0; c < NR; ++c) {
+        block[c] = w + c * ldw + t / kQ8_0BlockElems * kQ8_0BlockBytes;
+        d[c] = V::ScaleQ8_0(block[c]);
+      }
+      for (int half = 0; half < 2; ++half) {
+        V wv[NR];
+        for (int c = 0; c < NR; ++c) wv[c] = V::LoadQ8_0(block[c], 16 * half, d[c]);
+        for (int r = 0; r < MR; ++r) {
+          const V xv = V::LoadX(x + r * k + t + 16 * half);
+          for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
+        }
+      }
+    }
+  } else {
+    for (int64_t t = tp; t < k16; t += 16) {
+      V wv[NR];
+      for (int c = 0; c < NR; ++c) wv[c] = V::template LoadW<WD>(w + c * ldw + t);
+      for (int r = 0; r < MR; ++r) {
+        const V xv = V::LoadX(x + r * k + t);
+        for (int c = 0; c < NR; ++c) acc[r][c] = V::Fma(xv, wv[c], acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r) {
@@ -154,7 +196,8 @@ inline void BlockMrNr(int mr, int nr, Args... args) {
 template <class V, WForm WD, int MR_MAX, int NR_MAX>
 void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
           int64_t n1, float* y, int64_t ldy) {
-  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
+  const int64_t ldw = WRowStride<WD>(k);
+  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * ldw;
   x += m0 * k;
   y += m0 * ldy + n0;
   const int64_t rows = m1 - m0, cols = n1 - n0;
@@ -162,9 +205,22 @@ void Tile(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void,
     const int mr = static_cast<int>(std::min<int64_t>(MR_MAX, rows - i));
     for (int64_t j = 0; j < cols; j += NR_MAX) {
       const int nr = static_cast<int>(std::min<int64_t>(NR_MAX, cols - j));
-      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * k, k, y + i * ldy + j, ldy);
+      BlockMrNr<V, WD, MR_MAX, NR_MAX>(mr, nr, x + i * k, k, w + j * ldw, ldw, y + i * ldy + j,
+                                       ldy);
     }
   }
+}
+
+// Tile for weights that cost more to widen than to multiply (Q8_0 on AVX2): blocks of 4 rows x 1
+// weight row, so each weight vector is widened once for 4 rows of x, and the rows left (< 4) in
+// blocks of up to 2 x 2 (two weight rows: four independent FMA chains at one row of x). Same
+// elements, same bits as Tile.
+template <class V, WForm WD>
+void TileTall(const float* x, int64_t m0, int64_t m1, int64_t k, const void* w_void, int64_t n0,
+              int64_t n1, float* y, int64_t ldy) {
+  const int64_t rows4 = (m1 - m0) / 4 * 4;
+  if (rows4 > 0) Tile<V, WD, 4, 1>(x, m0, m0 + rows4, k, w_void, n0, n1, y, ldy);
+  if (m0 + rows4 < m1) Tile<V, WD, 2, 2>(x, m0 + rows4, m1, k, w_void, n0, n1, y, ldy);
 }
 
 // The tile function of weight form w_form with MR_MAX x NR_MAX blocks.
@@ -179,6 +235,8 @@ TileFn TileFor(WForm w_form) {
       return Tile<V, WForm::kF16, MR_MAX, NR_MAX>;
     case WForm::kBF16Pairs:
       return Tile<V, WForm::kBF16Pairs, MR_MAX, NR_MAX>;
+    case WForm::kQ8_0:
+      return Tile<V, WForm::kQ8_0, MR_MAX, NR_MAX>;
   }
   return nullptr;
 }

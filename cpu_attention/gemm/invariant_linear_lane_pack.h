@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "cpu_attention/gemm/invariant_linear_internal.h"
 #include "cpu_attention/gemm/invariant_linear_kernel.h"
@@ -38,6 +39,13 @@ inline void Transpose8(__m256 r[8]) {
     r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
     r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
+}
+
+// The f16 scale of the Q8_0 block at p, widened (F16C) into 8 lanes.
+inline __m256 Q8_0Scale8(const uint8_t* p) {
+  uint16_t d;
+  std::memcpy(&d, p, sizeof d);
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(d)));
 }
 
 // 8 weights at p widened to f32 (bf16: the bits shifted up; f16: F16C).
@@ -87,8 +95,17 @@ inline void PackRowsByTranspose(const float* x, int64_t rows, int64_t k, float* 
 // widened. kBF16Pairs, within the whole 32-element chunks (16s < k32): step 2c takes chunk c's odd
 // elements (lane j: element 32c + 2j + 1, the high half of the chunk's 32-bit word j), step 2c + 1
 // its even ones (the low halves, shifted up); beyond them, K order.
+// kQ8_0: half s % 2 of block s / 2, each q widened and multiplied by the block's d (exact).
 template <WForm WD>
 inline void LoadWeightStep(const WElem<WD>* row, int64_t s, int64_t k32, __m256* lo, __m256* hi) {
+  if constexpr (WD == WForm::kQ8_0) {
+    const uint8_t* block = row + s / 2 * kQ8_0BlockBytes;
+    const __m256 d = Q8_0Scale8(block);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + s % 2 * 16));
+    *lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    *hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+    return;
+  }
   if constexpr (WD == WForm::kBF16Pairs) {
     if (s * 16 < k32) {
       const uint16_t* chunk = row + s / 2 * 32;
@@ -109,8 +126,8 @@ inline void LoadWeightStep(const WElem<WD>* row, int64_t s, int64_t k32, __m256*
   *hi = LoadWeights8<WD>(row + s * 16 + 8);
 }
 
-// invariant_linear_lanes.h's PackWeights: wp from weight rows [0, cols) of w (row stride k,
-// cols <= NR), zero columns after them.
+// invariant_linear_lanes.h's PackWeights: wp from weight rows [0, cols) of w (row stride
+// WRowStride<WD>(k), cols <= NR), zero columns after them.
 template <WForm WD, int NR>
 inline void PackWeightsByTranspose(const WElem<WD>* w, int64_t cols, int64_t k, float* wp) {
   static_assert(NR % 8 == 0);
@@ -120,7 +137,7 @@ inline void PackWeightsByTranspose(const WElem<WD>* w, int64_t cols, int64_t k, 
       __m256 lo[8], hi[8];
       for (int i = 0; i < 8; ++i) {
         if (g + i < cols) {
-          LoadWeightStep<WD>(w + (g + i) * k, s, k32, &lo[i], &hi[i]);
+          LoadWeightStep<WD>(w + (g + i) * WRowStride<WD>(k), s, k32, &lo[i], &hi[i]);
         } else {
           lo[i] = hi[i] = _mm256_setzero_ps();
         }

@@ -16,8 +16,8 @@
 //   xp  [rows / MR][16 lanes][K/16 steps][MR] f32: x's rows, lane-major, zero rows padding the
 //       last block; packed once per call by the caller (invariant_linear.cc), shared by all tiles;
 //   wp  [16 lanes][K/16 steps][NR] f32: one panel of NR weight rows, widened from bf16/f16 (in the
-//       pair order, kBF16Pairs, permuted as xp's rows are), zero columns padding it; per tile and
-//       panel, thread_local;
+//       pair order, kBF16Pairs, permuted as xp's rows are) or Q8_0 blocks, zero columns padding
+//       it; per tile and panel, thread_local;
 //   acc [16 lanes][kChunkBlocks x MR rows][NR] f32: each lane's partial sums for one chunk of row
 //       blocks, parked between K slices until the tree; thread_local.
 // Lanes are LaneStride(...) floats apart (invariant_linear_internal.h), a little more than their
@@ -32,8 +32,8 @@
 //   template <int MR> PackRows(const float* x, int64_t rows, int64_t k, float* xp): the blocks of
 //     xp for rows [0, rows) of x (row stride k), zero rows padding the last;
 //   template <WForm WD, int NR> PackWeights(const WElem<WD>* w, int64_t cols, int64_t k,
-//     float* wp): wp from weight rows [0, cols) of w (row stride k, cols <= NR), zero columns
-//     after them.
+//     float* wp): wp from weight rows [0, cols) of w (row stride WRowStride<WD>(k), cols <= NR),
+//     zero columns after them.
 #pragma once
 
 #ifndef MOEBATCH_INVARIANT_ISA
@@ -108,7 +108,8 @@ template <class CV, WForm WD, int MR, int NRV>
 void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k,
               const void* w_void, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   constexpr int NR = NRV * CV::kWidth;
-  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * k;
+  const int64_t ldw = WRowStride<WD>(k);
+  const WElem<WD>* w = static_cast<const WElem<WD>*>(w_void) + n0 * ldw;
   const int64_t rows = m1 - m0, cols = n1 - n0, k16 = k - k % 16, steps = k16 / 16;
   const int64_t blocks = (rows + MR - 1) / MR;
   const int64_t xs = LaneStride(steps * MR), ws = LaneStride(steps * NR);
@@ -123,11 +124,11 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   if (steps == 0) std::fill(acc.begin(), acc.end(), 0.0f);
   for (int64_t c0 = 0; c0 < cols; c0 += NR) {
     const int64_t nc = std::min<int64_t>(NR, cols - c0);
-    CV::template PackWeights<WD, NR>(w + c0 * k, nc, k, wp.data());
+    CV::template PackWeights<WD, NR>(w + c0 * ldw, nc, k, wp.data());
     // The next panel's weight rows (contiguous) are prefetched into L2 while this one computes, a
     // share per lane and slice, so that its packing does not wait on memory.
-    const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * k);
-    const int64_t next_bytes = std::min<int64_t>(NR, std::max<int64_t>(0, cols - c0 - NR)) * k *
+    const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * ldw);
+    const int64_t next_bytes = std::min<int64_t>(NR, std::max<int64_t>(0, cols - c0 - NR)) * ldw *
                                static_cast<int64_t>(sizeof(WElem<WD>));
     const int64_t chunks = (blocks + kChunkBlocks - 1) / kChunkBlocks;
     const int64_t visits = chunks * ((steps + slice_steps - 1) / slice_steps) * 16;  // 0: K < 16
@@ -174,7 +175,7 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
         }
         if (out != tree) continue;
         for (int64_t c = 0; c < nc; ++c) {
-          y[r * ldy + c0 + c] = Finish<WD>(tree[c], x + r * k, w + (c0 + c) * k, k16, k);
+          y[r * ldy + c0 + c] = Finish<WD>(tree[c], x + r * k, w + (c0 + c) * ldw, k16, k);
         }
       }
     }
@@ -198,6 +199,9 @@ LaneKernel LaneKernelFor(WForm w_form, int64_t min_rows) {
       break;
     case WForm::kBF16Pairs:
       kernel.tile = LaneTile<CV, WForm::kBF16Pairs, MR, NRV>;
+      break;
+    case WForm::kQ8_0:
+      kernel.tile = LaneTile<CV, WForm::kQ8_0, MR, NRV>;
       break;
   }
   return kernel;

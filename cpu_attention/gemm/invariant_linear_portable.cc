@@ -25,6 +25,14 @@ struct V {
     for (int i = 0; i < 16; ++i) r.v[i] = ScalarW<WD>(p + i);
     return r;
   }
+  using Scale = float;
+  static Scale ScaleQ8_0(const uint8_t* p) { return Q8_0Scale(p); }
+  static V LoadQ8_0(const uint8_t* p, int first, Scale d) {
+    V r;
+    for (int i = 0; i < 16; ++i)
+      r.v[i] = d * static_cast<float>(static_cast<int8_t>(p[2 + first + i]));
+    return r;
+  }
   static V LoadOdd(const uint16_t* p) {
     V r;
     for (int i = 0; i < 16; ++i) r.v[i] = BF16ToF32(p[2 * i + 1]);

@@ -27,6 +27,38 @@ double MaxRelError(const std::vector<float>& got, const std::vector<double>& wan
   return err / ref;
 }
 
+// product(isa, x, m, k, w, n, y) over blocks of weights equals, bit for bit, InvariantLinear over
+// `wide` (the same weights widened to f32) at every ISA level; returns the first level's y.
+using BlockProduct = absl::Status (*)(CpuIsa, const float*, int64_t, int64_t, const std::byte*,
+                                      int64_t, float*);
+std::vector<float> CheckEqualsWidened(BlockProduct product, const std::vector<float>& x, int64_t m,
+                                      int64_t k, const std::vector<std::byte>& w,
+                                      const std::vector<float>& wide, int64_t n) {
+  std::vector<float> first;
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    INFO("isa " << CpuIsaName(isa) << " m " << m << " k " << k << " n " << n);
+    std::vector<float> want(m * n, std::nanf("")), got(m * n, std::nanf(""));
+    InvariantLinear(isa, x.data(), m, k, wide.data(), DType::kF32, n, want.data());
+    REQUIRE(product(isa, x.data(), m, k, w.data(), n, got.data()).ok());
+    CHECK(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)) == 0);
+    if (first.empty()) first = got;
+  }
+  return first;
+}
+
+// A product over blocks of 32 weights (block_bytes each) refuses k not whole blocks, and a null
+// pointer, with InvalidArgument.
+void CheckRefusesBadSizes(BlockProduct product, size_t block_bytes) {
+  std::vector<float> y(4);
+  const std::vector<std::byte> w(block_bytes * 4);
+  const std::vector<float> x(64);
+  const CpuIsa isa = SelectedCpuIsa();
+  CHECK(product(isa, x.data(), 1, 48, w.data(), 1, y.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(product(isa, nullptr, 1, 32, w.data(), 1, y.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 
 TEST_CASE("Matmul::Linear matches a float64 reference") {
@@ -306,21 +338,54 @@ TEST_CASE("InvariantLinearMxfp4 equals InvariantLinear over the widened weights,
     // Activations small enough that the huge scales stay finite: |x w| < 2^127 · 12 · 1e-30.
     std::vector<float> x(static_cast<size_t>(s.m * s.k));
     for (float& v : x) v = normal(rng) * 1e-30f;
-    for (CpuIsa isa : SupportedCpuIsas()) {
-      INFO("isa " << CpuIsaName(isa) << " m " << s.m << " k " << s.k << " n " << s.n);
-      std::vector<float> want(s.m * s.n, std::nanf("")), got(s.m * s.n, std::nanf(""));
-      InvariantLinear(isa, x.data(), s.m, s.k, wide.data(), DType::kF32, s.n, want.data());
-      REQUIRE(InvariantLinearMxfp4(isa, x.data(), s.m, s.k, w.data(), s.n, got.data()).ok());
-      CHECK(std::memcmp(want.data(), got.data(), got.size() * sizeof(float)) == 0);
+    CheckEqualsWidened(InvariantLinearMxfp4, x, s.m, s.k, w, wide, s.n);
+  }
+  CheckRefusesBadSizes(InvariantLinearMxfp4, 17);
+}
+
+TEST_CASE("InvariantLinearQ8_0 equals InvariantLinear over the dequantized weights, every ISA") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> byte(0, 255);
+  struct Shape {
+    int64_t m, k, n;
+  };
+  // Few rows (the dot-product tiles, widened in registers) and many (the lane path's packed
+  // panels: AVX2 from 10 rows, AVX-512 from 32), partial panels and K slices.
+  const Shape shapes[] = {{1, 32, 1},    {3, 64, 5},     {9, 2048, 30}, {2, 96, 7},
+                          {10, 160, 17}, {17, 5632, 47}, {33, 64, 40},  {70, 96, 600},
+                          {300, 64, 20}, {64, 8224, 24}, {1, 0, 3}};
+  for (const Shape& s : shapes) {
+    const int64_t blocks = s.k / 32;
+    std::vector<std::byte> w(static_cast<size_t>(s.n * blocks * 34));
+    for (int64_t b = 0; b < s.n * blocks; ++b) {
+      std::byte* block = w.data() + b * 34;
+      // The scale: normal f16 values, and now and then a subnormal, zero or negative one.
+      const float d = b % 11 == 0 ? 3e-6f * static_cast<float>(b % 3 - 1) : normal(rng) * 0.02f;
+      const uint16_t h = F32ToF16(d);
+      std::memcpy(block, &h, 2);
+      for (int j = 2; j < 34; ++j) block[j] = std::byte(byte(rng));  // q in [-128, 127]
+    }
+    std::vector<float> wide(static_cast<size_t>(s.n * s.k));
+    for (int64_t r = 0; r < s.n; ++r) {
+      REQUIRE(DequantizeRow(GgmlType::kQ8_0, w.data() + r * blocks * 34, s.k, wide.data() + r * s.k)
+                  .ok());
+    }
+    std::vector<float> x(static_cast<size_t>(s.m * s.k));
+    for (float& v : x) v = normal(rng);
+    const std::vector<float> first =
+        CheckEqualsWidened(InvariantLinearQ8_0, x, s.m, s.k, w, wide, s.n);
+    // Each row alone gives the bits it gave among the others (the dot-product tiles for one row,
+    // the lane path for many).
+    if (s.m > 1 && s.k > 0) {
+      for (int64_t r : {int64_t{0}, s.m - 1}) {
+        std::vector<float> one(s.n);
+        REQUIRE(InvariantLinearQ8_0(x.data() + r * s.k, 1, s.k, w.data(), s.n, one.data()).ok());
+        CHECK(std::memcmp(one.data(), first.data() + r * s.n, one.size() * sizeof(float)) == 0);
+      }
     }
   }
-  std::vector<float> y(4);
-  const std::vector<std::byte> w(17 * 4);
-  const std::vector<float> x(64);
-  CHECK(InvariantLinearMxfp4(x.data(), 1, 48, w.data(), 1, y.data()).code() ==
-        absl::StatusCode::kInvalidArgument);  // k not whole blocks
-  CHECK(InvariantLinearMxfp4(nullptr, 1, 32, w.data(), 1, y.data()).code() ==
-        absl::StatusCode::kInvalidArgument);
+  CheckRefusesBadSizes(InvariantLinearQ8_0, 34);
 }
 
 // A row's result must not depend on how many rows share the call, where the row sits among them,

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -474,6 +476,87 @@ TEST_CASE("weight store: int8 / int4 at load quantize the weight matrices only",
         }
       }
     }
+  }
+}
+
+// --q8_0_activations=f32: the cpu backend over Q8_0 weights (here quantized at load) computes the
+// dequantized model bit for bit (InvariantLinearQ8_0 widens each weight exactly and sums in
+// InvariantLinear's order): the same logits as a device over f32 copies of the dequantized
+// tensors, for a prompt of 5 tokens (the GEMMs' dot-product tiles) and of 40 (the lane path). With
+// int8 activations (the default, llama.cpp's method) they differ.
+TEST_CASE("cpu backend: Q8_0 weights with f32 activations give the dequantized model's bits",
+          "[weights]") {
+  auto checkpoint = Checkpoint::Load(Fixture("tiny-mixtral"));
+  REQUIRE(checkpoint.ok());
+  const ModelConfig& c = (*checkpoint)->config();
+  WeightStoreOptions options;
+  options.quantize = WeightQuantization{GgmlType::kQ8_0, 32};
+  auto store = WeightStore::Load(**checkpoint, options);
+  REQUIRE(store.ok());
+  // The store's weights with every quantized tensor replaced by an f32 copy of its dequantized
+  // values (the same copy wherever a tensor is shared, as a tied lm_head).
+  ModelWeights wide = (*store)->weights();
+  std::map<const TensorInfo*, std::unique_ptr<TensorInfo>> copies;
+  std::vector<std::vector<float>> buffers;
+  int widened = 0;
+  auto widen = [&](const TensorInfo*& t) {
+    if (t == nullptr || !t->quant) return;
+    auto& copy = copies[t];
+    if (copy == nullptr) {
+      REQUIRE(*t->quant == GgmlType::kQ8_0);
+      const int64_t cols = t->shape.back(), rows = t->numel() / cols;
+      const int64_t row_bytes = GgmlRowBytes(GgmlTypeInfoOf(*t->quant), cols);
+      std::vector<float>& f = buffers.emplace_back(static_cast<size_t>(t->numel()));
+      bool decoded = true;
+      for (int64_t r = 0; r < rows; ++r) {
+        decoded &=
+            DequantizeRow(*t->quant, t->data + r * row_bytes, cols, f.data() + r * cols).ok();
+      }
+      REQUIRE(decoded);
+      copy = std::make_unique<TensorInfo>(*t);
+      copy->quant.reset();
+      copy->dtype = DType::kF32;
+      copy->dtype_name = "F32";
+      copy->data = reinterpret_cast<const std::byte*>(f.data());
+      copy->nbytes = f.size() * sizeof(float);
+      ++widened;
+    }
+    t = copy.get();
+  };
+  widen(wide.embed_tokens);
+  widen(wide.lm_head);
+  for (LayerWeights& layer : wide.layers) {
+    for (const TensorInfo** t : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj}) {
+      widen(*t);
+    }
+    for (ExpertWeights& e : layer.experts) {
+      widen(e.w1);
+      widen(e.w2);
+      widen(e.w3);
+    }
+  }
+  REQUIRE(widened == 2 + c.num_hidden_layers * (4 + 3 * c.num_local_experts));
+  auto logits_of = [&](const ModelWeights& weights, bool q8_0_f32,
+                       const std::vector<int32_t>& prompt) {
+    CpuDeviceOptions device_options{DType::kF32};
+    device_options.q8_0_f32_activations = q8_0_f32;
+    auto device = CpuDevice::Create(c, weights, device_options);
+    REQUIRE(device.ok());
+    ModelRunner runner(*std::move(device));
+    std::vector<float> logits;
+    REQUIRE(ForwardPrompt(runner, prompt, &logits).ok());
+    return logits;
+  };
+  for (const int64_t n : {5, 40}) {
+    INFO("prompt of " << n << " tokens");
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < n; ++i) prompt.push_back(static_cast<int32_t>((1 + 977 * i) % 32000));
+    const std::vector<float> want = logits_of(wide, false, prompt);
+    const std::vector<float> f32 = logits_of((*store)->weights(), true, prompt);
+    const std::vector<float> int8 = logits_of((*store)->weights(), false, prompt);
+    REQUIRE(f32.size() == want.size());
+    CHECK(std::memcmp(f32.data(), want.data(), want.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(int8.data(), want.data(), want.size() * sizeof(float)) != 0);
   }
 }
 
