@@ -57,7 +57,7 @@ ABSL_FLAG(std::string, q8_0_activations, "int8",
           "cpu backend, Q8_0 weights (a GGUF file's, or --weight_dtype int8): int8 (activations "
           "quantized per 32 as llama.cpp does: its results, and the faster path below ~16 rows a "
           "GEMM) or f32 (the 8-bit weights widened exactly: the dequantized model's results, "
-          "1.2-1.5x faster GEMMs at prefill on CPUs without VNNI, ~2.5x slower at batch 1)");
+          "1.2-1.5x faster GEMMs at prefill on CPUs without VNNI, about half the decode speed at batch 1)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "

@@ -21,6 +21,9 @@ tests/fixtures/smollm2-reference/ (tests/fixtures/make_smollm2_reference.py: lla
 
 Usage: test_gguf_fidelity.py MOEBATCH_RUN MOEBATCH_PERPLEXITY REFERENCE_DIR MODEL
            [--chunks N (default 8; the reference has 98)] [--perplexity_only]
+           [--engine_flag=FLAG ...] (each passed to both programs; ctest runs the default and
+           --q8_0_activations=f32, which computes the file's Q8_0 tensor, the tied embedding and
+           lm_head, widened exactly with f32 activations instead of llama.cpp's int8 ones)
 """
 import argparse
 import ast
@@ -46,17 +49,17 @@ def read_npy_int32(path):
     return list(struct.unpack(f"<{n}i", data[10 + header_len:10 + header_len + 4 * n]))
 
 
-def run_lines(runner, model, lines, tmp):
+def run_lines(runner, model, lines, tmp, flags):
     inp, out = Path(tmp, "in.jsonl"), Path(tmp, "out.jsonl")
     inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
     proc = subprocess.run([runner, "--model", model, "--input", str(inp), "--output", str(out),
-                           "--progress=false", "--kv_cache_gb", "0.25"],
+                           "--progress=false", "--kv_cache_gb", "0.25", *flags],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
 
 
-def greedy(runner, model, ref, tmp):
+def greedy(runner, model, ref, tmp, flags):
     cases = ref["generation"]["cases"]
     n = ref["generation"]["n_tokens"]
     completion = [{"custom_id": f"ids{i}", "method": "POST", "url": "/v1/completions",
@@ -65,7 +68,7 @@ def greedy(runner, model, ref, tmp):
     chat = [{"custom_id": f"chat{i}", "method": "POST", "url": "/v1/chat/completions",
              "body": {"messages": c["messages"], "max_tokens": n, "temperature": 0,
                       "ignore_eos": True}} for i, c in enumerate(cases)]
-    out = run_lines(runner, model, completion + chat, tmp)
+    out = run_lines(runner, model, completion + chat, tmp, flags)
     compared = agreeing = identical = 0
     diverged_margins = []
     for i, c in enumerate(cases):
@@ -89,13 +92,13 @@ def greedy(runner, model, ref, tmp):
           f"{sorted(round(m, 3) for m in diverged_margins if m is not None)}")
 
 
-def perplexity_against_llama_cpp(perplexity, model, ref_dir, ref, chunks, tmp):
+def perplexity_against_llama_cpp(perplexity, model, ref_dir, ref, chunks, tmp, flags):
     tokens = read_npy_int32(Path(ref_dir, ref["perplexity"]["token_ids_file"]))
     ctx = ref["perplexity"]["n_ctx"]
     Path(tmp, "tokens.json").write_text(json.dumps(tokens[:chunks * ctx]))
     proc = subprocess.run([perplexity, "--model", model, "--tokens", str(Path(tmp, "tokens.json")),
                            "--ctx", str(ctx), "--chunks", str(chunks), "--kv_cache_gb", "0.25",
-                           "--json", str(Path(tmp, "ppl.json"))],
+                           "--json", str(Path(tmp, "ppl.json")), *flags],
                           capture_output=True, text=True, timeout=60 + 30 * chunks)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ours = json.loads(Path(tmp, "ppl.json").read_text())
@@ -117,15 +120,17 @@ def main():
     parser.add_argument("model", help="SmolLM2-135M-Instruct.Q4_1.gguf")
     parser.add_argument("--chunks", type=int, default=CHUNKS, help="perplexity chunks of 512")
     parser.add_argument("--perplexity_only", action="store_true", help="skip the greedy tokens")
+    parser.add_argument("--engine_flag", action="append", default=[],
+                        help="a flag for both programs, e.g. --engine_flag=--q8_0_activations=f32")
     args = parser.parse_args()
     ref = json.loads(Path(args.ref_dir, "reference.json").read_text())
     if not 1 <= args.chunks <= ref["perplexity"]["n_chunks"]:
         parser.error(f"--chunks must be in [1, {ref['perplexity']['n_chunks']}]")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.perplexity_only:
-            greedy(args.runner, args.model, ref, tmp)
+            greedy(args.runner, args.model, ref, tmp, args.engine_flag)
         perplexity_against_llama_cpp(args.perplexity, args.model, args.ref_dir, ref, args.chunks,
-                                     tmp)
+                                     tmp, args.engine_flag)
     print("ok")
 
 
