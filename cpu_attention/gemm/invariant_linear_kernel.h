@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "cpu_attention/gemm/invariant_linear_internal.h"
@@ -46,13 +45,6 @@ using WElem = std::conditional_t<WD == WForm::kF32, float,
 template <WForm WD>
 constexpr int64_t WRowStride(int64_t k) {
   return WD == WForm::kQ8_0 ? WRowBytes(WD, k) : k;
-}
-
-// The f16 scale of the Q8_0 block at p, widened.
-inline float Q8_0Scale(const uint8_t* p) {
-  uint16_t d;
-  std::memcpy(&d, p, sizeof d);
-  return F16ToF32(d);
 }
 
 template <WForm WD>

@@ -2,6 +2,7 @@
 // versions must equal bit for bit, and the level for CPUs without AVX2.
 #define MOEBATCH_INVARIANT_ISA portable
 #include <cmath>
+#include <cstring>
 
 #include "cpu_attention/gemm/invariant_linear_internal.h"
 #include "cpu_attention/gemm/invariant_linear_kernel.h"
@@ -26,7 +27,11 @@ struct V {
     return r;
   }
   using Scale = float;
-  static Scale ScaleQ8_0(const uint8_t* p) { return Q8_0Scale(p); }
+  static Scale ScaleQ8_0(const uint8_t* p) {
+    uint16_t d;
+    std::memcpy(&d, p, sizeof d);
+    return F16ToF32(d);
+  }
   static V LoadQ8_0(const uint8_t* p, int first, Scale d) {
     V r;
     for (int i = 0; i < 16; ++i)

@@ -28,6 +28,17 @@ using test_lines::Line;
 using test_lines::ParseOk;
 using test_lines::ResponsesLine;
 
+// The envelope of a successful output line: its id and custom_id, no error, status 200, and the
+// request id (the line id without "batch_"); returns response.body.
+const json& CheckOkEnvelope(const json& line, const std::string& id, const std::string& custom_id) {
+  CHECK(line["id"] == id);
+  CHECK(line["custom_id"] == custom_id);
+  CHECK(line["error"].is_null());
+  CHECK(line["response"]["status_code"] == 200);
+  CHECK(line["response"]["request_id"] == id.substr(std::string("batch_").size()));
+  return line["response"]["body"];
+}
+
 TEST_CASE("custom_id is recovered when the body is invalid, and the error line is a 400") {
   ParsedBatchLine parsed = ParseBatchLine(
       R"({"custom_id": "job-42", "method": "POST", "url": "/v1/chat/completions",
@@ -80,12 +91,7 @@ TEST_CASE("A chat completion output line parses back with the exact fields") {
   CHECK(out.find('\n') == std::string::npos);
 
   const json j = json::parse(out);
-  CHECK(j["id"] == "batch_req_0001");
-  CHECK(j["custom_id"] == "req-1");
-  CHECK(j["error"].is_null());
-  CHECK(j["response"]["status_code"] == 200);
-  CHECK(j["response"]["request_id"] == "req_0001");
-  const json& body = j["response"]["body"];
+  const json& body = CheckOkEnvelope(j, "batch_req_0001", "req-1");
   CHECK(body["id"] == "chatcmpl-0001");
   CHECK(body["object"] == "chat.completion");
   CHECK(body["created"] == 1700000000);
@@ -113,9 +119,7 @@ TEST_CASE("A text completion output line parses back with the exact fields") {
   c.prompt_tokens = 5;
   c.completion_tokens = 3;
   const json j = json::parse(FormatBatchOutput(request, "batch_req_x", c, 42));
-  CHECK(j["custom_id"] == "req-1");
-  CHECK(j["response"]["status_code"] == 200);
-  const json& body = j["response"]["body"];
+  const json& body = CheckOkEnvelope(j, "batch_req_x", "req-1");
   CHECK(body["id"] == "cmpl-x");
   CHECK(body["object"] == "text_completion");
   CHECK(body["created"] == 42);
@@ -323,12 +327,7 @@ TEST_CASE("A /v1/responses output line is OpenAI's Response object") {
   const BatchRequest request = ParseOk(ResponsesLine(
       {{"instructions", "Be brief."}, {"max_output_tokens", 64}, {"temperature", 0.7}}));
   const json line = json::parse(FormatBatchOutput(request, "batch_req_r1", c, 1700000000));
-  CHECK(line["id"] == "batch_req_r1");
-  CHECK(line["custom_id"] == "req-1");
-  CHECK(line["error"].is_null());
-  CHECK(line["response"]["status_code"] == 200);
-  CHECK(line["response"]["request_id"] == "req_r1");
-  const json& body = line["response"]["body"];
+  const json& body = CheckOkEnvelope(line, "batch_req_r1", "req-1");
   CHECK(body["id"] == "resp_r1");
   CHECK(body["object"] == "response");
   CHECK(body["created_at"] == 1700000000);

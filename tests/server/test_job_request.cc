@@ -328,13 +328,20 @@ TEST_CASE("PrepareJob stores a /v1/responses line with max_output_tokens frozen,
   CHECK(errors[0].param == "body.input");
 }
 
-TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in the KV budget") {
-  v1::CreateJobRequest request;
-  v1::BatchRequest* chat = request.mutable_requests()->add_requests();
-  chat->set_custom_id("chat");
+// An inline chat request of one user message, added to `request`.
+v1::BatchRequest* AddUserChat(v1::CreateJobRequest* request, const std::string& custom_id,
+                              const std::string& content) {
+  v1::BatchRequest* chat = request->mutable_requests()->add_requests();
+  chat->set_custom_id(custom_id);
   v1::ChatMessage* m = chat->mutable_chat()->add_messages();
   m->set_role("user");
-  m->set_content("Hi");
+  m->set_content(content);
+  return chat;
+}
+
+TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in the KV budget") {
+  v1::CreateJobRequest request;
+  v1::BatchRequest* chat = AddUserChat(&request, "chat", "Hi");
   chat->mutable_sampling()->set_n(3);
   chat->mutable_sampling()->set_max_tokens(10);
   chat->mutable_sampling()->set_logprobs(true);
@@ -370,11 +377,7 @@ TEST_CASE("PrepareJob: n, logprobs and top_logprobs from inline requests; n in t
 
 TEST_CASE("PrepareJob: an inline chat request's response_format is its body's; JSON mode") {
   v1::CreateJobRequest request;
-  v1::BatchRequest* chat = request.mutable_requests()->add_requests();
-  chat->set_custom_id("json");
-  v1::ChatMessage* m = chat->mutable_chat()->add_messages();
-  m->set_role("user");
-  m->set_content("Give me JSON");
+  v1::BatchRequest* chat = AddUserChat(&request, "json", "Give me JSON");
   chat->mutable_sampling()->set_response_format("json_object");
   auto job = PrepareJob(request, MixtralTokenizer(), Limits(), "test");
   INFO(job.status().ToString());
