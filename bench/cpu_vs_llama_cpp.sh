@@ -29,8 +29,9 @@
 # .deps/bench-results/cpu_vs_llama_cpp.jsonl. Run it on an idle host: both sides share 2 cores.
 #
 # Usage: bench/cpu_vs_llama_cpp.sh [THREADS [FORMAT...]]
-#        THREADS default 2; FORMAT among bf16 q8_0 q8_0-f32 q4_k_m smollm2 (default: all but
-#        q8_0-f32; q8_0-f32 is the Q8_0 file with moebatch's --q8_0_activations=f32)
+#        THREADS default 2; FORMAT among bf16 q8_0 q8_0-int8 q8_0-f32 q4_k_m smollm2 (default:
+#        bf16 q8_0 q4_k_m smollm2; q8_0 runs moebatch's default --q8_0_activations=auto, the
+#        host's path; q8_0-int8 and q8_0-f32 the Q8_0 file with the flag pinned)
 #        env: MOEBATCH_DEPS_DIR (default .deps), MOEBATCH_BUILD_DIR (default build),
 #             PYTHON_FIXTURES (the python that runs bench/make_mixtral_gguf.py; default: the
 #               venv .deps/venv-hf of scripts/pinned_venv.sh, made when missing),
@@ -106,13 +107,13 @@ printf '|%s|%s|%s|%s|%s|%s|%s|\n' "----------------------" "-----------------" "
   "-----------------------" "-----------------------" "----------------" "-----------"
 for f in "${formats[@]}"; do
   compute=f32
-  q8_0_activations=int8
+  q8_0_activations=auto
   case "$f" in
     smollm2) model="$deps/models/SmolLM2-135M-Instruct.Q4_1.gguf"; label="SmolLM2-135M Q4_1" ;;
     bf16) model="$deps/bench-models/mixtral-1.3b-$f.gguf"; label="Mixtral-1.28B $f"
           compute=$bf16_compute ;;
-    q8_0-f32) model="$deps/bench-models/mixtral-1.3b-q8_0.gguf"; label="Mixtral-1.28B q8_0 f32 x"
-              q8_0_activations=f32 ;;
+    q8_0-f32|q8_0-int8) model="$deps/bench-models/mixtral-1.3b-q8_0.gguf"
+              q8_0_activations=${f#q8_0-}; label="Mixtral-1.28B q8_0 $q8_0_activations x" ;;
     *) model="$deps/bench-models/mixtral-1.3b-$f.gguf"; label="Mixtral-1.28B $f" ;;
   esac
   measure_triad

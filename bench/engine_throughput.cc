@@ -45,9 +45,10 @@ ABSL_FLAG(int64_t, gen_tokens, 64, "decode passes / generated tokens per sequenc
 ABSL_FLAG(std::string, compute_dtype, "f32", "f32 or bf16");
 ABSL_FLAG(bool, batch_invariant, true,
           "the batch-invariant matmuls (cpu_attention/gemm/invariant_linear.h); false: oneDNN");
-ABSL_FLAG(std::string, q8_0_activations, "int8",
-          "Q8_0 weights: int8 (QuantLinear, llama.cpp's method) or f32 (InvariantLinearQ8_0, "
-          "widened exactly); as moebatch-run's flag");
+ABSL_FLAG(std::string, q8_0_activations, "auto",
+          "Q8_0 weights: int8 (QuantLinear, llama.cpp's method), f32 (InvariantLinearQ8_0, "
+          "widened exactly) or auto (the host's default, DefaultQ8_0F32Activations); as "
+          "moebatch-run's flag");
 ABSL_FLAG(int64_t, synthetic_layers, 0,
           "> 0: that many layers of generated weights (WeightStore::Synthetic) in the compute "
           "dtype instead of the checkpoint's (--model needs config.json only)");
@@ -110,8 +111,10 @@ int Run() {
   const int64_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int64_t gen = absl::GetFlag(FLAGS_gen_tokens);
   const auto dtype = DTypeFromString(absl::GetFlag(FLAGS_compute_dtype)).value_or(DType::kF32);
-  if (const std::string a = absl::GetFlag(FLAGS_q8_0_activations); a != "int8" && a != "f32") {
-    std::fprintf(stderr, "--q8_0_activations: must be int8 or f32, got '%s'\n", a.c_str());
+  const std::string q8_0_activations = absl::GetFlag(FLAGS_q8_0_activations);
+  if (q8_0_activations != "auto" && q8_0_activations != "int8" && q8_0_activations != "f32") {
+    std::fprintf(stderr, "--q8_0_activations: must be auto, int8 or f32, got '%s'\n",
+                 q8_0_activations.c_str());
     return 2;
   }
   const int64_t synthetic_layers = absl::GetFlag(FLAGS_synthetic_layers);
@@ -144,7 +147,8 @@ int Run() {
   CpuDeviceOptions device_options;  // the engine's defaults (widened-weight cache off)
   device_options.compute_dtype = dtype;
   device_options.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-  device_options.q8_0_f32_activations = absl::GetFlag(FLAGS_q8_0_activations) == "f32";
+  device_options.q8_0_f32_activations =
+      q8_0_activations == "auto" ? DefaultQ8_0F32Activations() : q8_0_activations == "f32";
   auto device = CpuDevice::Create(c, weights, device_options);
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
@@ -175,12 +179,14 @@ int Run() {
               std::string(DTypeName(dtype)).c_str(), omp_get_max_threads());
   std::printf("host peak f32 FMA rate (measured at the start, %s, %d threads): %.1f GFLOP/s\n", isa,
               omp_get_max_threads(), peak);
-  nlohmann::json result = {{"model", dir},
-                           {"batch", batch},
-                           {"prompt_tokens", prompt},
-                           {"gen_tokens", gen},
-                           {"compute_dtype", std::string(DTypeName(dtype))},
-                           {"threads", omp_get_max_threads()}};
+  nlohmann::json result = {
+      {"model", dir},
+      {"batch", batch},
+      {"prompt_tokens", prompt},
+      {"gen_tokens", gen},
+      {"compute_dtype", std::string(DTypeName(dtype))},
+      {"q8_0_activations", device_options.q8_0_f32_activations ? "f32" : "int8"},
+      {"threads", omp_get_max_threads()}};
   const auto write_result = [&result]() {
     const std::string path = absl::GetFlag(FLAGS_json_out);
     if (path.empty()) return 0;

@@ -67,8 +67,9 @@ struct EngineOptions {
     bool mxfp4_f32_activations = true;
     // Q8_0 weights (GGUF, or the load-time int8 store): QuantLinear's int8 activations
     // (llama.cpp's method) or, true, widened exactly with f32 activations (InvariantLinearQ8_0:
-    // the dequantized model's math; faster at prefill sizes where int8 has no VNNI).
-    bool q8_0_f32_activations = false;
+    // the dequantized model's math; faster where int8 has no VNNI); unset: the host's faster one
+    // (cpu_attention/backend/cpu_device.h, DefaultQ8_0F32Activations).
+    std::optional<bool> q8_0_f32_activations;
     // Not batch-invariant, f32 compute with bf16/f16 weights: host bytes for f32 weight copies the
     // oneDNN path keeps between passes (cpu_attention/gemm/matmul.h); 0: widened on every use.
     int64_t widened_weight_budget_bytes = 0;

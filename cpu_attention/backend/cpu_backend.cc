@@ -67,13 +67,15 @@ class CpuBackend final : public Backend {
                                                        const EngineOptions& options,
                                                        const BackendPlan& plan,
                                                        int64_t /*tokens_per_pass*/) const override {
+    const bool q8_0_f32 = options.cpu.q8_0_f32_activations.value_or(DefaultQ8_0F32Activations());
     auto device = CpuDevice::Create(
         *weights.config, *weights.weights,
         CpuDeviceOptions{plan.compute_dtype, options.cpu.widened_weight_budget_bytes,
-                         options.cpu.batch_invariant, options.cpu.mxfp4_f32_activations,
-                         options.cpu.q8_0_f32_activations});
+                         options.cpu.batch_invariant, options.cpu.mxfp4_f32_activations, q8_0_f32});
     if (!device.ok()) return device.status();
-    spdlog::info("cpu backend: GEMMs on {}", (*device)->matmul().Describe());
+    spdlog::info("cpu backend: GEMMs on {}; Q8_0 weights (if any) with {} activations{}",
+                 (*device)->matmul().Describe(), q8_0_f32 ? "f32 (widened exactly)" : "int8",
+                 options.cpu.q8_0_f32_activations ? "" : " (this host's faster path)");
     return std::unique_ptr<Device>(*std::move(device));
   }
 };

@@ -29,6 +29,8 @@ CpuDevice::CpuDevice(const ModelConfig& config, const ModelWeights& weights,
     : config_(config), weights_(weights), matmul_(std::move(matmul)) {}
 CpuDevice::~CpuDevice() = default;
 
+bool DefaultQ8_0F32Activations() { return !QuantLinearUsesVnni(SelectedCpuIsa()); }
+
 absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const ModelConfig& config,
                                                              const ModelWeights& weights,
                                                              const CpuDeviceOptions& options) {

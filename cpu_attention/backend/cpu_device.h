@@ -67,9 +67,19 @@ struct CpuDeviceOptions {
   bool mxfp4_f32_activations = true;
   // Q8_0 weights (a GGUF file's, or the load-time int8 store) through InvariantLinearQ8_0 (widened
   // exactly, f32 activations: the dequantized model's math, InvariantLinear's fixed order); false:
-  // QuantLinear's int8 activations (llama.cpp's method).
+  // QuantLinear's int8 activations (llama.cpp's method). The engine's default is the host's,
+  // DefaultQ8_0F32Activations().
   bool q8_0_f32_activations = false;
 };
+
+// The faster Q8_0 path of this host (--q8_0_activations=auto), for SelectedCpuIsa(): int8
+// activations (false) where QuantLinear runs its AVX-512 VNNI kernels (QuantLinearUsesVnni), f32
+// (true) elsewhere. Without VNNI the int8 dot products are no faster per product than f32 FMAs, so
+// the widened weights run faster at prefill sizes (Zen 3, 2 threads: 1.2-1.5x from 64 rows a GEMM)
+// and slower at decode sizes (1.2-1.4x at 1 row, up to 1.3x at 8-16), and whole jobs gain
+// (docs/performance.md, "The weights prefetched one block ahead, and Q8_0's activations chosen
+// per host").
+bool DefaultQ8_0F32Activations();
 
 class CpuDevice final : public Device {
  public:

@@ -220,6 +220,8 @@ qli::QuantizedRows QuantizeRows(const float* x, int64_t m, int64_t k, const qli:
 
 bool QuantLinearSupports(GgmlType type) { return IsComputedBlockType(type); }
 
+bool QuantLinearUsesVnni(CpuIsa isa) { return isa == CpuIsa::kAvx512 && CpuHasAvx512Vnni(); }
+
 absl::Status QuantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const std::byte* w,
                          GgmlType type, int64_t n, float* y) {
   if (!QuantLinearSupports(type)) {

@@ -86,6 +86,11 @@ namespace moebatch {
 // Q6_K and MXFP4.
 bool QuantLinearSupports(GgmlType type);
 
+// Whether QuantLinear at `isa` runs the AVX-512 VNNI kernels (kAvx512 where CPUID has avx512vnni:
+// vpdpbusd, four int8 products and their sum a lane in one instruction); false: the AVX2 or
+// portable ones (AVX2: vpsignb, vpmaddubsw, vpmaddwd, then the add, for the same work).
+bool QuantLinearUsesVnni(CpuIsa isa);
+
 // y[m, n] = x[m, k] · Wᵀ where W [n, k] is stored as ggml blocks of `type` at w (see above).
 absl::Status QuantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k, const std::byte* w,
                          GgmlType type, int64_t n, float* y);

@@ -53,11 +53,12 @@ ABSL_FLAG(std::string, mxfp4_activations, "f32",
           "widened exactly in registers: transformers' results, the speed of a bf16 checkpoint) "
           "or int8 (activations quantized per 32 as llama.cpp does: ~2.5x faster at batch 1, "
           "logits within ~5e-2 of transformers'). A GGUF file's MXFP4 always takes int8");
-ABSL_FLAG(std::string, q8_0_activations, "int8",
+ABSL_FLAG(std::string, q8_0_activations, "auto",
           "cpu backend, Q8_0 weights (a GGUF file's, or --weight_dtype int8): int8 (activations "
-          "quantized per 32 as llama.cpp does: its results, and the faster path below ~16 rows a "
-          "GEMM) or f32 (the 8-bit weights widened exactly: the dequantized model's results, "
-          "1.2-1.5x faster GEMMs at prefill on CPUs without VNNI, about half the decode speed at batch 1)");
+          "quantized per 32 as llama.cpp does: its results), f32 (the 8-bit weights widened "
+          "exactly: the dequantized model's results; on CPUs without VNNI 1.3-1.5x faster GEMMs "
+          "at prefill sizes, 1.2-1.4x slower at batch 1) or auto (int8 where the CPU has "
+          "AVX-512 VNNI, f32 elsewhere)");
 ABSL_FLAG(std::string, kv_dtype, "", "KV cache element type f32|bf16|f16 (default: compute dtype)");
 ABSL_FLAG(double, kv_cache_gb, 1.0,
           "host memory for the paged KV cache, GiB (0: what --host_memory_gb, or the memory "
@@ -131,9 +132,9 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const std::string& model_di
   }
   if (const std::string a = absl::GetFlag(FLAGS_q8_0_activations); a == "f32" || a == "int8") {
     options.cpu.q8_0_f32_activations = a == "f32";
-  } else {
+  } else if (a != "auto") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--q8_0_activations: must be int8 or f32, got '", a, "'"));
+        absl::StrCat("--q8_0_activations: must be auto, int8 or f32, got '", a, "'"));
   }
   if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); !kv.empty()) {
     options.kv.dtype = DTypeFromString(kv);

@@ -7,10 +7,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cpu_attention/backend/cpu_device.h"
+#include "cpu_attention/gemm/quant_linear.h"
+#include "cpu_attention/runtime/cpu_isa.h"
 #include "cuda/device_probe.h"
 #include "engine/engine.h"
 #include "engine/model/checkpoint.h"
@@ -558,6 +561,38 @@ TEST_CASE("cpu backend: Q8_0 weights with f32 activations give the dequantized m
     CHECK(std::memcmp(f32.data(), want.data(), want.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(int8.data(), want.data(), want.size() * sizeof(float)) != 0);
   }
+}
+
+// --q8_0_activations=auto (EngineOptions::Cpu::q8_0_f32_activations unset): the engine runs the
+// host's faster Q8_0 path, int8 activations where QuantLinear has AVX-512 VNNI and f32 (widened)
+// elsewhere. Its scores are that path's, pinned, bit for bit, and the two paths' differ.
+TEST_CASE("engine: Q8_0 weights take the host's faster activations by default", "[weights]") {
+  CHECK_FALSE(QuantLinearUsesVnni(CpuIsa::kAvx2));
+  CHECK_FALSE(QuantLinearUsesVnni(CpuIsa::kPortable));
+  __builtin_cpu_init();
+  CHECK(QuantLinearUsesVnni(CpuIsa::kAvx512) ==
+        (__builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512vnni") != 0));
+  CHECK(DefaultQ8_0F32Activations() == !QuantLinearUsesVnni(SelectedCpuIsa()));
+  auto scores = [](std::optional<bool> f32) {
+    EngineOptions options;
+    options.model_dir = Fixture("tiny-mixtral");
+    options.kv.bytes = int64_t{8} << 20;
+    options.weights.source = WeightSource::kHostCopy;
+    options.weights.quantize = WeightQuantization{GgmlType::kQ8_0, 32};
+    options.cpu.q8_0_f32_activations = f32;
+    auto engine = Engine::Create(options);
+    REQUIRE(engine.ok());
+    auto got = (*engine)->ScoreTokens({{1, 415, 2936, 9060, 285, 1142, 28705, 13}}, 1);
+    REQUIRE(got.ok());
+    REQUIRE(got->size() == 1);
+    return got->front();
+  };
+  const std::vector<double> automatic = scores(std::nullopt);
+  const std::vector<double> f32 = scores(true);
+  const std::vector<double> int8 = scores(false);
+  REQUIRE(automatic.size() == 7);
+  CHECK(f32 != int8);
+  CHECK(automatic == (DefaultQ8_0F32Activations() ? f32 : int8));
 }
 
 // DeepSeek's MLA with int8 / int4 at load: kv_b_proj stays in the store's float dtype (both

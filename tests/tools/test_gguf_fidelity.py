@@ -21,9 +21,10 @@ tests/fixtures/smollm2-reference/ (tests/fixtures/make_smollm2_reference.py: lla
 
 Usage: test_gguf_fidelity.py MOEBATCH_RUN MOEBATCH_PERPLEXITY REFERENCE_DIR MODEL
            [--chunks N (default 8; the reference has 98)] [--perplexity_only]
-           [--engine_flag=FLAG ...] (each passed to both programs; ctest runs the default and
-           --q8_0_activations=f32, which computes the file's Q8_0 tensor, the tied embedding and
-           lm_head, widened exactly with f32 activations instead of llama.cpp's int8 ones)
+           [--engine_flag=FLAG ...] (each passed to both programs; ctest runs
+           --q8_0_activations=int8, llama.cpp's method for the file's Q8_0 tensor, the tied
+           embedding and lm_head, and --q8_0_activations=f32, which widens it exactly with f32
+           activations: the default on CPUs without VNNI)
 """
 import argparse
 import ast
