@@ -78,7 +78,7 @@ struct CpuDeviceOptions {
 // the widened weights run faster at prefill sizes (Zen 3, 2 threads: 1.2-1.5x from 64 rows a GEMM)
 // and slower at decode sizes (1.2-1.4x at 1 row, up to 1.3x at 8-16), and whole jobs gain
 // (docs/performance.md, "The weights prefetched one block ahead, and Q8_0's activations chosen
-// per host").
+// per host"). Thread-safe; MOEBATCH_CPU_ISA, read once, can force a level (cpu_isa.h).
 bool DefaultQ8_0F32Activations();
 
 class CpuDevice final : public Device {

@@ -89,6 +89,7 @@ bool QuantLinearSupports(GgmlType type);
 // Whether QuantLinear at `isa` runs the AVX-512 VNNI kernels (kAvx512 where CPUID has avx512vnni:
 // vpdpbusd, four int8 products and their sum a lane in one instruction); false: the AVX2 or
 // portable ones (AVX2: vpsignb, vpmaddubsw, vpmaddwd, then the add, for the same work).
+// Thread-safe (CPUID is read once).
 bool QuantLinearUsesVnni(CpuIsa isa);
 
 // y[m, n] = x[m, k] · Wᵀ where W [n, k] is stored as ggml blocks of `type` at w (see above).
