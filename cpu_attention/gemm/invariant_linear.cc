@@ -116,6 +116,17 @@ static void RunInvariantLinear(CpuIsa isa, const float* x, int64_t m, int64_t k,
     }
     return;
   }
+  // The dot-product tiles load 32- or 64-byte vectors of x at every step, so x's rows start on
+  // 64-byte boundaries (all of them when k is a multiple of 16): from malloc's 16-byte alignment
+  // half of the 32-byte loads split across two cache lines (Zen 3, 2 threads, Q8_0 [5632, 2048] at
+  // 4-8 rows: 1.3x faster aligned; a 4 x 1 block in a one-thread probe, 0.9 FMAs a cycle against
+  // 1.6). The copy is m·k floats against the call's m·k·n FMAs.
+  if (reinterpret_cast<uintptr_t>(x) % 64 != 0 && k % 16 == 0) {
+    thread_local std::vector<float> aligned_x;
+    float* copy = ili::Aligned64(aligned_x, m * k);
+    std::copy(x, x + m * k, copy);
+    x = copy;
+  }
   ili::TileFn tile = isa == CpuIsa::kAvx512 ? ili::Avx512Tile(w_form)
                      : isa == CpuIsa::kAvx2 ? ili::Avx2Tile(w_form)
                                             : ili::PortableTile(w_form);

@@ -15,13 +15,16 @@
 // layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or
 // k may be 0 (k 0: y is zeros).
 // Paths (same bits): few rows, a dot product per element over the weights in place
-// (invariant_linear_kernel.h); calls of 10 or more rows on AVX2, 32 or more on AVX-512, lane by
-// lane, register-blocked over packed copies (invariant_linear_lanes.h).
+// (invariant_linear_kernel.h; over K slices when a block's rows of x pass 32 KiB); calls of 10 or
+// more rows on AVX2, 32 or more on AVX-512, lane by lane, register-blocked over packed copies
+// (invariant_linear_lanes.h).
 // Threading: parallel over (row tile, weight-row tile) on the calling thread's OpenMP pool; each
-// output element is computed whole by one thread. Reentrant. Memory: the dot-product path none;
-// the lane path, per thread, one panel of packed weights and its tile's lane sums (at K 14,336
-// and 256-row tiles: 1.2 MB on AVX2, 2.4 MB on AVX-512; invariant_linear_lanes.h), and a
-// lane-major f32 copy of x per calling thread (m·k·4 bytes), kept for the next call.
+// output element is computed whole by one thread. Reentrant. Memory: the dot-product path, per
+// calling thread, a 64-byte aligned copy of x when x is not so aligned (m·k·4 bytes), and per
+// thread the parked lane sums of K-sliced tiles (up to 64 KiB); the lane path, per thread, one
+// panel of packed weights and its tile's lane sums (at K 14,336 and 256-row tiles: 1.2 MB on
+// AVX2, 2.4 MB on AVX-512; invariant_linear_lanes.h), and a lane-major f32 copy of x per calling
+// thread (m·k·4 bytes), kept for the next call.
 #pragma once
 
 #include <cstddef>
@@ -80,7 +83,8 @@ inline void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_
 // panels: bit for bit InvariantLinear over gguf.quants.dequantize's f32 weights, at every ISA level
 // and M. The weights stay 8-bit in memory. Against QuantLinear's Q8_0 (llama.cpp's method: x
 // rounded to int8 per block of 32, integer dot products) the activations keep their f32 values.
-// Paths, threading and memory as InvariantLinear's (the lane path from the same row counts).
+// Paths, threading and memory as InvariantLinear's (the lane path from 21 rows on AVX2, 32 on
+// AVX-512).
 // InvalidArgument for k not a multiple of 32, a negative size, or a null pointer with m, n, k > 0.
 absl::Status InvariantLinearQ8_0(CpuIsa isa, const float* x, int64_t m, int64_t k,
                                  const std::byte* w, int64_t n, float* y);

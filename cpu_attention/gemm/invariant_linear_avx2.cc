@@ -24,6 +24,10 @@ struct V {
     if (wd == WForm::kF16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16
   }
+  static void Store(float* p, const V& a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+  }
   template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
     if constexpr (WD == WForm::kF32) {
@@ -91,8 +95,13 @@ TileFn Avx2Tile(WForm w_form) {
 // 6 rows x 16 columns: 12 accumulators, 2 weight vectors and a broadcast in the 16 registers; per
 // step 2 loads and 6 broadcasts for 12 FMAs (Zen 3 and Haswell on: two FMAs and two loads a cycle).
 // From 10 rows (Zen 3, [14336, 4096] bf16: 8 rows 13.4 ms by dot products vs 16.1 ms lane by lane,
-// 12 rows 20.5 vs 15.9 ms).
-LaneKernel Avx2LaneKernel(WForm w_form) { return avx2::LaneKernelFor<avx2::CV, 6, 2>(w_form, 10); }
+// 12 rows 20.5 vs 15.9 ms); Q8_0 from 21, where widening its weights into the panels costs more
+// than the 4 x 1 blocks' widening in registers (Zen 3, 2 threads, [5632, 2048] and [2048, 5632],
+// best of three alternated runs: 10-20 rows 1.05-1.41x faster by dot products, 24 and 32 rows
+// 0.89-0.98x).
+LaneKernel Avx2LaneKernel(WForm w_form) {
+  return avx2::LaneKernelFor<avx2::CV, 6, 2>(w_form, w_form == WForm::kQ8_0 ? 21 : 10);
+}
 
 }  // namespace invariant_linear_internal
 }  // namespace moebatch

@@ -21,6 +21,7 @@ struct V {
   __m512 v;
   static V Zero() { return {_mm512_setzero_ps()}; }
   static V LoadX(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static void Store(float* p, const V& a) { _mm512_storeu_ps(p, a.v); }
   template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
     if constexpr (WD == WForm::kF32) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/model/dtype.h"
 
@@ -50,6 +51,13 @@ TileFn Avx512Tile(WForm w_form);  // invariant_linear_avx512.cc: AVX-512 F/BW
 // that the 16 lanes, written together by the packing and read together by the tree, do not map to
 // the same L1 sets when `len` floats are a multiple of 4 KiB.
 inline int64_t LaneStride(int64_t len) { return len + 16; }
+
+// The first 64-byte aligned float of `buffer` after it is resized to hold that and `floats` more.
+inline float* Aligned64(std::vector<float>& buffer, int64_t floats) {
+  buffer.resize(static_cast<size_t>(floats) + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
 
 struct LaneKernel {
   int mr = 0;

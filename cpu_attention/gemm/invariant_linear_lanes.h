@@ -21,7 +21,8 @@
 //   acc [16 lanes][kChunkBlocks x MR rows][NR] f32: each lane's partial sums for one chunk of row
 //       blocks, parked between K slices until the tree; thread_local.
 // Lanes are LaneStride(...) floats apart (invariant_linear_internal.h), a little more than their
-// size.
+// size. wp and acc start on 64-byte boundaries (as do their lanes and steps), so no vector load of
+// them splits across two cache lines.
 // Bytes: xp rows·K·4 (a copy of x), per thread NR·K·4 + kChunkBlocks·MR·NR·64 (NR 16, K 14,336:
 // 0.9 MB + 48 KiB).
 //
@@ -118,13 +119,13 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
   x += m0 * k;
   xp += m0 / MR * 16 * xs;
   y += m0 * ldy + n0;
-  thread_local std::vector<float> wp, acc;
-  wp.resize(static_cast<size_t>(16 * ws));
-  acc.resize(static_cast<size_t>(16 * as));
-  if (steps == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+  thread_local std::vector<float> wp_buffer, acc_buffer;
+  float* const wp = Aligned64(wp_buffer, 16 * ws);
+  float* const acc = Aligned64(acc_buffer, 16 * as);
+  if (steps == 0) std::fill(acc, acc + 16 * as, 0.0f);
   for (int64_t c0 = 0; c0 < cols; c0 += NR) {
     const int64_t nc = std::min<int64_t>(NR, cols - c0);
-    CV::template PackWeights<WD, NR>(w + c0 * ldw, nc, k, wp.data());
+    CV::template PackWeights<WD, NR>(w + c0 * ldw, nc, k, wp);
     // The next panel's weight rows (contiguous) are prefetched into L2 while this one computes, a
     // share per lane and slice, so that its packing does not wait on memory.
     const char* next = reinterpret_cast<const char*>(w + std::min(cols, c0 + NR) * ldw);
@@ -143,7 +144,7 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
           for (int64_t i = 0; i < share && fetched < next_bytes; ++i, fetched += 64) {
             __builtin_prefetch(next + fetched, 0, 2);
           }
-          const float* wj = wp.data() + j * ws + s0 * NR;
+          const float* wj = wp + j * ws + s0 * NR;
           for (int64_t rb = rb0; rb < rb1; ++rb) {
             // The next call's activations: the next block's, else the next lane's, the next
             // slice's, the next chunk's, or the next panel's first call's.
@@ -153,8 +154,7 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
                                    : rb1 < blocks     ? xp + rb1 * 16 * xs
                                                       : xp;
             LaneMicroKernel<CV, MR, NRV>(xp + (rb * 16 + j) * xs + s0 * MR, wj, len,
-                                         acc.data() + j * as + (rb - rb0) * MR * NR, s0 == 0,
-                                         xp_next);
+                                         acc + j * as + (rb - rb0) * MR * NR, s0 == 0, xp_next);
           }
         }
       }
@@ -167,7 +167,7 @@ void LaneTile(const float* x, const float* xp, int64_t m0, int64_t m1, int64_t k
         for (int v = 0; v < NRV; ++v) {
           const int64_t off = v * CV::kWidth;
           CV l[16];
-          for (int j = 0; j < 16; ++j) l[j] = CV::Load(acc.data() + j * as + ra * NR + off);
+          for (int j = 0; j < 16; ++j) l[j] = CV::Load(acc + j * as + ra * NR + off);
           for (int s = 8; s >= 1; s >>= 1) {
             for (int i = 0; i < s; ++i) l[i] = CV::Add(l[i], l[i + s]);
           }

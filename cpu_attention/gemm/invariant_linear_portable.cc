@@ -20,6 +20,9 @@ struct V {
     for (int i = 0; i < 16; ++i) r.v[i] = p[i];
     return r;
   }
+  static void Store(float* p, const V& a) {
+    for (int i = 0; i < 16; ++i) p[i] = a.v[i];
+  }
   template <WForm WD>
   static V LoadW(const WElem<WD>* p) {
     V r;

@@ -124,7 +124,8 @@ TEST_CASE("Matmul::Create refuses a compute dtype it does not have") {
 // and 32+ on AVX-512 go lane by lane (invariant_linear_lanes.h): rows not a multiple of its 6- or
 // 8-row blocks, columns not a multiple of its panels, whole panels with no tail (stored straight),
 // K over 2,048 (lane sums parked between K slices), more than one tile of rows (over 256), K
-// under 16 (no lane steps at all).
+// under 16 (no lane steps at all); the dot-product tiles over K slices (a block's rows of x over
+// 32 KiB).
 TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA level") {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -150,7 +151,11 @@ TEST_CASE("InvariantLinear matches float64 and gives the same bits at every ISA 
                           // the lane path: several K slices and chunks of row blocks (60 rows,
                           // K 8,210), and tiles of rows split (530 rows)
                           {60, 8210, 20},
-                          {530, 40, 18}};
+                          {530, 40, 18},
+                          // the dot-product tiles over K slices with the lane sums parked (their
+                          // rows of x over 32 KiB), a K % 16 tail after the last slice
+                          {5, 9000, 11},
+                          {20, 9000, 11}};
   for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : shapes) {
       std::vector<float> x(s.m * s.k), w32(s.n * s.k);
@@ -350,11 +355,12 @@ TEST_CASE("InvariantLinearQ8_0 equals InvariantLinear over the dequantized weigh
   struct Shape {
     int64_t m, k, n;
   };
-  // Few rows (the dot-product tiles, widened in registers) and many (the lane path's packed
-  // panels: AVX2 from 10 rows, AVX-512 from 32), partial panels and K slices.
+  // Few rows (the dot-product tiles, widened in registers; over K slices at 5,632 and 8,224) and
+  // many (the lane path's packed panels: AVX2 from 21 rows, AVX-512 from 32), partial panels and
+  // K slices.
   const Shape shapes[] = {{1, 32, 1},    {3, 64, 5},     {9, 2048, 30}, {2, 96, 7},
                           {10, 160, 17}, {17, 5632, 47}, {33, 64, 40},  {70, 96, 600},
-                          {300, 64, 20}, {64, 8224, 24}, {1, 0, 3}};
+                          {300, 64, 20}, {64, 8224, 24}, {7, 8224, 9},  {1, 0, 3}};
   for (const Shape& s : shapes) {
     const int64_t blocks = s.k / 32;
     std::vector<std::byte> w(static_cast<size_t>(s.n * blocks * 34));
