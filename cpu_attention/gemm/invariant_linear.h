@@ -15,9 +15,9 @@
 // layout) in f32, bf16 or f16 (read in place, widened exactly in registers); y [m, n] f32. m, n or
 // k may be 0 (k 0: y is zeros).
 // Paths (same bits): few rows, a dot product per element over the weights in place
-// (invariant_linear_kernel.h; over K slices when a block's rows of x pass 32 KiB); calls of 10 or
-// more rows on AVX2, 32 or more on AVX-512, lane by lane, register-blocked over packed copies
-// (invariant_linear_lanes.h).
+// (invariant_linear_kernel.h; over K slices when a block's rows of x pass 32 KiB, 4 rows or
+// more); calls of 10 or more rows on AVX2, 32 or more on AVX-512, lane by lane, register-blocked
+// over packed copies (invariant_linear_lanes.h).
 // Threading: parallel over (row tile, weight-row tile) on the calling thread's OpenMP pool; each
 // output element is computed whole by one thread. Reentrant. Memory: the dot-product path, per
 // calling thread, a 64-byte aligned copy of x when x is not so aligned (m·k·4 bytes), and per
