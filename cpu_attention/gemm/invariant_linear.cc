@@ -148,9 +148,9 @@ void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, co
   if (m <= 0 || n <= 0) return;
   if (!vdpbf16ps || isa != CpuIsa::kAvx512 || !CpuAvx512Bf16Usable()) {
     // The calling thread's (kept between calls); the pool's threads see it through `permuted`.
+    // On a 64-byte boundary, so that the dot-product tiles read it in place (RunInvariantLinear).
     thread_local std::vector<float> xp;
-    xp.resize(static_cast<size_t>(m * k));
-    float* permuted = xp.data();
+    float* permuted = ili::Aligned64(xp, m * k);
 #pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
     for (int64_t r = 0; r < m; ++r) ili::PermutePairs32(x + r * k, k, permuted + r * k);
     return RunInvariantLinear(isa, permuted, m, k, w, ili::WForm::kBF16Pairs, n, y);

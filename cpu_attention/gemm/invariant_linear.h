@@ -61,9 +61,9 @@ inline void InvariantLinear(const float* x, int64_t m, int64_t k, const void* w,
 // instruction where `isa` is kAvx512 and CpuAvx512Bf16Usable() (4 x 4 blocks, operands read in
 // place: twice the f32 FMA's multiply-adds per instruction); false, or elsewhere: the activations
 // are widened and permuted per 32-element chunk (odd elements, then even) into a buffer of the
-// calling thread (m·k·4 bytes, kept for the next call) and InvariantLinear's tiles run on them with
-// the weights read in the same permuted order (a pair = two f32 FMAs, odd first). Threading and
-// tiles as InvariantLinear.
+// calling thread (m·k·4 bytes, 64-byte aligned, kept for the next call) and InvariantLinear's tiles
+// run on them with the weights read in the same permuted order (a pair = two f32 FMAs, odd first).
+// Threading and tiles as InvariantLinear.
 void InvariantLinearBf16(CpuIsa isa, const uint16_t* x, int64_t m, int64_t k, const uint16_t* w,
                          int64_t n, float* y, bool vdpbf16ps);
 
